@@ -1,0 +1,116 @@
+"""Every kind of malformed matrix gives exit 2 and one message per problem naming its line."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchimages.matrix import load_matrix
+
+GOOD_VARIANT = """
+  - torch: 2.14.0
+    cuda: "13.0"
+    cudnn: 9
+    flavors: [runtime]
+"""
+
+
+def write_matrix(tmp_path: Path, variants: str, header: str = "registry: example.com/ml/pytorch\ndefaults:\n  python: \"3.12\"\n  os: ubuntu24.04\n") -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(header + "variants:\n" + textwrap.dedent(variants).strip("\n").replace("\n", "\n") + "\n")
+    return path
+
+
+def indent(text: str) -> str:
+    return textwrap.indent(textwrap.dedent(text).strip("\n"), "  ")
+
+
+def errors_for(cli, path: Path) -> list[str]:
+    result = cli("--matrix", str(path), "list", check_exit=2)
+    assert "Traceback" not in result.stderr
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("variant, line, expected", [
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavours: [runtime]", 9, "did you mean 'flavors'", id="unknown-key"),
+    pytest.param("- torch: 2.14\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]", 6, "'torch' must be X.Y.Z", id="wrong-type-version"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: nine\n  flavors: [runtime]", 8, "cuDNN major version as a number", id="wrong-type-cudnn"),
+    pytest.param("- torch: 2.99.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]", 6, "unknown torch 2.99.0", id="unknown-torch"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"11.8\"\n  cudnn: 9\n  flavors: [runtime]", 7, "unknown CUDA 11.8", id="unknown-cuda"),
+    pytest.param("- torch: 2.12.0\n  cuda: \"13.2\"\n  cudnn: 9\n  flavors: [runtime]", 7, "not published for CUDA 13.2", id="unsupported-combination"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 8\n  flavors: [runtime]", 8, "cudnn must be 9", id="wrong-cudnn-major"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  python: \"3.9\"\n  flavors: [runtime]", 9, "Python 3.10 to 3.14, not 3.9", id="python-out-of-range"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtim]", 9, "did you mean 'runtime'", id="unknown-flavor"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  os: ubuntu18.04\n  flavors: [runtime]", 9, "unknown os 'ubuntu18.04'", id="unknown-os"),
+    pytest.param("- torch: 2.14.0\n  torchvision: 0.28.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]", 7, "not the release paired", id="unpaired-torchvision"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]\n  user: root", 10, "'user' must be a mapping", id="bad-user"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]\n  shm_size: lots", 10, "must be a size", id="bad-size"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  flavors: [runtime]", 6, "cuDNN major version", id="missing-cudnn"),
+    pytest.param("- torch: 2.14.0\n  cudnn: 9\n  flavors: [runtime]", 6, "missing required key 'cuda'", id="missing-key"),
+    pytest.param("- torch: 2.13.0\n  cuda: cpu\n  cudnn: 9\n  flavors: [runtime]", 8, "CPU variants have no cuDNN", id="cpu-with-cudnn"),
+])
+def test_each_error_kind_names_its_line(cli, tmp_path, variant, line, expected):
+    path = write_matrix(tmp_path, indent(variant))
+    messages = errors_for(cli, path)
+    assert len(messages) == 1, messages
+    assert f"{path}:{line}:" in messages[0]
+    assert expected in messages[0]
+
+
+def test_invalid_yaml_names_its_line(cli, tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text("registry: x/y\nvariants:\n  - torch: [2.14.0\n    cuda: cpu\n")
+    [message] = errors_for(cli, path)
+    assert "invalid YAML" in message and f"{path}:" in message
+
+
+def test_duplicate_yaml_key_is_an_error(cli, tmp_path):
+    path = write_matrix(tmp_path, indent("- torch: 2.14.0\n  torch: 2.13.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]"))
+    [message] = errors_for(cli, path)
+    assert f"{path}:7:" in message and "duplicate key 'torch'" in message
+
+
+def test_two_variants_giving_one_tag(cli, tmp_path):
+    path = write_matrix(tmp_path, indent(GOOD_VARIANT) + "\n" + indent(GOOD_VARIANT.replace("torch: 2.14.0", "torch: 2.14.0\n    python: \"3.11\"")))
+    [message] = errors_for(cli, path)
+    assert "two variants give the tag '2.14.0-cuda13.0-cudnn9-runtime'" in message
+    assert "other is at line 6" in message
+
+
+def test_all_problems_reported_at_once(cli, tmp_path):
+    path = write_matrix(tmp_path, indent("- torch: 2.99.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]\n- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [nightly]\n  colour: red"))
+    messages = errors_for(cli, path)
+    assert len(messages) == 3
+    assert any(":6:" in m for m in messages) and any(":13:" in m for m in messages) and any(":14:" in m for m in messages)
+
+
+def test_unknown_top_level_key_and_missing_registry(cli, tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text("defualts: {}\nvariants:\n" + indent(GOOD_VARIANT.replace("flavors", "python: \"3.12\"\n    os: ubuntu24.04\n    flavors")) + "\n")
+    messages = errors_for(cli, path)
+    assert any("did you mean 'defaults'" in m and ":1:" in m for m in messages)
+    assert any("'registry' must be" in m for m in messages)
+
+
+def test_allow_unlisted_admits_an_unpublished_pairing(tmp_path):
+    path = write_matrix(tmp_path, indent("- torch: 2.12.0\n  cuda: \"13.2\"\n  cudnn: 9\n  flavors: [runtime]\n  allow_unlisted: true\n  arch_list: [\"9.0\"]"))
+    [spec] = load_matrix(path).specs
+    assert spec.tag == "2.12.0-cuda13.2-cudnn9-runtime"
+    assert spec.wheel_index == "cu132" and spec.arch_list == ("9.0",)
+
+
+def test_unquoted_python_version_keeps_its_digits(tmp_path):
+    path = write_matrix(tmp_path, indent("- torch: 2.14.0\n  cuda: 13.0\n  cudnn: 9\n  python: 3.10\n  flavors: [runtime]"))
+    [spec] = load_matrix(path).specs
+    assert spec.python == "3.10" and spec.cuda == "13.0"
+
+
+def test_bad_selector_is_exit_2(cli):
+    result = cli("list", "9.9.9-*", check_exit=2)
+    assert "selector '9.9.9-*' matches no tag" in result.stderr
+
+
+def test_list_json_shows_every_field(cli):
+    rows = json.loads(cli("list", "--format", "json", check_exit=0).stdout)
+    assert len(rows) >= 10
+    assert set(rows[0]) == {"tag", "torch", "cuda", "cudnn", "python", "os", "flavor", "base_image", "min_driver", "arch_list"}

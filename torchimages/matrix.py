@@ -1,0 +1,343 @@
+"""Stage 1: matrix.yaml + compatibility data -> validated ImageSpecs (all problems reported at once)."""
+from __future__ import annotations
+
+import difflib
+import re
+from fnmatch import fnmatchcase
+from dataclasses import dataclass
+from pathlib import Path
+
+from .model import FLAVORS, ImageSpec, InputError, Problem, User, parse_size
+from .yamlsource import LineDict, LineList, load_yaml
+
+COMPAT_FILE = Path(__file__).with_name("compat.yaml")
+
+TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
+VARIANT_KEYS = (
+    "torch", "cuda", "cudnn", "python", "os", "flavors", "torchvision", "arch_list", "user",
+    "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases",
+)
+REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
+VERSION_PATTERNS = {
+    "torch": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 2.14.0"),
+    "torchvision": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 0.29.0"),
+    "python": (r"3\.\d+", "X.Y in quotes, e.g. \"3.12\""),
+    "cuda": (r"cpu|\d+\.\d+", "X.Y in quotes (e.g. \"13.0\") or cpu"),
+}
+ARCH_PATTERN = re.compile(r"\d+\.\d+(\+PTX)?")
+ALIAS_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+@dataclass
+class Matrix:
+    path: Path
+    repository: str
+    specs: list[ImageSpec]
+
+
+def load_matrix(path: Path, compat_path: Path = COMPAT_FILE) -> Matrix:
+    """Load and validate a matrix; raise InputError listing every problem found."""
+    document = load_yaml(path)
+    compat = load_yaml(compat_path)
+    return validate_matrix(document, compat, str(path))
+
+
+def validate_matrix(document, compat: dict, filename: str) -> Matrix:
+    problems: list[Problem] = []
+
+    def report(line: int, message: str) -> None:
+        problems.append(Problem(filename, line, message))
+
+    if not isinstance(document, LineDict):
+        report(getattr(document, "line", 1), "the matrix must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))
+        raise InputError(problems)
+    _check_keys(document, TOP_LEVEL_KEYS, "top-level", report)
+    repository = document.get("registry")
+    if not isinstance(repository, str) or not repository:
+        report(document.line_of("registry"), "'registry' must be a registry/repository string, e.g. registry.example.com/ml/pytorch")
+        repository = ""
+    defaults = document.get("defaults", LineDict())
+    if not isinstance(defaults, LineDict):
+        report(document.line_of("defaults"), "'defaults' must be a mapping of variant keys")
+        defaults = LineDict()
+    else:
+        _check_keys(defaults, VARIANT_KEYS, "defaults", report)
+    variants = document.get("variants")
+    if not isinstance(variants, LineList) or not variants:
+        report(document.line_of("variants"), "'variants' must be a non-empty list of mappings")
+        raise InputError(problems)
+
+    specs: list[ImageSpec] = []
+    for item, line in zip(variants, variants.item_lines):
+        if not isinstance(item, LineDict):
+            report(line, "each variant must be a mapping (torch:, cuda:, python:, os:, flavors: ...)")
+            continue
+        specs.extend(_resolve_variant(item, defaults, compat, repository, report))
+    _check_unique_tags(specs, report)
+    if problems:
+        raise InputError(problems)
+    return Matrix(Path(filename), repository, specs)
+
+
+def _check_keys(mapping: LineDict, allowed, where: str, report) -> set[str]:
+    """Report unknown keys; return the known keys they were probably meant to be."""
+    suggested = set()
+    for key in mapping:
+        if key not in allowed:
+            guess = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{guess[0]}'?" if guess else "allowed: " + ", ".join(allowed)
+            report(mapping.line_of(key), f"unknown key '{key}' in {where}: {hint}")
+            suggested.update(guess)
+    return suggested
+
+
+class _Row:
+    """A variant merged with the defaults, remembering where each value was written."""
+
+    def __init__(self, variant: LineDict, defaults: LineDict):
+        self.variant = variant
+        self.defaults = defaults
+
+    def get(self, key, fallback=None):
+        if key in self.variant:
+            return self.variant[key]
+        return self.defaults.get(key, fallback)
+
+    def line(self, key) -> int:
+        if key in self.variant:
+            return self.variant.line_of(key)
+        if key in self.defaults:
+            return self.defaults.line_of(key)
+        return self.variant.line
+
+
+def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, repository: str, report) -> list[ImageSpec]:
+    misspelt = _check_keys(variant, VARIANT_KEYS, "variant", report)
+    row = _Row(variant, defaults)
+    errors: list[tuple[int, str]] = []
+
+    def fail(key: str, message: str) -> None:
+        errors.append((row.line(key), message))
+
+    for key in REQUIRED_KEYS:
+        if row.get(key) is None and key not in misspelt:
+            fail(key, f"missing required key '{key}' (set it in the variant or in defaults)")
+    values = {key: row.get(key) for key in VERSION_PATTERNS}
+    for key, (pattern, example) in VERSION_PATTERNS.items():
+        value = values[key]
+        if value is not None and not (isinstance(value, str) and re.fullmatch(pattern, value)):
+            fail(key, f"'{key}' must be {example}, got {value!r}")
+    if row.get("os") is not None and not isinstance(row.get("os"), str):
+        fail("os", f"'os' must be a name such as ubuntu24.04 or debian12, got {row.get('os')!r}")
+    if errors:
+        for line, message in errors:
+            report(line, message)
+        return []
+
+    torch, cuda, python, os_name = values["torch"], values["cuda"], values["python"], row.get("os")
+    is_gpu = cuda != "cpu"
+    allow_unlisted = row.get("allow_unlisted", False)
+    if not isinstance(allow_unlisted, bool):
+        fail("allow_unlisted", "'allow_unlisted' must be true or false")
+        allow_unlisted = False
+
+    flavors = _flavors(row, fail)
+    os_facts = compat["os"].get(os_name)
+    if os_facts is None:
+        fail("os", f"unknown os '{os_name}': known {', '.join(compat['os'])} (add it to torchimages/compat.yaml)")
+    torch_facts = compat["torch"].get(torch)
+    if torch_facts is None and not allow_unlisted:
+        fail("torch", f"unknown torch {torch}: known {', '.join(compat['torch'])}; add it to "
+                      "torchimages/compat.yaml with its source, or set allow_unlisted: true")
+    cuda_facts = compat["cuda"].get(cuda) if is_gpu else None
+    if is_gpu and cuda_facts is None:
+        fail("cuda", f"unknown CUDA {cuda}: known {', '.join(compat['cuda'])} or cpu; add its base tag and "
+                     "minimum driver to torchimages/compat.yaml")
+    wheel = _wheel_facts(row, torch, cuda, torch_facts, allow_unlisted or (is_gpu and cuda_facts is None), fail)
+    cudnn = _cudnn(row, is_gpu, wheel, allow_unlisted, fail)
+    _check_python(row, python, torch_facts, allow_unlisted, fail)
+    if cuda_facts and os_facts and os_name not in cuda_facts["os"]:
+        fail("os", f"nvidia/cuda has no {cuda} images for {os_name}: use one of {', '.join(cuda_facts['os'])}")
+    torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
+    arch_list = _arch_list(row, wheel, is_gpu, fail)
+    user = _user(row, fail)
+    shm_size = _size(row, "shm_size", "8g", fail)
+    size_budget = _size(row, "size_budget", None, fail)
+    deprecated = row.get("deprecated")
+    if deprecated is not None and not isinstance(deprecated, (str, bool)):
+        fail("deprecated", "'deprecated' must be true or a message saying what to use instead")
+    aliases = _aliases(row, flavors, fail)
+
+    for line, message in errors:
+        report(line, message)
+    if errors:
+        return []
+    deprecated_note = ("deprecated" if deprecated is True else deprecated) or None
+    specs = []
+    for flavor in flavors:
+        if is_gpu:
+            tag = f"{torch}-cuda{cuda}-cudnn{cudnn}-{flavor}"
+            base = f"nvidia/cuda:{cuda_facts['full']}-{'base' if flavor == 'runtime' else 'devel'}-{os_name}"
+        else:
+            tag = f"{torch}-cpu-{flavor}"
+            base = os_facts["cpu_base"]
+        specs.append(ImageSpec(
+            tag=tag, torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn, python=python, os=os_name,
+            flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
+            python_from_os=os_facts["python"] == python, torchvision=torchvision,
+            cuda_full=cuda_facts["full"] if is_gpu else None, cudnn_version=wheel.get("cudnn"),
+            nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
+            arch_list=arch_list, user=user, shm_size=shm_size, size_budget=size_budget,
+            deprecated=deprecated_note or None, aliases=tuple(aliases.get(flavor, ())),
+            repository=repository, matrix_line=variant.line,
+        ))
+    return specs
+
+
+def _flavors(row: _Row, fail) -> list[str]:
+    flavors = row.get("flavors")
+    if flavors is None:  # already reported as missing (or misspelt)
+        return []
+    if not isinstance(flavors, list) or not flavors:
+        fail("flavors", f"'flavors' must be a non-empty list drawn from {', '.join(FLAVORS)}")
+        return []
+    unknown = [f for f in flavors if f not in FLAVORS]
+    for name in unknown:
+        guess = difflib.get_close_matches(str(name), FLAVORS, n=1)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"use {' or '.join(FLAVORS)}"
+        fail("flavors", f"unknown flavor '{name}': {hint}")
+    if len(set(flavors)) != len(flavors):
+        fail("flavors", "a flavor is listed twice: list each once")
+    return [f for f in flavors if f in FLAVORS]
+
+
+def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: bool, fail) -> dict:
+    if cuda == "cpu":
+        if torch_facts is not None and not torch_facts.get("cpu"):
+            fail("cuda", f"torch {torch} has no CPU wheels")
+        return {"wheel_index": "cpu"}
+    listed = (torch_facts or {}).get("cuda", {}).get(cuda)
+    if listed is not None:
+        return listed
+    if not allow_unlisted and torch_facts is not None:
+        known = ", ".join(torch_facts.get("cuda", {})) or "none"
+        fail("cuda", f"torch {torch} is not published for CUDA {cuda} (wheels exist for: {known}, cpu); "
+                     "pick one of those, or set allow_unlisted: true for a custom index")
+    return {"wheel_index": "cu" + cuda.replace(".", "")}
+
+
+def _cudnn(row: _Row, is_gpu: bool, wheel: dict, allow_unlisted: bool, fail) -> int | None:
+    cudnn = row.get("cudnn")
+    if not is_gpu:
+        if cudnn is not None:
+            fail("cudnn", "CPU variants have no cuDNN: remove 'cudnn'")
+        return None
+    if isinstance(cudnn, bool) or not isinstance(cudnn, int):
+        fail("cudnn", f"'cudnn' must be the cuDNN major version as a number (e.g. 9), got {cudnn!r}")
+        return None
+    pinned = wheel.get("cudnn")
+    if pinned and int(pinned.split(".")[0]) != cudnn and not allow_unlisted:
+        fail("cudnn", f"these torch wheels pin cuDNN {pinned}, so cudnn must be {pinned.split('.')[0]}, not {cudnn}")
+    return cudnn
+
+
+def _check_python(row: _Row, python: str, torch_facts, allow_unlisted: bool, fail) -> None:
+    if torch_facts is None or allow_unlisted:
+        return
+    low, high = torch_facts["python"]["min"], torch_facts["python"]["max"]
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    if not as_tuple(low) <= as_tuple(python) <= as_tuple(high):
+        fail("python", f"torch wheels are published for Python {low} to {high}, not {python}")
+
+
+def _torchvision(row: _Row, torch_facts, allow_unlisted: bool, fail) -> str | None:
+    torchvision = row.get("torchvision")
+    if torchvision is None or torch_facts is None or allow_unlisted:
+        return torchvision
+    paired = torch_facts["torchvision"]
+    if not torchvision.startswith(paired + "."):
+        fail("torchvision", f"torchvision {torchvision} is not the release paired with this torch (use {paired}.x)")
+    return torchvision
+
+
+def _arch_list(row: _Row, wheel: dict, is_gpu: bool, fail) -> tuple[str, ...]:
+    arch_list = row.get("arch_list")
+    if arch_list is None:
+        return tuple(wheel.get("arch_list", ()))
+    if not is_gpu:
+        fail("arch_list", "CPU variants have no CUDA arch list: remove 'arch_list'")
+        return ()
+    if not isinstance(arch_list, list) or not all(isinstance(a, str) and ARCH_PATTERN.fullmatch(a) for a in arch_list):
+        fail("arch_list", "'arch_list' must be a list of compute capabilities in quotes, e.g. [\"8.0\", \"9.0+PTX\"]")
+        return ()
+    return tuple(arch_list)
+
+
+def _user(row: _Row, fail) -> User | None:
+    user = row.get("user")
+    if user is None:
+        return None
+    if not isinstance(user, dict) or set(user) != {"name", "uid"}:
+        fail("user", "'user' must be a mapping with 'name' and 'uid', e.g. {name: torch, uid: 1000}")
+        return None
+    name, uid = user["name"], user["uid"]
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", name):
+        fail("user", f"user name {name!r} is not a valid Linux user name (lower case, e.g. torch)")
+        return None
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid < 2**31:
+        fail("user", f"user uid must be a non-zero number (e.g. 1000), got {uid!r}")
+        return None
+    return User(name, uid)
+
+
+def _size(row: _Row, key: str, fallback: str | None, fail) -> str | None:
+    value = row.get(key)
+    if value is None:
+        return fallback
+    try:
+        parse_size(str(value))
+    except ValueError:
+        fail(key, f"'{key}' must be a size such as 8g or 512m, got {value!r}")
+        return fallback
+    return str(value)
+
+
+def _aliases(row: _Row, flavors: list[str], fail) -> dict[str, list[str]]:
+    aliases = row.get("aliases")
+    if aliases is None:
+        return {}
+    if not isinstance(aliases, dict):
+        fail("aliases", "'aliases' must map a flavor to a list of tags, e.g. {runtime: [latest]}")
+        return {}
+    result = {}
+    for flavor, names in aliases.items():
+        if flavor not in flavors:
+            fail("aliases", f"alias for flavor '{flavor}', which this variant does not build ({', '.join(flavors)})")
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) and ALIAS_PATTERN.fullmatch(n) for n in names):
+            fail("aliases", f"aliases for '{flavor}' must be a list of valid tag names, e.g. [latest]")
+            continue
+        result[flavor] = list(names)
+    return result
+
+
+def _check_unique_tags(specs: list[ImageSpec], report) -> None:
+    first_line: dict[str, int] = {}
+    for spec in specs:
+        for name in (spec.tag, *spec.aliases):
+            if name in first_line:
+                report(spec.matrix_line, f"two variants give the tag '{name}' (the other is at line "
+                                         f"{first_line[name]}): change torch, cuda or flavors, or drop one")
+            else:
+                first_line[name] = spec.matrix_line
+
+
+def select(specs: list[ImageSpec], selectors: list[str], matrix_file: str = "matrix.yaml") -> list[ImageSpec]:
+    """Tags or shell globs -> specs in matrix order; a selector matching nothing is an input error."""
+    if not selectors:
+        return list(specs)
+    unmatched = [s for s in selectors if not any(fnmatchcase(spec.tag, s) for spec in specs)]
+    if unmatched:
+        known = ", ".join(spec.tag for spec in specs)
+        raise InputError([Problem(matrix_file, 0, f"selector '{s}' matches no tag; known tags: {known}") for s in unmatched])
+    return [spec for spec in specs if any(fnmatchcase(spec.tag, s) for s in selectors)]

@@ -1,0 +1,103 @@
+"""The typed data model passed between the pipeline stages: one ImageSpec per tag."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+FLAVORS = ("runtime", "devel")
+LABEL_PREFIX = "io.torchimages"
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Everything the later stages need to know about one image, resolved from matrix + compat data."""
+
+    tag: str
+    torch: str
+    cuda: str | None  # "13.0"; None for CPU images
+    cudnn: int | None  # major; None for CPU images
+    python: str
+    os: str
+    flavor: str
+    base_image: str
+    wheel_index: str  # "cu130" or "cpu"
+    python_from_os: bool
+    torchvision: str | None = None
+    cuda_full: str | None = None
+    cudnn_version: str | None = None  # the pip-pinned cuDNN, e.g. "9.24.0.43"
+    nccl_version: str | None = None
+    min_driver: str | None = None
+    arch_list: tuple[str, ...] = ()
+    user: User | None = None
+    shm_size: str = "8g"
+    size_budget: str | None = None
+    deprecated: str | None = None
+    aliases: tuple[str, ...] = ()
+    repository: str = ""
+    matrix_line: int = 0
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.cuda is not None
+
+    @property
+    def torch_local_version(self) -> str:
+        """The version string torch reports, e.g. 2.14.0+cu130 or 2.13.0+cpu."""
+        return f"{self.torch}+{self.wheel_index}"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ImageSpec":
+        values = dict(data)
+        values["user"] = User(**values["user"]) if values.get("user") else None
+        values["arch_list"] = tuple(values.get("arch_list") or ())
+        values["aliases"] = tuple(values.get("aliases") or ())
+        return cls(**values)
+
+    def spec_hash(self) -> str:
+        """Hash of what defines the image's contents (not where its matrix row sits)."""
+        content = {k: v for k, v in self.to_json().items() if k not in ("matrix_line", "aliases", "deprecated")}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_size(text: str) -> int:
+    """'8g' / '512m' / '7.5GB' / '1024' -> bytes (binary units, as docker's --shm-size)."""
+    units = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    cleaned = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    number = cleaned.rstrip("kmgt")
+    unit = cleaned[len(number):]
+    if unit not in units or not number:
+        raise ValueError(f"not a size: {text!r} (use e.g. 8g, 512m)")
+    return int(float(number) * units[unit])
+
+
+@dataclass
+class Problem:
+    """One user-facing input error: where it is and how to fix it."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass
+class InputError(Exception):
+    """Bad input (matrix, CLI, templates): reported as a list of problems, exit code 2."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(str(p) for p in self.problems)
