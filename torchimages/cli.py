@@ -3,48 +3,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from . import matrix as matrix_stage
+from . import builder as build_stage
+from . import engine
 from . import render as render_stage
-from .model import ImageSpec, InputError
-
-ROOT = Path(__file__).resolve().parent.parent
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-@dataclass
-class Project:
-    """Where a run reads and writes; every path can be moved with a global option."""
-
-    matrix: Path
-    templates: Path
-    images: Path
-    reports: Path
-
-    def load(self) -> matrix_stage.Matrix:
-        return matrix_stage.load_matrix(self.matrix)
-
-    def rendered(self, matrix: matrix_stage.Matrix) -> dict[str, bytes]:
-        return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository)
-
-
-def console() -> Console:
-    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read."""
-    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty())
-
-
-def errors() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 220)
-
+from . import wheels as wheel_sources
+from .display import LiveProgress, PlainProgress, build_summary, stderr_console
+from .model import ImageSpec, InputError, Problem
+from .project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ROOT, Project, console, errors
 
 def cmd_list(project: Project, args) -> int:
-    specs = matrix_stage.select(project.load().specs, args.selectors, str(project.matrix))
+    specs = project.select(args.selectors)
     rows = [_list_row(spec) for spec in specs]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
@@ -84,6 +58,71 @@ def cmd_render(project: Project, args) -> int:
     return EXIT_OK
 
 
+def cmd_wheels(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    try:
+        folders = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url)
+    except wheel_sources.WheelFetchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    for folder in folders:
+        print(f"{folder}: {len(list(folder.iterdir()))} wheels")
+    return EXIT_OK
+
+
+def cmd_build(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    results = run_builds(project, specs, args)
+    path = build_stage.write_report(project.reports, results)
+    console().print(build_summary(results))
+    for result in results:
+        if result.status == "failed":
+            errors().print(f"[red]{result.tag} failed[/red]: {result.error}\nfull log: {result.log}", highlight=False)
+    print(f"report: {path}")
+    return EXIT_FAILED if any(r.status in ("failed", "cancelled") for r in results) else EXIT_OK
+
+
+def run_builds(project: Project, specs: list[ImageSpec], args) -> list[build_stage.BuildResult]:
+    options = build_options(project, args)
+    docker_client = engine.client()
+    err = stderr_console()
+    if err.is_terminal:
+        with LiveProgress(err, [spec.tag for spec in specs]) as progress:
+            return build_stage.Builder(docker_client, options, progress).build_all(specs)
+    return build_stage.Builder(docker_client, options, PlainProgress(err)).build_all(specs)
+
+
+def build_options(project: Project, args) -> build_stage.BuildOptions:
+    for name in ("wheelhouse", "ca_bundle"):
+        path = getattr(args, name)
+        if path is not None and not path.exists():
+            raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
+    if args.jobs < 1:
+        raise InputError([Problem("--jobs", 0, "--jobs must be at least 1")])
+    return build_stage.BuildOptions(
+        images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
+        pull=args.pull, force=args.force, fail_fast=args.fail_fast, wheelhouse=args.wheelhouse,
+        pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
+        proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
+    )
+
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel builds (default: %(default)s)")
+    parser.add_argument("--no-cache", action="store_true", help="build without the layer cache")
+    parser.add_argument("--pull", action="store_true", help="refresh base images from their registry")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
+    parser.add_argument("--fail-fast", action="store_true", help="stop all builds at the first failure")
+    add_source_arguments(parser)
+    parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
+    parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pip-index-url", help="package index (mirror); credentials in it stay out of the image")
+    parser.add_argument("--extra-index-url", help="extra package index (default: https://pypi.org/simple)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="build.py", description=__doc__)
     parser.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="the version matrix (default: %(default)s)")
@@ -100,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     rendering = commands.add_parser("render", help="write images/<tag>/Dockerfile from the matrix")
     rendering.add_argument("--check", action="store_true", help="exit 1 listing stale files, write nothing")
     rendering.set_defaults(handler=cmd_render)
+
+    fetching = commands.add_parser("wheels", help="fetch the wheels rows install, for offline builds")
+    fetching.add_argument("selectors", nargs="+", metavar="SELECTOR")
+    fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
+    add_source_arguments(fetching)
+    fetching.set_defaults(handler=cmd_wheels)
+
+    building = commands.add_parser("build", help="build images on the Docker engine")
+    building.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_build_arguments(building)
+    building.set_defaults(handler=cmd_build)
     return parser
 
 

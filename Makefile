@@ -1,0 +1,46 @@
+# Two commands do all the set-up:  `make images` (the main job) and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+ENGINE_ENV := .engine/env
+# On a host without GPUs the CPU rows are the ones that can really be built and verified.
+SELECTION ?= 2.13.0-cpu-*
+WHEELHOUSE ?= wheelhouse
+PYTEST_ARGS ?=
+
+.PHONY: setup engine engine-down render render-check lint images test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $@
+
+engine: setup
+	$(PYTHON) -m torchimages.localengine up
+
+engine-down:
+	$(PYTHON) -m torchimages.localengine down
+
+render: setup
+	$(PYTHON) build.py render
+
+render-check: setup
+	$(PYTHON) build.py render --check
+
+lint: setup
+	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile
+
+images: render-check engine
+	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)
+
+test: render-check lint engine
+	source $(ENGINE_ENV) && $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+bench: engine
+	source $(ENGINE_ENV) && $(PYTHON) bench/run_all.py
+
+clean:
+	rm -rf reports $(WHEELHOUSE)

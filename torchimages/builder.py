@@ -1,0 +1,326 @@
+"""Stage 3: build images/<tag>/ on a Docker engine: parallel, skip-unchanged, logged, isolated failures."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import docker
+import docker.errors
+
+from .files import atomic_write_json, read_json
+from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
+
+INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
+PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+STEP = re.compile(r"^Step (\d+)/(\d+) : ")
+RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
+LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    images_dir: Path
+    reports_dir: Path
+    jobs: int = 1
+    no_cache: bool = False
+    pull: bool = False
+    force: bool = False
+    fail_fast: bool = False
+    wheelhouse: Path | None = None
+    pip_index_url: str | None = None
+    extra_index_url: str | None = None
+    ca_bundle: Path | None = None
+    proxies: dict = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    status: str  # built | skipped | failed | cancelled
+    image: str = ""
+    image_id: str = ""
+    size: int = 0
+    duration: float = 0.0
+    input_hash: str = ""
+    error: str = ""
+    log: str = ""
+
+
+def local_name(spec: ImageSpec) -> str:
+    return f"{spec.repository}:{spec.tag}"
+
+
+def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
+    """Wheels for one row live in <wheelhouse>/<index>-py<python>/ (`build.py wheels` fills it)."""
+    return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
+
+
+def build_args(spec: ImageSpec, options: BuildOptions) -> dict[str, str]:
+    args = {"BASE_IMAGE": spec.base_image}
+    if options.pip_index_url:
+        args["PIP_INDEX_URL"] = options.pip_index_url
+    if options.extra_index_url:
+        args["PIP_EXTRA_INDEX_URL"] = options.extra_index_url
+    # Docker keeps its predefined proxy args out of the image history.
+    args.update(options.proxies)
+    return args
+
+
+def without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    return url
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What goes to the engine for one image, and the hash that decides whether to rebuild."""
+
+    files: dict[str, Path]  # path in the context -> file on the host
+    extra: dict[str, bytes]  # generated context entries
+    input_hash: str
+
+
+def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) -> BuildContext:
+    folder = options.images_dir / spec.tag
+    if not (folder / "Dockerfile").is_file():
+        raise InputError([Problem(str(folder / "Dockerfile"), 0, "missing: run `python build.py render`")])
+    files = {path.name: path for path in sorted(folder.iterdir()) if path.is_file()}
+    wheels = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
+    if wheels and wheels.is_dir():
+        files.update({f"build-inputs/wheelhouse/{p.name}": p for p in sorted(wheels.iterdir()) if p.is_file()})
+    extra = {"build-inputs/wheelhouse/.keep": b""}
+    if options.ca_bundle:
+        extra["build-inputs/ca-bundle.pem"] = options.ca_bundle.read_bytes()
+    digest = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        digest.update(name.encode())
+        # Wheels are big and named by version: name + size identify them without reading gigabytes.
+        digest.update(str(path.stat().st_size).encode() if name.startswith("build-inputs/") else path.read_bytes())
+    for name, content in sorted(extra.items()):
+        digest.update(name.encode() + hashlib.sha256(content).digest())
+    visible_args = {k: without_credentials(v) for k, v in build_args(spec, options).items() if k not in PROXY_ARGS}
+    digest.update(json.dumps(visible_args, sort_keys=True).encode())
+    digest.update(base_image_id.encode())
+    return BuildContext(files, extra, digest.hexdigest()[:32])
+
+
+def context_tar(context: BuildContext) -> io.BufferedRandom:
+    stream = tempfile.TemporaryFile()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        for name, path in sorted(context.files.items()):
+            archive.add(str(path), arcname=name)
+        for name, content in sorted(context.extra.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(content))
+    stream.seek(0)
+    return stream
+
+
+def runtime_labels(spec: ImageSpec, input_hash: str, base_image_id: str) -> dict[str, str]:
+    return {
+        INPUT_HASH_LABEL: input_hash,
+        "org.opencontainers.image.created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.revision": _git_revision(),
+        "org.opencontainers.image.base.digest": base_image_id,
+    }
+
+
+def _git_revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Progress:
+    """Receives build events; the CLI shows them (rich live view on a terminal, plain lines in CI)."""
+
+    def started(self, tag: str) -> None: ...
+    def step(self, tag: str, step: int, total: int) -> None: ...
+    def finished(self, result: BuildResult) -> None: ...
+
+
+class Builder:
+    def __init__(self, docker_client: docker.DockerClient, options: BuildOptions, progress: Progress | None = None):
+        self.client = docker_client
+        self.options = options
+        self.progress = progress or Progress()
+        self.cancelled = threading.Event()
+        self._intermediate: set[str] = set()
+        self._lock = threading.Lock()
+        self._open_clients: set = set()
+
+    def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
+        """Decide quickly whether an image must be built; returns (context, None) or (None, skipped/failed result)."""
+        try:
+            base_id = self._image_id(spec.base_image)
+            if base_id is None:
+                return None, BuildResult(spec.tag, "failed", error=f"base image {spec.base_image} is not on the engine "
+                                         "and cannot be pulled here: run `make engine` (seeds CPU bases) or `docker pull` it")
+            context = build_context(spec, self.options, base_id)
+        except InputError as error:
+            return None, BuildResult(spec.tag, "failed", error=str(error))
+        if not (self.options.force or self.options.no_cache):
+            existing = self._inspect(local_name(spec))
+            if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
+                return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
+                                         input_hash=context.input_hash, log=str(self._log_path(spec)))
+        return context, None
+
+    def build_all(self, specs: list[ImageSpec]) -> list[BuildResult]:
+        results: dict[str, BuildResult] = {}
+        todo: list[tuple[ImageSpec, BuildContext]] = []
+        for spec in specs:
+            context, decided = self.plan(spec)
+            if decided:
+                results[spec.tag] = decided
+                self.progress.finished(decided)
+            else:
+                todo.append((spec, context))
+        pool = ThreadPoolExecutor(max_workers=max(1, self.options.jobs))
+        try:
+            futures = {pool.submit(self._build_one, spec, context): spec for spec, context in todo}
+            for future in as_completed(futures):
+                result = future.result()
+                results[result.tag] = result
+                self.progress.finished(result)
+                if result.status == "failed" and self.options.fail_fast:
+                    self.cancel()
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._remove_intermediate_containers()
+        for spec, _ in todo:
+            results.setdefault(spec.tag, BuildResult(spec.tag, "cancelled", error="not started: build cancelled"))
+        return [results[spec.tag] for spec in specs if spec.tag in results]
+
+    def cancel(self) -> None:
+        """Stop every running build: closing its connection makes the engine abort it."""
+        self.cancelled.set()
+        with self._lock:
+            for api in list(self._open_clients):
+                api.close()
+
+    def _build_one(self, spec: ImageSpec, context: BuildContext) -> BuildResult:
+        if self.cancelled.is_set():
+            return BuildResult(spec.tag, "cancelled", error="not started: build cancelled")
+        log_path = self._log_path(spec)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self.progress.started(spec.tag)
+        result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
+        api = docker.APIClient(base_url=self.client.api.base_url, timeout=None, version=self.client.api.api_version)
+        with self._lock:
+            self._open_clients.add(api)
+        try:
+            with open(log_path, "w", encoding="utf-8") as log, context_tar(context) as tar:
+                image_id = self._stream_build(api, spec, context, tar, log)
+            inspected = self.client.api.inspect_image(image_id)
+            result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
+        except BuildFailed as failure:
+            result.error = str(failure)
+        except Exception as error:  # the engine dropped us, or we cancelled: this image fails, others go on
+            result.status = "cancelled" if self.cancelled.is_set() else "failed"
+            result.error = "build cancelled" if self.cancelled.is_set() else f"{type(error).__name__}: {error}"
+        finally:
+            with self._lock:
+                self._open_clients.discard(api)
+            api.close()
+        result.duration = round(time.monotonic() - started, 2)
+        if result.status == "failed":
+            result.error = _with_log_tail(result.error, log_path)
+        return result
+
+    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
+        stream = api.build(
+            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(spec, self.options),
+            labels=runtime_labels(spec, context.input_hash, self._image_id(spec.base_image) or ""),
+            nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
+        )
+        image_id = ""
+        for event in stream:
+            if "stream" in event:
+                text = event["stream"]
+                log.write(text)
+                log.flush()
+                self._observe(spec.tag, text)
+            if "aux" in event and "ID" in event["aux"]:
+                image_id = event["aux"]["ID"]
+            if "error" in event:
+                log.write(f"ERROR: {event['error']}\n")
+                raise BuildFailed(event["error"].strip())
+        if not image_id:
+            raise BuildFailed("the engine ended the build without an image")
+        return image_id
+
+    def _observe(self, tag: str, text: str) -> None:
+        step = STEP.match(text)
+        if step:
+            self.progress.step(tag, int(step.group(1)), int(step.group(2)))
+        running = RUNNING_IN.search(text)
+        if running:
+            with self._lock:
+                self._intermediate.add(running.group(1))
+
+    def _remove_intermediate_containers(self) -> None:
+        for container_id in list(self._intermediate):
+            try:
+                self.client.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError:
+                continue
+        self._intermediate.clear()
+
+    def _image_id(self, reference: str) -> str | None:
+        inspected = self._inspect(reference)
+        return inspected["Id"] if inspected else None
+
+    def _inspect(self, reference: str) -> dict | None:
+        try:
+            return self.client.api.inspect_image(reference)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def _log_path(self, spec: ImageSpec) -> Path:
+        return self.options.reports_dir / spec.tag / "build.log"
+
+
+class BuildFailed(Exception):
+    pass
+
+
+def _with_log_tail(error: str, log_path: Path) -> str:
+    try:
+        tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        tail = []
+    return error + ("\n" + "\n".join(tail) if tail else "")
+
+
+def write_report(reports_dir: Path, results: list[BuildResult]) -> Path:
+    """Merge this run into reports/build-report.json, keeping entries of images not built this time."""
+    path = reports_dir / "build-report.json"
+    entries = {entry["tag"]: entry for entry in read_json(path, {"images": []})["images"]}
+    entries.update({result.tag: asdict(result) for result in results})
+    atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
+    return path

@@ -1,0 +1,94 @@
+"""Progress and summaries on the console: a live view on a terminal, plain lines in CI logs."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .builder import BuildResult, Progress
+
+STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+class PlainProgress(Progress):
+    """One line per event, for logs that are not terminals."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.started_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def started(self, tag: str) -> None:
+        self.started_at[tag] = time.monotonic()
+        self._print(f"{tag}: building")
+
+    def step(self, tag: str, step: int, total: int) -> None:
+        self._print(f"{tag}: step {step}/{total} ({self._elapsed(tag)})")
+
+    def finished(self, result: BuildResult) -> None:
+        self._print(f"{result.tag}: {result.status} ({result.duration:.1f}s)")
+        if result.status == "failed":
+            self._print(f"{result.tag}: {result.error}\n{result.tag}: full log: {result.log}")
+
+    def _elapsed(self, tag: str) -> str:
+        return f"{time.monotonic() - self.started_at.get(tag, time.monotonic()):.0f}s"
+
+    def _print(self, text: str) -> None:
+        with self._lock:
+            self.console.print(text, markup=False, highlight=False)
+
+
+class LiveProgress(PlainProgress):
+    """A rich live table: one line per image with its step n/m and elapsed time."""
+
+    def __init__(self, console: Console, tags: list[str]):
+        super().__init__(console)
+        self.rows = {tag: ["waiting", "", ""] for tag in tags}
+        self.live = Live(self._table(), console=console, refresh_per_second=4, transient=False)
+
+    def __enter__(self):
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.live.update(self._table())
+        return self.live.__exit__(*exc)
+
+    def started(self, tag: str) -> None:
+        self.started_at[tag] = time.monotonic()
+        self.rows[tag] = ["building", "", "0s"]
+        self.live.update(self._table())
+
+    def step(self, tag: str, step: int, total: int) -> None:
+        self.rows[tag] = ["building", f"{step}/{total}", self._elapsed(tag)]
+        self.live.update(self._table())
+
+    def finished(self, result: BuildResult) -> None:
+        self.rows[result.tag] = [result.status, self.rows.get(result.tag, ["", "", ""])[1], f"{result.duration:.1f}s"]
+        self.live.update(self._table())
+
+    def _table(self) -> Table:
+        table = Table(box=None, show_header=True)
+        for column in ("image", "status", "step", "elapsed"):
+            table.add_column(column)
+        for tag, (status, step, elapsed) in self.rows.items():
+            table.add_row(tag, f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]", step, elapsed)
+        return table
+
+
+def build_summary(results: list[BuildResult]) -> Table:
+    table = Table(title="build summary")
+    for column in ("image", "status", "size", "duration", "log"):
+        table.add_column(column, no_wrap=column != "log")
+    for result in results:
+        size = f"{result.size / 1e6:.0f} MB" if result.size else "-"
+        table.add_row(result.tag, f"[{STATUS_STYLE[result.status]}]{result.status}[/]", size, f"{result.duration:.1f}s", result.log)
+    return table

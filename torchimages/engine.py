@@ -1,0 +1,50 @@
+"""Talking to the Docker engine: connecting with a clear error, and explaining the engine's errors."""
+from __future__ import annotations
+
+import os
+
+import docker
+import docker.errors
+
+from .model import InputError, Problem
+
+NO_ENGINE_HINT = "start one with `make engine` (then `source .engine/env`), or export DOCKER_HOST=unix:///path/to/docker.sock"
+NO_GPU_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
+GPU_RUNTIME_HINT = ("this Docker engine has no NVIDIA runtime, so it cannot give containers GPUs. Install the NVIDIA "
+                    "Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`, restart dockerd, "
+                    "or verify without GPUs: --gpus none")
+
+
+def client(timeout: int = 600) -> docker.DockerClient:
+    """A client for $DOCKER_HOST that is known to answer; otherwise an InputError (exit 2) saying what to do."""
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        docker_client = docker.from_env(timeout=timeout)
+        docker_client.ping()
+    except docker.errors.DockerException as error:
+        raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where} ({_short(error)}): {NO_ENGINE_HINT}")]) from None
+    return docker_client
+
+
+def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
+    info = docker_client.info()
+    return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))
+
+
+def _has_cdi_gpus(info: dict) -> bool:
+    return any("nvidia.com/gpu" in str(device) for device in info.get("DiscoveredDevices") or [])
+
+
+def explain_start_error(error: docker.errors.APIError) -> str:
+    """Turn the daemon's container start errors into what the user should do."""
+    text = _short(error)
+    if NO_GPU_RUNTIME in text:
+        return GPU_RUNTIME_HINT
+    if "unsatisfied condition: cuda>=" in text:
+        return f"the host's NVIDIA driver is too old for this image ({text}); upgrade the driver or use a tag with an older CUDA"
+    return text
+
+
+def _short(error: Exception) -> str:
+    explanation = getattr(error, "explanation", None)
+    return str(explanation or error).strip().splitlines()[0] if str(explanation or error).strip() else type(error).__name__

@@ -1,0 +1,42 @@
+"""Where a run reads and writes, and the exit codes every command shares."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from . import matrix as matrix_stage
+from . import render as render_stage
+
+ROOT = Path(__file__).resolve().parent.parent
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class Project:
+    """Paths of one run; every one can be moved with a global option of build.py."""
+
+    matrix: Path
+    templates: Path
+    images: Path
+    reports: Path
+
+    def load(self) -> matrix_stage.Matrix:
+        return matrix_stage.load_matrix(self.matrix)
+
+    def select(self, selectors: list[str]):
+        return matrix_stage.select(self.load().specs, selectors, str(self.matrix))
+
+    def rendered(self, matrix: matrix_stage.Matrix) -> dict[str, bytes]:
+        return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository)
+
+
+def console() -> Console:
+    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read."""
+    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty())
+
+
+def errors() -> Console:
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 220)
