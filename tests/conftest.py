@@ -19,3 +19,48 @@ def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -
 @pytest.fixture
 def cli():
     return run_cli
+
+
+CPU_SELECTOR = "2.13.0-cpu-*"
+
+
+@pytest.fixture(scope="session")
+def engine_env():
+    """A real Docker engine (started by the project when none answers); exports DOCKER_HOST for the CLI."""
+    import os
+
+    from torchimages.localengine import ensure_engine
+
+    info = ensure_engine()
+    os.environ["DOCKER_HOST"] = info.docker_host
+    os.environ["TORCHIMAGES_REGISTRY"] = info.registry
+    return info
+
+
+@pytest.fixture(scope="session")
+def docker_client(engine_env):
+    from torchimages import engine
+
+    client = engine.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def wheelhouse():
+    """Wheels for the CPU rows, fetched once on the host (the builds then need no index)."""
+    path = ROOT / "wheelhouse"
+    if not list(path.glob("cpu-py3.11/torch-*.whl")):
+        run_cli("wheels", CPU_SELECTOR, "--dest", str(path), "--pip-index-url", "https://pypi.org/simple", check_exit=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_images(engine_env, wheelhouse):
+    """The CI-buildable rows, really built on the engine: {tag: local image name}."""
+    result = run_cli("build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    from torchimages.builder import local_name
+    from torchimages.matrix import load_matrix, select
+
+    return {spec.tag: local_name(spec) for spec in select(load_matrix(ROOT / "matrix.yaml").specs, [CPU_SELECTOR])}

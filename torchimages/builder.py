@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import docker
 import docker.errors
+import docker.utils
 
 from .files import atomic_write_json, read_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
@@ -228,7 +229,8 @@ class Builder:
         started = time.monotonic()
         self.progress.started(spec.tag)
         result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
-        api = docker.APIClient(base_url=self.client.api.base_url, timeout=None, version=self.client.api.api_version)
+        # One connection per build: closing it is how a build is cancelled.
+        api = docker.APIClient(timeout=None, version=self.client.api.api_version, **docker.utils.kwargs_from_env())
         with self._lock:
             self._open_clients.add(api)
         try:

@@ -1,0 +1,148 @@
+"""The builder on a real Docker engine: CPU rows from a wheelhouse, skip-unchanged, isolation, secrets."""
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from torchimages.builder import INPUT_HASH_LABEL
+
+from .conftest import CPU_SELECTOR, ROOT, run_cli
+
+pytestmark = pytest.mark.engine
+
+
+def test_cpu_rows_build_with_their_labels_python_and_torch(docker_client, cpu_images):
+    for tag, name in cpu_images.items():
+        image = docker_client.images.get(name)
+        labels = image.labels
+        assert labels["io.torchimages.torch"] == "2.13.0"
+        assert labels["io.torchimages.python"] == "3.11"
+        assert labels["io.torchimages.flavor"] == tag.rsplit("-", 1)[1]
+        assert labels["org.opencontainers.image.version"] == tag
+        assert len(labels[INPUT_HASH_LABEL]) == 32
+        output = docker_client.containers.run(
+            name, ["python", "-c", "import sys, torch; print(torch.__version__, sys.version.split()[0])"], remove=True
+        ).decode()
+        torch_version, python_version = output.split()
+        assert torch_version == "2.13.0+cpu"
+        assert python_version.startswith("3.11.")
+
+
+def test_devel_image_has_a_compiler_and_runtime_has_none(docker_client, cpu_images):
+    def has(image: str, program: str) -> bool:
+        command = ["sh", "-c", f"command -v {program} >/dev/null && echo yes || echo no"]
+        return docker_client.containers.run(image, command, remove=True).decode().strip() == "yes"
+
+    assert has(cpu_images["2.13.0-cpu-devel"], "g++")
+    assert not has(cpu_images["2.13.0-cpu-runtime"], "g++")
+
+
+def test_second_run_skips_both_and_reports_it(cpu_images, wheelhouse, tmp_path):
+    result = run_cli("--reports", str(tmp_path), "build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), check_exit=0)
+    report = json.loads((tmp_path / "build-report.json").read_text())
+    assert {entry["tag"]: entry["status"] for entry in report["images"]} == {tag: "skipped" for tag in cpu_images}
+    assert all(entry["image_id"].startswith("sha256:") for entry in report["images"])
+    assert "skipped" in result.stdout + result.stderr
+
+
+def test_changed_input_is_rebuilt(cpu_images, wheelhouse, tmp_path, docker_client):
+    """A different build arg changes the input hash: the row is not skipped."""
+    result = run_cli("--reports", str(tmp_path), "build", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse),
+                     "--extra-index-url", "https://mirror.invalid/simple", check_exit=0)
+    report = json.loads((tmp_path / "build-report.json").read_text())
+    [entry] = report["images"]
+    assert entry["status"] == "built", result.stderr
+    # put the regular image back for the other tests
+    run_cli("build", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), check_exit=0)
+
+
+def tiny_matrix(tmp_path: Path) -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(
+        "registry: localhost:5000/test/tiny\n"
+        "defaults: {python: \"3.11\", os: debian12, cuda: cpu}\n"
+        "variants:\n"
+        "  - torch: 2.13.0\n    flavors: [runtime]\n"
+        "  - torch: 2.12.0\n    flavors: [runtime]\n"
+    )
+    return path
+
+
+def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):
+    matrix = tiny_matrix(tmp_path)
+    images = tmp_path / "images"
+    for tag, body in {"2.13.0-cpu-runtime": "RUN echo building fine", "2.12.0-cpu-runtime": "RUN echo about to break && exit 3"}.items():
+        (images / tag).mkdir(parents=True)
+        (images / tag / "Dockerfile").write_text(f"FROM debian:bookworm\n{body}\nLABEL io.torchimages.torch=x\n")
+    reports = tmp_path / "reports"
+    result = run_cli("--matrix", str(matrix), "--images", str(images), "--reports", str(reports), "build", "--jobs", "2")
+    assert result.returncode == 1
+    report = {entry["tag"]: entry for entry in json.loads((reports / "build-report.json").read_text())["images"]}
+    assert report["2.13.0-cpu-runtime"]["status"] == "built"
+    assert report["2.12.0-cpu-runtime"]["status"] == "failed"
+    assert "about to break" in report["2.12.0-cpu-runtime"]["error"], "the error shows the last log lines"
+    assert "returned a non-zero code: 3" in result.stderr
+    assert str(reports / "2.12.0-cpu-runtime" / "build.log") in result.stderr
+
+
+def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhouse, tmp_path):
+    """A CA bundle and an index token given to a build are in no layer and no history entry."""
+    ca_marker, token_marker = "CA-MARKER-5f1e2d", "TOKEN-MARKER-9a8b7c"
+    ca_bundle = tmp_path / "corporate-ca.pem"
+    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/secrets"))
+    reports = tmp_path / "reports"
+    run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
+            "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
+            "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
+    image = docker_client.images.get("localhost:5000/test/secrets:2.13.0-cpu-runtime")
+    history = json.dumps(image.history()) + json.dumps(image.attrs["Config"])
+    assert ca_marker not in history and token_marker not in history
+    assert "mirror.example.com" not in history
+    for member_name, content in image_layer_files(image):
+        assert ca_marker.encode() not in content, f"CA bundle found in layer file {member_name}"
+        assert token_marker.encode() not in content, f"token found in layer file {member_name}"
+    docker_client.images.remove(image.id, force=True)
+
+
+def image_layer_files(image):
+    """Every regular file of every layer of an image (from `docker save`)."""
+    with tempfile.TemporaryFile() as saved:
+        for chunk in image.save(named=False):
+            saved.write(chunk)
+        saved.seek(0)
+        with tarfile.open(fileobj=saved) as outer:
+            for layer in (m for m in outer.getmembers() if m.name.endswith(".tar") or "/blobs/" in m.name):
+                data = outer.extractfile(layer)
+                if data is None:
+                    continue
+                try:
+                    inner = tarfile.open(fileobj=data)
+                except tarfile.ReadError:
+                    continue
+                for member in inner.getmembers():
+                    if member.isfile() and member.size < 50_000_000:
+                        yield member.name, inner.extractfile(member).read()
+
+
+def test_unreachable_engine_is_exit_2_with_what_to_do(tmp_path):
+    result = run_cli("build", CPU_SELECTOR, env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert result.returncode == 2
+    assert "no Docker engine answers" in result.stderr and "make engine" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_selector_and_missing_wheelhouse_are_exit_2(tmp_path):
+    assert run_cli("build", "no-such-tag").returncode == 2
+    result = run_cli("build", CPU_SELECTOR, "--wheelhouse", str(tmp_path / "missing"))
+    assert result.returncode == 2 and "--wheelhouse" in result.stderr
+
+
+def test_no_intermediate_containers_are_left(docker_client, cpu_images):
+    leftovers = [c for c in docker_client.containers.list(all=True) if c.status in ("created", "exited") and not c.labels]
+    assert leftovers == [], [c.short_id for c in leftovers]
