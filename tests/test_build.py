@@ -146,3 +146,36 @@ def test_bad_selector_and_missing_wheelhouse_are_exit_2(tmp_path):
 def test_no_intermediate_containers_are_left(docker_client, cpu_images):
     leftovers = [c for c in docker_client.containers.list(all=True) if c.status in ("created", "exited") and not c.labels]
     assert leftovers == [], [c.short_id for c in leftovers]
+
+
+def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_client, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    matrix = tiny_matrix(tmp_path)
+    images = tmp_path / "images"
+    for tag in ("2.13.0-cpu-runtime", "2.12.0-cpu-runtime"):
+        (images / tag).mkdir(parents=True)
+        (images / tag / "Dockerfile").write_text(f"FROM debian:bookworm\nRUN echo {tag} && sleep 120\n")
+    command = [sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "--images", str(images),
+               "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    running = 0
+    while running < 2 and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        running += ": step 2/" in line
+    assert running == 2, "both builds should have reached their RUN step"
+    time.sleep(2)  # let the engine create the RUN containers
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("Ctrl-C did not stop the build within 30 s")
+    assert process.returncode == 130
+    time.sleep(1)
+    sleepers = [c for c in docker_client.containers.list(all=True) if "sleep 120" in " ".join(c.attrs["Config"]["Cmd"] or [])]
+    assert sleepers == [], f"build containers left behind: {[c.short_id for c in sleepers]}"

@@ -166,7 +166,6 @@ class Builder:
         self.cancelled = threading.Event()
         self._intermediate: set[str] = set()
         self._lock = threading.Lock()
-        self._open_clients: set = set()
 
     def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
         """Decide quickly whether an image must be built; returns (context, None) or (None, skipped/failed result)."""
@@ -215,11 +214,13 @@ class Builder:
         return [results[spec.tag] for spec in specs if spec.tag in results]
 
     def cancel(self) -> None:
-        """Stop every running build: closing its connection makes the engine abort it."""
+        """Stop every running build by removing the container of its current step; the engine then
+        fails that build, and any step that starts afterwards is removed as soon as it appears."""
         self.cancelled.set()
         with self._lock:
-            for api in list(self._open_clients):
-                api.close()
+            running = list(self._intermediate)
+        for container_id in running:
+            self._remove_container(container_id)
 
     def _build_one(self, spec: ImageSpec, context: BuildContext) -> BuildResult:
         if self.cancelled.is_set():
@@ -229,23 +230,18 @@ class Builder:
         started = time.monotonic()
         self.progress.started(spec.tag)
         result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
-        # One connection per build: closing it is how a build is cancelled.
+        # One connection per build thread: a requests session is not meant to be shared across threads.
         api = docker.APIClient(timeout=None, version=self.client.api.api_version, **docker.utils.kwargs_from_env())
-        with self._lock:
-            self._open_clients.add(api)
         try:
             with open(log_path, "w", encoding="utf-8") as log, context_tar(context) as tar:
                 image_id = self._stream_build(api, spec, context, tar, log)
             inspected = self.client.api.inspect_image(image_id)
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
-        except BuildFailed as failure:
-            result.error = str(failure)
-        except Exception as error:  # the engine dropped us, or we cancelled: this image fails, others go on
-            result.status = "cancelled" if self.cancelled.is_set() else "failed"
-            result.error = "build cancelled" if self.cancelled.is_set() else f"{type(error).__name__}: {error}"
+        except Exception as error:  # one image fails, the others go on
+            result.error = str(error) if isinstance(error, BuildFailed) else f"{type(error).__name__}: {error}"
+            if self.cancelled.is_set():
+                result.status, result.error = "cancelled", "build cancelled"
         finally:
-            with self._lock:
-                self._open_clients.discard(api)
             api.close()
         result.duration = round(time.monotonic() - started, 2)
         if result.status == "failed":
@@ -282,16 +278,19 @@ class Builder:
         if running:
             with self._lock:
                 self._intermediate.add(running.group(1))
+            if self.cancelled.is_set():
+                self._remove_container(running.group(1))
 
     def _remove_intermediate_containers(self) -> None:
         for container_id in list(self._intermediate):
-            try:
-                self.client.api.remove_container(container_id, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError:
-                continue
+            self._remove_container(container_id)
         self._intermediate.clear()
+
+    def _remove_container(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True)
+        except docker.errors.APIError:
+            pass  # already gone, or removed by the engine itself (rm/forcerm)
 
     def _image_id(self, reference: str) -> str | None:
         inspected = self._inspect(reference)
