@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +33,8 @@ from pathlib import Path
 import docker
 import docker.errors
 import requests.exceptions
+
+from .files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 STATE = REPO / ".engine"
@@ -348,7 +349,7 @@ storage:
 http:
   addr: {json.dumps(f"127.0.0.1:{port}")}
 """
-    _write_atomically(REGISTRY_CONFIG, config)
+    atomic_write(REGISTRY_CONFIG, config)
 
 
 def _recorded_registry_port() -> int | None:
@@ -524,21 +525,7 @@ def _locked() -> Iterator[None]:
 
 
 def _write_env(info: EngineInfo) -> None:
-    _write_atomically(ENV_FILE, "".join(f"{line}\n" for line in info.env_lines()))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Readers (a `source .engine/env` in another shell) see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "w") as output:
-            output.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(ENV_FILE, "".join(f"{line}\n" for line in info.env_lines()))
 
 
 def _parse_env(text: str) -> dict[str, str]:
