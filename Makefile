@@ -3,8 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 ENGINE_ENV := .engine/env
-# On a host without GPUs the CPU rows are the ones that can really be built and verified.
-SELECTION ?= 2.13.0-cpu-*
+# Empty: every row on a host whose engine has the NVIDIA runtime, else the CPU rows (build.py says so).
+SELECTION ?=
 WHEELHOUSE ?= wheelhouse
 PYTEST_ARGS ?=
 

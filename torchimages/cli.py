@@ -12,6 +12,7 @@ from rich.table import Table
 from . import builder as build_stage
 from . import engine
 from . import render as render_stage
+from . import verify
 from . import wheels as wheel_sources
 from .display import LiveProgress, PlainProgress, build_summary, stderr_console
 from .model import ImageSpec, InputError, Problem
@@ -123,6 +124,39 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-index-url", help="extra package index (default: https://pypi.org/simple)")
 
 
+def cmd_images(project: Project, args) -> int:
+    """The main job: fetch missing wheels, build (skipping what is unchanged), verify what was built."""
+    docker_client = engine.client()
+    specs = project.select(args.selectors) if args.selectors else default_selection(project, docker_client)
+    if args.wheelhouse:
+        missing = [spec for spec in specs if not list(build_stage.wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
+        if missing:
+            wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url)
+    results = run_builds(project, specs, args)
+    build_stage.write_report(project.reports, results)
+    console().print(build_summary(results))
+    ready = [spec for spec, result in zip(specs, results) if result.status in ("built", "skipped")]
+    options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs))
+    with verify.ConsoleProgress(errors()) as progress:
+        verified = verify.verify_images(docker_client, ready, options, progress) if ready else []
+    for outcome in verified:
+        console().print(verify.checks_table(outcome))
+    print(f"reports: {project.reports}/<tag>/ (build.log, verify.json, junit.xml), {project.reports / 'verify-summary.md'}")
+    all_built = len(ready) == len(specs)
+    return EXIT_OK if all_built and all(outcome.passed for outcome in verified) else EXIT_FAILED
+
+
+def default_selection(project: Project, docker_client) -> list[ImageSpec]:
+    """Every row on an engine that can give containers GPUs; the CPU rows elsewhere, saying so."""
+    specs = project.load().specs
+    if engine.has_gpu_runtime(docker_client):
+        return specs
+    cpu_rows = [spec for spec in specs if not spec.is_gpu]
+    print(f"no NVIDIA runtime on this Docker engine: taking the CPU rows ({', '.join(s.tag for s in cpu_rows)}); "
+          "name tags or globs to build GPU rows anyway", file=sys.stderr)
+    return cpu_rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="build.py", description=__doc__)
     parser.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="the version matrix (default: %(default)s)")
@@ -150,6 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     building.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
     add_build_arguments(building)
     building.set_defaults(handler=cmd_build)
+
+    main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
+    main_job.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: see above)")
+    add_build_arguments(main_job)
+    main_job.set_defaults(handler=cmd_images)
+    verify.add_commands(commands)
+    # Imported here: nightly reuses this module's build options, so a top-level import would be circular.
+    from . import catalog, lock, nightly, plan, publish
+    for stage in (publish, catalog, lock, plan, nightly):
+        stage.add_commands(commands)
     return parser
 
 

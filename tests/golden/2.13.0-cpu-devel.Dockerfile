@@ -8,6 +8,7 @@ FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates python3.11 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # Stage 2: install the wheels into a venv. Build inputs (wheelhouse, CA bundle) and index
@@ -15,6 +16,7 @@ RUN apt-get update \
 FROM python AS packages
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 ARG PIP_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
@@ -29,6 +31,7 @@ RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca
 FROM python
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ make ninja-build git python3.11-dev \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=packages /opt/venv /opt/venv
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint

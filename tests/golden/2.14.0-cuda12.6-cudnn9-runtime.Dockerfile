@@ -8,6 +8,7 @@ FROM ${BASE_IMAGE} AS python-standalone
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 RUN curl -LsSf https://astral.sh/uv/install.sh | env UV_INSTALL_DIR=/usr/local/bin sh \
  && uv python install 3.11 --install-dir /opt/python --no-bin \
@@ -18,6 +19,7 @@ FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 # Python 3.11 is not ubuntu24.04's own: it comes from python-build-standalone via uv.
 COPY --from=python-standalone /opt/python /opt/python

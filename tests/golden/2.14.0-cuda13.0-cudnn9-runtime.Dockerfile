@@ -8,6 +8,7 @@ FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates python3.12 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # Stage 2: install the wheels into a venv. Build inputs (wheelhouse, CA bundle) and index
@@ -15,6 +16,7 @@ RUN apt-get update \
 FROM python AS packages
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.12-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 ARG PIP_INDEX_URL=https://download.pytorch.org/whl/cu130
 ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
