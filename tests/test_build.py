@@ -1,7 +1,6 @@
 """The builder on a real Docker engine: CPU rows from a wheelhouse, skip-unchanged, isolation, secrets."""
 import json
 import os
-import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -50,14 +49,21 @@ def test_second_run_skips_both_and_reports_it(cpu_images, wheelhouse, tmp_path):
 
 
 def test_changed_input_is_rebuilt(cpu_images, wheelhouse, tmp_path, docker_client):
-    """A different build arg changes the input hash: the row is not skipped."""
-    result = run_cli("--reports", str(tmp_path), "build", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse),
-                     "--extra-index-url", "https://mirror.invalid/simple", check_exit=0)
-    report = json.loads((tmp_path / "build-report.json").read_text())
-    [entry] = report["images"]
-    assert entry["status"] == "built", result.stderr
-    # put the regular image back for the other tests
-    run_cli("build", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), check_exit=0)
+    """Same row, other build args: the input hash differs, so the image is rebuilt, not skipped."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/changed"))
+
+    def build(*extra: str) -> str:
+        reports = tmp_path / f"reports{len(extra)}"
+        run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
+                "--wheelhouse", str(wheelhouse), *extra, check_exit=0)
+        [entry] = json.loads((reports / "build-report.json").read_text())["images"]
+        return entry["status"]
+
+    build()
+    assert build("--jobs", "1") == "skipped"
+    assert build("--extra-index-url", "https://mirror.invalid/simple") == "built"
+    docker_client.images.remove("localhost:5000/test/changed:2.13.0-cpu-runtime", force=True)
 
 
 def tiny_matrix(tmp_path: Path) -> Path:
@@ -179,3 +185,13 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
     time.sleep(1)
     sleepers = [c for c in docker_client.containers.list(all=True) if "sleep 120" in " ".join(c.attrs["Config"]["Cmd"] or [])]
     assert sleepers == [], f"build containers left behind: {[c.short_id for c in sleepers]}"
+
+
+def test_report_keeps_the_last_real_build_time_across_skipped_runs(tmp_path):
+    from torchimages.builder import BuildResult, write_report
+
+    write_report(tmp_path, [BuildResult("a", "built", duration=420.0), BuildResult("b", "failed", duration=3.0)])
+    path = write_report(tmp_path, [BuildResult("a", "skipped", duration=0.0)])
+    entries = {entry["tag"]: entry for entry in json.loads(path.read_text())["images"]}
+    assert entries["a"]["status"] == "skipped" and entries["a"]["last_build_duration"] == 420.0
+    assert entries["b"]["last_build_duration"] == 0.0, "a failed build says nothing about build time"

@@ -1,4 +1,5 @@
 """Rendering: golden files, determinism, stale detection, and rows agreeing with the compat data."""
+import json
 import os
 import re
 import shutil
@@ -124,3 +125,20 @@ def test_every_rendered_dockerfile_passes_hadolint():
     dockerfiles = sorted(str(p) for p in (ROOT / "images").glob("*/Dockerfile"))
     result = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), *dockerfiles], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_render_uses_the_base_digests_of_the_lock(cli, tmp_path):
+    matrix = tmp_path / "matrix.yaml"
+    shutil.copy(GOLDEN_MATRIX, matrix)
+    digest = "sha256:" + "ab" * 32
+    (tmp_path / "bases.lock.json").write_text(json.dumps({"schema": 1, "bases": {
+        "nvidia/cuda:13.0.2-base-ubuntu24.04": {
+            "image": "nvidia/cuda:13.0.2-base-ubuntu24.04", "digest": digest, "image_id": None,
+            "source": "registry", "note": "", "resolved_at": "2026-11-21T00:00:00Z"}}}))
+    images = tmp_path / "images"
+    cli("--matrix", str(matrix), "--images", str(images), "render", check_exit=0)
+    runtime = (images / "2.14.0-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE=nvidia/cuda@{digest}\n" in runtime
+    assert 'org.opencontainers.image.base.name="nvidia/cuda:13.0.2-base-ubuntu24.04"' in runtime
+    devel = (images / "2.14.0-cuda13.0-cudnn9-devel" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04\n" in devel, "bases not in the lock keep their tag"

@@ -26,6 +26,7 @@ from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 STEP = re.compile(r"^Step (\d+)/(\d+) : ")
+BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 LOG_TAIL_LINES = 15
 
@@ -68,8 +69,8 @@ def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
 
 
-def build_args(spec: ImageSpec, options: BuildOptions) -> dict[str, str]:
-    args = {"BASE_IMAGE": spec.base_image}
+def build_args(options: BuildOptions) -> dict[str, str]:
+    args = {}
     if options.pip_index_url:
         args["PIP_INDEX_URL"] = options.pip_index_url
     if options.extra_index_url:
@@ -95,10 +96,18 @@ class BuildContext:
     input_hash: str
 
 
+def base_reference(spec: ImageSpec, images_dir: Path) -> str:
+    """The base the rendered Dockerfile builds on: a lock-pinned image@digest, or the matrix's tag."""
+    dockerfile = images_dir / spec.tag / "Dockerfile"
+    try:
+        match = BASE_ARG.search(dockerfile.read_text())
+    except FileNotFoundError:
+        raise InputError([Problem(str(dockerfile), 0, "missing: run `python build.py render`")]) from None
+    return match.group(1) if match else spec.base_image
+
+
 def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) -> BuildContext:
     folder = options.images_dir / spec.tag
-    if not (folder / "Dockerfile").is_file():
-        raise InputError([Problem(str(folder / "Dockerfile"), 0, "missing: run `python build.py render`")])
     files = {path.name: path for path in sorted(folder.iterdir()) if path.is_file()}
     wheels = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
     if wheels and wheels.is_dir():
@@ -113,7 +122,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) ->
         digest.update(str(path.stat().st_size).encode() if name.startswith("build-inputs/") else path.read_bytes())
     for name, content in sorted(extra.items()):
         digest.update(name.encode() + hashlib.sha256(content).digest())
-    visible_args = {k: without_credentials(v) for k, v in build_args(spec, options).items() if k not in PROXY_ARGS}
+    visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
     digest.update(json.dumps(visible_args, sort_keys=True).encode())
     digest.update(base_image_id.encode())
     return BuildContext(files, extra, digest.hexdigest()[:32])
@@ -133,7 +142,7 @@ def context_tar(context: BuildContext) -> io.BufferedRandom:
     return stream
 
 
-def runtime_labels(spec: ImageSpec, input_hash: str, base_image_id: str) -> dict[str, str]:
+def runtime_labels(input_hash: str, base_image_id: str) -> dict[str, str]:
     return {
         INPUT_HASH_LABEL: input_hash,
         "org.opencontainers.image.created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -170,11 +179,12 @@ class Builder:
     def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
         """Decide quickly whether an image must be built; returns (context, None) or (None, skipped/failed result)."""
         try:
-            base_id = self._image_id(spec.base_image)
-            if base_id is None:
-                return None, BuildResult(spec.tag, "failed", error=f"base image {spec.base_image} is not on the engine "
-                                         "and cannot be pulled here: run `make engine` (seeds CPU bases) or `docker pull` it")
-            context = build_context(spec, self.options, base_id)
+            base = base_reference(spec, self.options.images_dir)
+            base_id = self._image_id(base)
+            if base_id is None and not self.options.pull:
+                return None, BuildResult(spec.tag, "failed", error=f"base image {base} is not on the engine: "
+                                         "`docker pull` it, build with --pull, or run `make engine` (seeds the CPU bases)")
+            context = build_context(spec, self.options, base_id or "")
         except InputError as error:
             return None, BuildResult(spec.tag, "failed", error=str(error))
         if not (self.options.force or self.options.no_cache):
@@ -250,8 +260,8 @@ class Builder:
 
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
         stream = api.build(
-            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(spec, self.options),
-            labels=runtime_labels(spec, context.input_hash, self._image_id(spec.base_image) or ""),
+            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options),
+            labels=runtime_labels(context.input_hash, self._image_id(base_reference(spec, self.options.images_dir)) or ""),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
         )
         image_id = ""
@@ -319,9 +329,14 @@ def _with_log_tail(error: str, log_path: Path) -> str:
 
 
 def write_report(reports_dir: Path, results: list[BuildResult]) -> Path:
-    """Merge this run into reports/build-report.json, keeping entries of images not built this time."""
+    """Merge this run into reports/build-report.json, keeping entries of images not built this time.
+
+    `last_build_duration` survives skipped runs: shard planning weighs rows by their real build time."""
     path = reports_dir / "build-report.json"
     entries = {entry["tag"]: entry for entry in read_json(path, {"images": []})["images"]}
-    entries.update({result.tag: asdict(result) for result in results})
+    for result in results:
+        previous = entries.get(result.tag, {})
+        last_build = result.duration if result.status == "built" else previous.get("last_build_duration", 0.0)
+        entries[result.tag] = {**asdict(result), "last_build_duration": last_build}
     atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
     return path

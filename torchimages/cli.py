@@ -10,13 +10,22 @@ from pathlib import Path
 from rich.table import Table
 
 from . import builder as build_stage
-from . import engine
+from . import engine, verify
 from . import render as render_stage
-from . import verify
 from . import wheels as wheel_sources
 from .display import LiveProgress, PlainProgress, build_summary, stderr_console
 from .model import ImageSpec, InputError, Problem
-from .project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ROOT, Project, console, errors
+from .project import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ROOT,
+    Project,
+    console,
+    errors,
+)
+
 
 def cmd_list(project: Project, args) -> int:
     specs = project.select(args.selectors)

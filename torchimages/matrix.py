@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from fnmatch import fnmatchcase
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from .model import FLAVORS, ImageSpec, InputError, Problem, User, parse_size

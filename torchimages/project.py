@@ -9,6 +9,7 @@ from rich.console import Console
 
 from . import matrix as matrix_stage
 from . import render as render_stage
+from .lockfile import LOCK_NAME, read_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -29,8 +30,14 @@ class Project:
     def select(self, selectors: list[str]):
         return matrix_stage.select(self.load().specs, selectors, str(self.matrix))
 
+    @property
+    def lock_file(self) -> Path:
+        return self.matrix.parent / LOCK_NAME
+
     def rendered(self, matrix: matrix_stage.Matrix) -> dict[str, bytes]:
-        return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository)
+        """Dockerfiles as the matrix and the base pins (bases.lock.json, when present) say."""
+        pinned = {image: base.reference for image, base in read_lock(self.lock_file).items()}
+        return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository, pinned)
 
 
 def console() -> Console:

@@ -14,13 +14,17 @@ DOCKERFILE_TEMPLATE = "Dockerfile.j2"
 CONTEXT_DIR = "context"
 
 
-def render_files(specs: list[ImageSpec], templates_dir: Path, matrix_file: str, repository: str) -> dict[str, bytes]:
-    """Pure rendering: relative path under images/ -> file content."""
+def render_files(specs: list[ImageSpec], templates_dir: Path, matrix_file: str, repository: str,
+                 pinned_bases: dict[str, str] | None = None) -> dict[str, bytes]:
+    """Pure rendering: relative path under images/ -> file content. `pinned_bases` maps a base image to the
+    reference its FROM uses (image@sha256:... from bases.lock.json); unpinned bases keep their tag."""
+    pinned_bases = pinned_bases or {}
     environment = _environment(templates_dir)
     context_files = _context_files(templates_dir)
     rendered: dict[str, bytes] = {}
     for spec in specs:
-        text = _render_template(environment, templates_dir, spec=spec, matrix_file=matrix_file, repository=repository)
+        text = _render_template(environment, templates_dir, spec=spec, matrix_file=matrix_file, repository=repository,
+                                base_reference=pinned_bases.get(spec.base_image, spec.base_image))
         rendered[f"{spec.tag}/Dockerfile"] = _tidy(text).encode()
         for name, content in context_files.items():
             rendered[f"{spec.tag}/{name}"] = content

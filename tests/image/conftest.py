@@ -1,0 +1,67 @@
+"""Fixtures of the image checks: the probe's facts by part, each failing loudly when its probe produced nothing.
+
+The data fixtures (expect, spec, facts) and the container (host, from testinfra's --hosts) come from
+torchimages.checkplugin; run these suites through `python build.py test`, which starts the container.
+"""
+import pytest
+
+from .helpers import gpu_skip_reason
+
+
+def _part(facts: dict, name: str) -> dict:
+    part = facts[name]
+    if "probe_error" in part:
+        pytest.fail(f"the {name} probe gave no facts: {part['probe_error']}; its stderr ended with: "
+                    f"{part.get('stderr_tail', '')[-600:]!r}. Rerun with a larger --timeout if it timed out, "
+                    "or run the probe by hand in the image to see why")
+    return part
+
+
+@pytest.fixture(scope="session")
+def main(facts) -> dict:
+    """The main probe: run as the image's own user, as `docker run IMAGE` would."""
+    return _part(facts, "main")
+
+
+@pytest.fixture(scope="session")
+def files(facts) -> dict:
+    """The file scan, run as root so that nothing is hidden from it."""
+    return _part(facts, "files")
+
+
+@pytest.fixture(scope="session")
+def arbitrary_user(facts) -> dict:
+    """The import probe, run as an arbitrary uid (`docker run --user 12345`)."""
+    return _part(facts, "import")
+
+
+@pytest.fixture(scope="session")
+def image(facts) -> dict:
+    """The image's configuration from the engine: labels, env, user, size, history."""
+    return facts["image"]
+
+
+@pytest.fixture(scope="session")
+def torch_facts(main) -> dict:
+    if not main["torch"]["importable"]:
+        pytest.skip("torch does not import in this image (the identity check reports it)")
+    return main["torch"]
+
+
+@pytest.fixture(scope="session")
+def gpu(spec, expect, torch_facts, main) -> dict:
+    """The probe's GPU facts; skipped with the reason where GPU checks cannot run, never passed."""
+    reason = gpu_skip_reason(spec, expect)
+    if reason:
+        pytest.skip(reason)
+    facts = main["gpu"]
+    if "error" in facts:
+        pytest.fail(f"the probe's GPU part crashed: {facts['error']}")
+    return facts
+
+
+@pytest.fixture(scope="session")
+def devices(gpu) -> list[dict]:
+    if not gpu["available"]:
+        pytest.skip("torch sees no GPU (the gpu check reports why)")
+    return gpu["devices"]

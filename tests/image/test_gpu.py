@@ -1,0 +1,79 @@
+"""gpu, driver and multi-gpu: the container sees the GPUs it was given, can run kernels on each of them, the host
+driver is new enough, and with 2+ GPUs peers copy and NCCL all-reduces."""
+import pytest
+
+from torchimages.probe import arch_covers, arch_flags_for
+
+from .helpers import expected_device_count, version_tuple
+
+
+def _torch_warnings(gpu: dict) -> str:
+    return "; torch warned: " + " | ".join(gpu["warnings"]) if gpu["warnings"] else ""
+
+
+@pytest.mark.check("gpu")
+def test_cuda_is_available(gpu, expect):
+    smi = gpu.get("nvidia_smi_gpus")
+    assert gpu["available"], (
+        f"torch.cuda.is_available() is False although GPUs were requested (--gpus {expect['gpus']['text']}); "
+        f"nvidia-smi in the container lists {len(smi) if smi is not None else 'nothing (not present)'}"
+        f"{_torch_warnings(gpu)}. Check the host driver (see the driver check) and that the NVIDIA runtime "
+        "passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
+
+
+@pytest.mark.check("gpu")
+def test_device_count_is_what_was_requested(gpu, expect):
+    if not gpu["available"]:
+        pytest.skip("torch sees no GPU (test_cuda_is_available says why)")
+    expected, source = expected_device_count(expect, gpu)
+    if expected is None:
+        pytest.skip(f"cannot tell how many GPUs the container was given: {source}")
+    assert gpu["device_count"] == expected, (
+        f"torch sees {gpu['device_count']} GPU(s), but {source} means {expected}: check CUDA_VISIBLE_DEVICES "
+        f"({gpu.get('cuda_visible_devices') or 'unset'}) and the --gpus request")
+
+
+@pytest.mark.check("gpu")
+def test_a_kernel_runs_on_every_device(devices):
+    failing = [f"cuda:{d['index']} ({d['name']}, sm_{d['capability'][0]}{d['capability'][1]}): {d['kernel_error']}"
+               for d in devices if not d["kernel_ok"]]
+    assert not failing, ("a matmul failed or gave wrong results on " + "; ".join(failing)
+                         + ": 'no kernel image is available' means the arch list misses this GPU (see the arch test)")
+
+
+@pytest.mark.check("gpu")
+def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, spec):
+    flags = torch_facts["arch_flags"]
+    uncovered = []
+    for device in devices:
+        capability = tuple(device["capability"])
+        if arch_covers(flags, capability):
+            continue
+        sm = f"sm_{capability[0]}{capability[1]}"
+        rows = [tag for tag, arch in expect["arch_rows"].items() if arch_covers(arch_flags_for(arch), capability)]
+        uncovered.append(f"{device['name']} is {sm}, but this image's torch has {' '.join(flags)} (no cubin "
+                         f"sm_{capability[0]}x at or below it, no PTX at or below {capability[0]}.{capability[1]}); "
+                         f"rows that cover it: {', '.join(rows) or 'none in the matrix'}")
+    assert not uncovered, "; ".join(uncovered)
+
+
+@pytest.mark.check("driver")
+def test_host_driver_meets_the_cuda_minimum(gpu, spec):
+    found = gpu.get("driver_version")
+    assert found, (
+        f"could not read the host's NVIDIA driver version (no nvidia-smi and no /proc/driver/nvidia/version in the "
+        f"container){_torch_warnings(gpu)}: start the container with NVIDIA_DRIVER_CAPABILITIES including utility")
+    assert version_tuple(found) >= version_tuple(spec.min_driver), (
+        f"the host driver is {found}, but CUDA {spec.cuda} needs {spec.min_driver} or newer{_torch_warnings(gpu)}: "
+        f"upgrade the host driver, or use a tag built for an older CUDA")
+
+
+@pytest.mark.check("multi-gpu")
+def test_peer_copies_and_nccl_all_reduce(devices, gpu):
+    if len(devices) < 2:
+        pytest.skip(f"{len(devices)} GPU visible: multi-GPU checks need 2 or more (--gpus all on a multi-GPU host)")
+    result = gpu["multi_gpu"]
+    assert result.get("ok"), (
+        f"across {len(devices)} GPUs: {result.get('error') or result}; peer copies ok: {result.get('peer_copies_ok')}, "
+        f"NCCL all-reduce ok: {result.get('all_reduce_ok')}. With NCCL errors about shared memory, raise --shm-size "
+        "or use --ipc=host")

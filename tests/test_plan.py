@@ -1,0 +1,150 @@
+"""Sharding the matrix for CI (`plan`), and joining the shards' results (`report merge`)."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
+from torchimages.matrix import load_matrix
+from torchimages.model import InputError
+from torchimages.nightly import Summary, merge_summaries
+from torchimages.plan import balance, parse_shard
+
+from .conftest import ROOT, run_cli
+
+TAGS = [spec.tag for spec in load_matrix(ROOT / "matrix.yaml").specs]
+
+
+def test_plan_for_3_shards_covers_every_row_exactly_once():
+    for output_format in ("json", "github"):
+        document = json.loads(run_cli("plan", "--shards", "3", "--format", output_format, check_exit=0).stdout)
+        shards = document["shards"] if output_format == "json" else document["include"]
+        planned = [tag for shard in shards for tag in (shard["tags"] if output_format == "json" else shard["tags"].split())]
+        assert sorted(planned) == sorted(TAGS) and len(planned) == len(set(planned))
+        assert [shard["shard"] for shard in shards] == ["1/3", "2/3", "3/3"]
+
+
+def test_github_format_is_one_line_for_github_output():
+    output = run_cli("plan", "--shards", "2", "--format", "github", check_exit=0).stdout
+    assert output.count("\n") == 1 and output.startswith('{"include":[')
+
+
+def test_plan_balances_by_past_build_durations(tmp_path):
+    durations = {tag: (1200.0 if "devel" in tag else 400.0 if "cuda" in tag else 100.0) for tag in TAGS}
+    report = {"images": [{"tag": tag, "status": "built", "last_build_duration": seconds} for tag, seconds in durations.items()]}
+    (tmp_path / "build-report.json").write_text(json.dumps(report))
+    plan = json.loads(run_cli("--reports", str(tmp_path), "plan", "--shards", "3", check_exit=0).stdout)["shards"]
+    loads = [sum(durations[tag] for tag in shard["tags"]) for shard in plan]
+    assert [shard["estimated_seconds"] for shard in plan] == loads
+    assert max(loads) - min(loads) <= max(durations.values())
+    assert max(loads) < sum(durations.values()) / 3 + 1200
+
+
+def test_rows_without_history_weigh_the_mean_and_order_is_stable():
+    shards = balance(["a", "b", "c", "d"], {"a": 30.0, "b": 10.0}, 2)  # c and d weigh 20 each
+    assert [shard.tags for shard in shards] == [("a", "b"), ("c", "d")]
+    assert [shard.estimated_seconds for shard in shards] == [40.0, 40.0]
+    unknown = balance(["a", "b", "c", "d"], {}, 2)
+    assert unknown == balance(["a", "b", "c", "d"], {}, 2)
+    assert [shard.tags for shard in unknown] == [("a", "c"), ("b", "d")]
+    assert [shard.estimated_seconds for shard in unknown] == [None, None]
+    assert [shard.tags for shard in balance(["a"], {}, 3)] == [("a",), (), ()]
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "1", "a/b", ""])
+def test_bad_shard_is_an_input_error(text):
+    with pytest.raises(InputError, match="--shard"):
+        parse_shard(text)
+
+
+def test_bad_plan_inputs_exit_2_naming_the_flag(tmp_path):
+    assert "--shards must be at least 1" in run_cli("plan", "--shards", "0", check_exit=2).stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(run_cli("plan", "--shards", "3", check_exit=0).stdout)
+    result = run_cli("nightly", "--shard", "1/2", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    assert "was made for other rows or another shard count" in result.stderr and "plan --shards 2" in result.stderr
+    result = run_cli("nightly", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    assert "use it with --shard i/n" in result.stderr
+    result = run_cli("nightly", "--shard", "3/2", "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    assert "--shard '3/2' must be i/n" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------- report merge
+
+def catalog_entry(tag: str, digest: str) -> CatalogEntry:
+    sbom = f"sbom/{tag}-20260102.cdx.json"
+    return CatalogEntry(tag, "127.0.0.1:5000/ml/pytorch", digest, "sha256:" + "c" * 64,
+                        [PinnedTag(f"{tag}-20260102", digest, "2026-01-02", sbom)], [tag], {"torch": "2.13.0"},
+                        1000, 500, {"passed": 1}, {"status": "skipped"}, sbom, "2026-01-02T00:00:00Z",
+                        "2026-01-02T00:00:00Z")
+
+
+def write_shard(folder, rows: list[str], failed: bool = False) -> None:
+    """What a `nightly --shard` runner uploads: reports/ (summary, build report, row folders) and catalog/."""
+    summary = Summary("127.0.0.1:5000/ml/pytorch", "", rows, "2026-01-02T00:00:00Z", duration_s=60.0,
+                      render="images is up to date", built=rows, published=[{"tag": t, "pinned": f"{t}-20260102",
+                                                                             "digest": "sha256:" + t[-1] * 64} for t in rows])
+    if failed:
+        summary.fail(rows[0], "verify", "checks failed: hygiene")
+    (folder / "reports" / rows[0]).mkdir(parents=True)
+    (folder / "reports" / rows[0] / "verify.json").write_text("{}")
+    (folder / "reports" / "nightly-summary.json").write_text(json.dumps(summary.to_json()))
+    (folder / "reports" / "build-report.json").write_text(json.dumps(
+        {"images": [{"tag": t, "status": "built", "duration": 10.0} for t in rows]
+         + [{"tag": "stale-row-from-an-old-run", "status": "built", "duration": 1.0}]}))
+    catalog = Catalog({t: catalog_entry(t, "sha256:" + t[-1] * 64) for t in rows})
+    save(catalog, folder / "catalog", folder / "images")
+    for t in rows:
+        (folder / "catalog" / "sbom").mkdir(exist_ok=True)
+        (folder / "catalog" / "sbom" / f"{t}-20260102.cdx.json").write_text("{}")
+
+
+def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
+    first, second = tmp_path / "shard-1", tmp_path / "shard-2"
+    write_shard(first, ["2.13.0-cpu-runtime"])
+    write_shard(second, ["2.13.0-cpu-devel"], failed=True)
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    (merged / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
+    (first / "bases.lock.json").write_text(json.dumps({"schema": 1, "bases": {"debian:bookworm": {
+        "image": "debian:bookworm", "digest": None, "image_id": "sha256:" + "d" * 64, "source": "local-only",
+        "note": "", "resolved_at": "2026-01-02T00:00:00Z"}}}))
+    base = ("--matrix", str(merged / "matrix.yaml"), "--images", str(merged / "images"), "--reports", str(merged / "reports"))
+    result = run_cli(*base, "report", "merge", str(first), str(second), "--catalog", str(merged / "catalog"))
+    assert result.returncode == 1  # a shard had a failure
+
+    summary = json.loads((merged / "reports" / "nightly-summary.json").read_text())
+    assert summary["rows"] == ["2.13.0-cpu-devel", "2.13.0-cpu-runtime"] and summary["shard"] == "2 shards merged"
+    assert summary["failed"] == [{"tag": "2.13.0-cpu-devel", "stage": "verify", "error": "checks failed: hygiene"}]
+    assert "## Failures" in result.stdout
+    report = json.loads((merged / "reports" / "build-report.json").read_text())
+    assert [entry["tag"] for entry in report["images"]] == ["2.13.0-cpu-devel", "2.13.0-cpu-runtime"]
+    assert (merged / "reports" / "2.13.0-cpu-runtime" / "verify.json").is_file()
+    catalog = json.loads((merged / "catalog" / "catalog.json").read_text())["images"]
+    assert sorted(catalog) == ["2.13.0-cpu-devel", "2.13.0-cpu-runtime"]
+    assert (merged / "catalog" / "sbom" / "2.13.0-cpu-devel-20260102.cdx.json").is_file()
+    assert "2.13.0-cpu-devel-20260102" in (merged / "images" / "README.md").read_text()
+    lock = json.loads((merged / "bases.lock.json").read_text())["bases"]
+    assert lock["debian:bookworm"]["image_id"] == "sha256:" + "d" * 64
+
+
+def test_report_merge_refuses_overlapping_or_foreign_folders(tmp_path):
+    write_shard(tmp_path / "a", ["2.13.0-cpu-runtime"])
+    write_shard(tmp_path / "b", ["2.13.0-cpu-runtime"])
+    overlap = run_cli("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "a"), str(tmp_path / "b"),
+                      check_exit=2)
+    assert not (tmp_path / "out").exists()
+    assert "row 2.13.0-cpu-runtime was also run by" in overlap.stderr
+    (tmp_path / "empty").mkdir()
+    foreign = run_cli("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "empty"), check_exit=2)
+    assert "not a shard's results" in foreign.stderr
+
+
+def test_merged_summary_adds_up_the_parts():
+    parts = [Summary("r", "1/2", ["a"], "2026-01-02T00:00:05Z", 30.0, built=["a"]),
+             Summary("r", "2/2", ["b"], "2026-01-02T00:00:01Z", 50.0, skipped=["b"], unchanged=["b"],
+                     bases_changed=[{"image": "debian:bookworm", "before": "x", "after": "y", "rows": ["b"]}])]
+    merged = merge_summaries(parts)
+    assert (merged.rows, merged.built, merged.skipped, merged.duration_s) == (["a", "b"], ["a"], ["b"], 50.0)
+    assert merged.started_at == "2026-01-02T00:00:01Z" and merged.exit_code == 0
+    assert asdict(merged)["bases_changed"][0]["rows"] == ["b"]

@@ -1,0 +1,444 @@
+"""Publishing on a real engine and a real registry: pinned/floating/alias tags by digest, refusals, registry
+failures, pruning, base locking, and the nightly run.
+
+Publish mechanics use small stand-in images built FROM debian:bookworm with the labels a real build gives (fast);
+the nightly test builds, verifies and publishes the real CPU rows.
+"""
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from torchimages.builder import local_name
+from torchimages.lockfile import LOCAL_ONLY_NOTE
+from torchimages.matrix import load_matrix
+from torchimages.publish import (
+    SPEC_HASH_LABEL,
+    dated_tags,
+    new_pinned_tag,
+    prune_plan,
+    verification_refusal,
+)
+
+from .conftest import CPU_SELECTOR, ROOT, run_cli
+
+pytestmark = pytest.mark.engine
+
+RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
+MATRIX = """\
+registry: localhost:5000/{namespace}/pytorch
+variants:
+  - torch: 2.13.0
+    cuda: cpu
+    python: "3.11"
+    os: debian12
+    flavors: [runtime, devel]
+    aliases: {{runtime: [latest]}}
+"""
+
+
+class Workspace:
+    """A matrix of its own (so local image names and registry repositories are this test's alone) and its folders."""
+
+    def __init__(self, root: Path, registry_host: str, real_rows: bool = False):
+        self.namespace = f"t{uuid.uuid4().hex[:10]}"
+        self.root = root
+        self.matrix = root / "matrix.yaml"
+        # real_rows: the project's own matrix (the CPU rows exactly as CI builds them) under this test's registry name.
+        text = ((ROOT / "matrix.yaml").read_text().replace("registry: localhost:5000/ml/pytorch",
+                                                          f"registry: localhost:5000/{self.namespace}/pytorch")
+                if real_rows else MATRIX.format(namespace=self.namespace))
+        self.matrix.write_text(text)
+        self.specs = {spec.tag: spec for spec in load_matrix(self.matrix).specs}
+        self.images, self.reports, self.catalog = root / "images", root / "reports", root / "catalog"
+        self.registry_host = registry_host
+        self.repository = f"{registry_host}/{self.namespace}/pytorch"
+
+    def cli(self, *args: str, check_exit: int | None = None) -> subprocess.CompletedProcess:
+        return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
+                       *args, check_exit=check_exit)
+
+    def publish(self, *selectors: str, date: str = "20260101", check_exit: int | None = 0, extra=()):
+        return self.cli("publish", *selectors, "--registry", self.repository, "--catalog", str(self.catalog),
+                        "--date", date, *extra, check_exit=check_exit)
+
+    def build(self, docker_client, tag: str, blob_mb: int = 0) -> str:
+        """A stand-in for the row's image: unique content, the labels publish checks. Returns its image id."""
+        spec = self.specs[tag]
+        steps = f"echo {uuid.uuid4().hex} > /nonce" + (f" && head -c {blob_mb}M /dev/urandom > /blob" if blob_mb else "")
+        dockerfile = f"FROM debian:bookworm\nRUN {steps}\n"
+        image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=local_name(spec), rm=True,
+                                              labels={SPEC_HASH_LABEL: spec.spec_hash(), "io.torchimages.torch": spec.torch})
+        return image.id
+
+    def verified(self, tag: str, image_id: str, passed: bool = True) -> None:
+        """What `build.py test` writes (reports/<tag>/verify.json), as publish's input."""
+        checks = {"identity": {"status": "passed", "message": "torch 2.13.0+cpu"},
+                  "gpu": {"status": "skipped", "message": "CPU image: no GPU checks apply"},
+                  "hygiene": {"status": "passed" if passed else "failed", "message": "no secrets"}}
+        folder = self.reports / tag
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "verify.json").write_text(json.dumps({
+            "tag": tag, "image": local_name(self.specs[tag]), "image_id": image_id, "passed": passed,
+            "checks": checks, "finished_at": "2026-01-01T00:00:00Z"}))
+
+    def build_verified(self, docker_client, tag: str, blob_mb: int = 0) -> str:
+        image_id = self.build(docker_client, tag, blob_mb)
+        self.verified(tag, image_id)
+        return image_id
+
+    def catalog_json(self) -> dict:
+        return json.loads((self.catalog / "catalog.json").read_text())
+
+    def digest_of(self, tag: str) -> str | None:
+        request = urllib.request.Request(f"http://{self.registry_host}/v2/{self.namespace}/pytorch/manifests/{tag}",
+                                         method="HEAD", headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.headers["Docker-Content-Digest"]
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise
+
+    def tags(self) -> list[str]:
+        try:
+            with urllib.request.urlopen(f"http://{self.registry_host}/v2/{self.namespace}/pytorch/tags/list", timeout=10) as response:
+                return sorted(json.loads(response.read())["tags"] or [])
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return []
+            raise
+
+
+def clean_up(docker_client, space: Workspace) -> None:
+    """Delete what the test published (manifests; the registry keeps shared layers) and its local tags."""
+    for digest in {space.digest_of(tag) for tag in space.tags()} - {None}:
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{space.registry_host}/v2/{space.namespace}/pytorch/manifests/{digest}", method="DELETE"), timeout=10).close()
+    for spec in space.specs.values():
+        for name in (local_name(spec), f"{space.repository}:{spec.tag}"):
+            try:
+                docker_client.api.remove_image(name, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+@pytest.fixture
+def workspace(tmp_path, engine_env, docker_client):
+    space = Workspace(tmp_path, engine_env.registry)
+    yield space
+    clean_up(docker_client, space)
+
+
+@pytest.fixture
+def real_rows(tmp_path, engine_env, docker_client, wheelhouse):
+    """The project's CPU rows under a registry name of this test's own, rendered and built (mostly from cache)."""
+    space = Workspace(tmp_path, engine_env.registry, real_rows=True)
+    space.cli("render", check_exit=0)
+    yield space
+    clean_up(docker_client, space)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def own_registry(tmp_path):
+    """A registry process of this test's own (Debian's docker-registry), so the test may kill it."""
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(f'version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: "{tmp_path / "data"}"}}\n'
+                      f'  delete: {{enabled: true}}\nhttp: {{addr: "127.0.0.1:{port}"}}\n')
+    process = subprocess.Popen(["/usr/bin/docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield process, f"127.0.0.1:{port}"
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+# ------------------------------------------------------------------------------------------------------- publish
+
+def test_publish_pins_floats_and_aliases_one_verified_digest_and_pulls_back(workspace, docker_client):
+    ids = {tag: workspace.build_verified(docker_client, tag) for tag in (RUNTIME, DEVEL)}
+    result = workspace.publish(CPU_SELECTOR, date="20260101")
+    assert result.stdout.count("published") >= 2
+
+    catalog = workspace.catalog_json()["images"]
+    assert set(catalog) == {RUNTIME, DEVEL}
+    for tag, entry in catalog.items():
+        pinned = f"{tag}-20260101"
+        assert [p["tag"] for p in entry["pinned"]] == [pinned]
+        assert entry["image_id"] == ids[tag]
+        names = [pinned, tag] + (["latest"] if tag == RUNTIME else [])
+        assert {name: workspace.digest_of(name) for name in names} == {name: entry["digest"] for name in names}
+        sbom = json.loads((workspace.catalog / entry["sbom"]).read_text())
+        assert sbom["bomFormat"] == "CycloneDX" and sbom["metadata"]["component"]["version"] == entry["digest"]
+        assert any(c["name"] == "dpkg" and c["purl"].startswith("pkg:deb/debian/dpkg@") for c in sbom["components"])
+        assert entry["checks"]["passed"] == 2 and entry["checks"]["skipped"] == 1
+        assert entry["scan"]["status"] == "skipped" and "neither trivy nor grype" in entry["scan"]["message"]
+    assert catalog[RUNTIME]["floating"] == [RUNTIME, "latest"]
+
+    # Pulled back onto an engine without them, by pinned tag and by digest, the bits are the verified image's.
+    for tag, entry in catalog.items():
+        for reference in (f"{workspace.repository}:{tag}-20260101", f"{workspace.repository}@{entry['digest']}"):
+            docker_client.api.remove_image(ids[tag], force=True)
+            pulled = docker_client.images.pull(reference)
+            assert pulled.id == ids[tag]
+            assert f"{workspace.repository}@{entry['digest']}" in pulled.attrs["RepoDigests"]
+    for tag in catalog:  # as publish left them, so the second run below finds them published
+        docker_client.api.tag(ids[tag], workspace.repository, tag)
+        docker_client.api.tag(ids[tag], *local_name(workspace.specs[tag]).rsplit(":", 1))
+    readme = (workspace.images / "README.md").read_text()
+    assert f"`docker pull {workspace.repository}:{RUNTIME}-20260101`" in readme
+    assert f"`docker pull {workspace.repository}@{catalog[RUNTIME]['digest']}`" in readme
+    assert f"| `{workspace.repository}:latest` | `{catalog[RUNTIME]['digest']}` |" in readme
+
+    # Nothing new: nothing is pushed, no tag moves, the catalog stays byte for byte.
+    before = (workspace.catalog / "catalog.json").read_bytes()
+    started = time.monotonic()
+    again = workspace.publish(CPU_SELECTOR, date="20260102")
+    assert time.monotonic() - started < 30
+    assert "2 unchanged" in again.stdout
+    assert (workspace.catalog / "catalog.json").read_bytes() == before
+    assert not any(tag.endswith("20260102") for tag in workspace.tags())
+
+
+def test_unverified_failed_or_rebuilt_images_are_refused_and_floating_tags_stay(workspace, docker_client):
+    workspace.build(docker_client, RUNTIME)
+    never = workspace.publish(RUNTIME, check_exit=1)
+    assert "refused" in never.stdout and "never verified" in never.stdout and "build.py test" in never.stdout
+    assert workspace.tags() == [] and not (workspace.catalog / "catalog.json").exists()
+
+    failed_id = workspace.build(docker_client, RUNTIME)
+    workspace.verified(RUNTIME, failed_id, passed=False)
+    failed = workspace.publish(RUNTIME, check_exit=1)
+    assert "verification failed (hygiene)" in failed.stdout
+
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.publish(RUNTIME, date="20260101")
+    published = workspace.digest_of(RUNTIME)
+
+    verified_report = (workspace.reports / RUNTIME / "verify.json").read_text()
+    workspace.build(docker_client, RUNTIME)  # rebuilt after its verification
+    (workspace.reports / RUNTIME / "verify.json").write_text(verified_report)
+    rebuilt = workspace.publish(RUNTIME, date="20260102", check_exit=1)
+    assert "is not the one tagged now" in rebuilt.stdout and "rebuilt since" in rebuilt.stdout
+    assert workspace.digest_of(RUNTIME) == published == workspace.digest_of("latest")
+    assert workspace.catalog_json()["images"][RUNTIME]["digest"] == published
+
+
+def test_a_refused_row_fails_the_run_while_the_others_publish(workspace, docker_client):
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.build(docker_client, DEVEL)
+    result = workspace.publish(CPU_SELECTOR, check_exit=1)
+    assert f"published {RUNTIME}" in result.stdout and f"refused   {DEVEL}: never verified" in result.stdout
+    assert list(workspace.catalog_json()["images"]) == [RUNTIME]
+    assert workspace.digest_of(DEVEL) is None
+
+
+def test_registry_down_exits_1_and_records_nothing(workspace, docker_client):
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.repository = f"127.0.0.1:{free_port()}/{workspace.namespace}/pytorch"
+    result = workspace.publish(RUNTIME, check_exit=1, extra=("--retries", "1"))
+    assert "nothing published" in result.stdout and "does not answer" in result.stdout
+    assert "retrying in 1 s" in result.stderr
+    assert not (workspace.catalog / "catalog.json").exists()
+    assert json.loads((workspace.reports / "publish-report.json").read_text())["images"][0]["status"] == "failed"
+
+
+def test_registry_stopped_mid_publish_leaves_the_catalog_intact(tmp_path, engine_env, docker_client, own_registry):
+    process, host = own_registry
+    (tmp_path / "work").mkdir()
+    workspace = Workspace(tmp_path / "work", host)
+    try:
+        workspace.build_verified(docker_client, RUNTIME)
+        workspace.publish(RUNTIME)
+        catalog_before = (workspace.catalog / "catalog.json").read_bytes()
+        readme_before = (workspace.images / "README.md").read_bytes()
+        workspace.build_verified(docker_client, DEVEL, blob_mb=400)  # big enough to be caught mid-push
+
+        publishing = subprocess.Popen(
+            [sys.executable, str(ROOT / "build.py"), "--matrix", str(workspace.matrix), "--images", str(workspace.images),
+             "--reports", str(workspace.reports), "publish", CPU_SELECTOR, "--registry", workspace.repository,
+             "--catalog", str(workspace.catalog), "--date", "20260102", "--retries", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in publishing.stderr:
+            if f"{DEVEL}: pushing" in line:
+                break
+        time.sleep(1)
+        os.kill(process.pid, signal.SIGKILL)
+        stdout, stderr = publishing.communicate(timeout=600)
+    finally:
+        for spec in workspace.specs.values():
+            docker_client.api.remove_image(local_name(spec), force=True)
+
+    assert publishing.returncode == 1, stdout + stderr
+    assert f"failed    {DEVEL}" in stdout and "nothing recorded" in stdout
+    assert f"unchanged {RUNTIME}" in stdout
+    assert (workspace.catalog / "catalog.json").read_bytes() == catalog_before
+    assert (workspace.images / "README.md").read_bytes() == readme_before
+
+
+def test_prune_keeps_exactly_the_retention_count_newest_first(workspace, docker_client):
+    digests = {}
+    for date in ("20260101", "20260102", "20260103", "20260103"):  # two digests on the 3rd: -20260103 and -20260103.2
+        workspace.build_verified(docker_client, RUNTIME)
+        workspace.publish(RUNTIME, date=date)
+        digests[workspace.catalog_json()["images"][RUNTIME]["pinned"][0]["tag"]] = workspace.digest_of(RUNTIME)
+    assert list(digests) == [f"{RUNTIME}-20260101", f"{RUNTIME}-20260102", f"{RUNTIME}-20260103", f"{RUNTIME}-20260103.2"]
+    assert workspace.digest_of(f"{RUNTIME}-20260103") == digests[f"{RUNTIME}-20260103"]  # pinned tags never move
+    sboms = {p["tag"]: workspace.catalog / p["sbom"] for p in workspace.catalog_json()["images"][RUNTIME]["pinned"]}
+    assert all(path.is_file() for path in sboms.values())
+
+    workspace.cli("prune", RUNTIME, "--registry", workspace.repository, "--retention", "2", "--catalog",
+                  str(workspace.catalog), check_exit=0)
+
+    kept = [f"{RUNTIME}-20260103.2", f"{RUNTIME}-20260103"]
+    assert dated_tags(RUNTIME, workspace.tags()) == kept
+    assert workspace.digest_of(RUNTIME) == workspace.digest_of("latest") == digests[kept[0]]
+    assert [p["tag"] for p in workspace.catalog_json()["images"][RUNTIME]["pinned"]] == kept
+    assert sorted(tag for tag, path in sboms.items() if path.is_file()) == sorted(kept)
+    assert workspace.digest_of(digests[f"{RUNTIME}-20260101"]) is None
+    bad = workspace.cli("prune", RUNTIME, "--registry", workspace.repository, "--retention", "0", check_exit=2)
+    assert "--retention must be at least 1" in bad.stderr
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--registry", "pytorch"], "--registry 'pytorch' must be HOST[:PORT]/REPO"),
+    (["--registry", "127.0.0.1:5000/ML/PyTorch"], "may hold lower case letters"),
+    (["--registry", "127.0.0.1:5000/ml/pytorch", "--date", "2026-01-01"], "--date '2026-01-01' must be a date written YYYYMMDD"),
+    (["--registry", "127.0.0.1:5000/ml/pytorch", "--retries", "-1"], "--retries must be 0 or more"),
+])
+def test_bad_publish_input_exits_2_naming_the_flag(workspace, arguments, message):
+    result = workspace.cli("publish", RUNTIME, *arguments, check_exit=2)
+    assert message in result.stderr
+
+
+def test_bad_allowlist_exits_2_naming_file_and_line(workspace):
+    allowlist = workspace.root / "scanner-allowlist.yaml"
+    allowlist.write_text("allow:\n  - cve: CVE-2024-1234\n    reason: ''\n    expires: 2026-12-31\n  - cve: nope\n")
+    result = workspace.cli("publish", RUNTIME, "--registry", workspace.repository, check_exit=2)
+    assert f"{allowlist}:3: CVE-2024-1234: 'reason' must say why" in result.stderr
+    assert f"{allowlist}:5: each allowlist entry needs exactly: cve, reason, expires" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------- pure decisions
+
+def test_dated_tags_sort_newest_first_and_ignore_other_rows():
+    tags = [f"{RUNTIME}-20260101", f"{RUNTIME}-20260103", f"{RUNTIME}-20260103.2", f"{RUNTIME}-20260103.10",
+            RUNTIME, "latest", f"{DEVEL}-20260105", f"{RUNTIME}-2026010"]
+    assert dated_tags(RUNTIME, tags) == [f"{RUNTIME}-20260103.10", f"{RUNTIME}-20260103.2", f"{RUNTIME}-20260103",
+                                         f"{RUNTIME}-20260101"]
+    assert new_pinned_tag(RUNTIME, "20260103", tags) == f"{RUNTIME}-20260103.3"
+    assert new_pinned_tag(RUNTIME, "20260104", tags) == f"{RUNTIME}-20260104"
+
+
+def test_prune_plan_keeps_digests_other_kept_tags_name():
+    tags = {f"{RUNTIME}-2026010{day}": f"sha256:{day}" for day in range(1, 5)}
+    tags |= {RUNTIME: "sha256:4", "latest": "sha256:4", f"{DEVEL}-20260101": "sha256:1"}
+    plan = prune_plan([RUNTIME], tags, retention=1)
+    assert plan.delete == {"sha256:2": [f"{RUNTIME}-20260102"], "sha256:3": [f"{RUNTIME}-20260103"]}
+    assert plan.kept_shared == {f"{RUNTIME}-20260101": f"{DEVEL}-20260101"}
+
+
+def test_refusal_names_the_reason():
+    spec = load_matrix(ROOT / "matrix.yaml").specs[-1]
+    image = {"Id": "sha256:aaa", "Config": {"Labels": {SPEC_HASH_LABEL: spec.spec_hash()}}}
+    path = Path("reports/x/verify.json")
+    assert "build it first" in verification_refusal(spec, None, None, path)
+    assert "never verified" in verification_refusal(spec, image, None, path)
+    assert "rebuilt since" in verification_refusal(spec, image, {"image_id": "sha256:bbb", "passed": True}, path)
+    assert verification_refusal(spec, image, {"image_id": "sha256:aaa", "passed": True}, path) is None
+    stale = {"Id": "sha256:aaa", "Config": {"Labels": {SPEC_HASH_LABEL: "0" * 16}}}
+    assert "another version of its matrix row" in verification_refusal(spec, stale, {"image_id": "sha256:aaa", "passed": True}, path)
+
+
+# ------------------------------------------------------------------------------------------------------------ lock
+
+def test_lock_pins_a_local_only_base_by_image_id_and_notices_it_moving(workspace, docker_client):
+    result = workspace.cli("lock", check_exit=0)
+    lock = json.loads((workspace.root / "bases.lock.json").read_text())["bases"]["debian:bookworm"]
+    assert lock["source"] == "local-only" and lock["digest"] is None and lock["note"] == LOCAL_ONLY_NOTE
+    assert lock["image_id"] == docker_client.images.get("debian:bookworm").id
+    assert "local-only  debian:bookworm" in result.stdout
+    workspace.cli("lock", "--check", check_exit=0)
+
+    lock_file = workspace.root / "bases.lock.json"
+    moved = json.loads(lock_file.read_text())
+    moved["bases"]["debian:bookworm"]["image_id"] = "sha256:" + "0" * 64
+    lock_file.write_text(json.dumps(moved))
+    check = workspace.cli("lock", "--check", check_exit=1)
+    assert "moved: debian:bookworm" in check.stdout and f"{RUNTIME}, {DEVEL}" in check.stdout
+    lock_file.write_text("{")
+    assert "not valid JSON" in workspace.cli("lock", check_exit=2).stderr
+
+
+# --------------------------------------------------------------------------------------------------------- nightly
+
+def nightly(space: Workspace, wheelhouse, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    result = space.cli("nightly", CPU_SELECTOR, "--registry", space.repository, "--catalog", str(space.catalog),
+                       "--wheelhouse", str(wheelhouse), *extra)
+    return result, json.loads((space.reports / "nightly-summary.json").read_text())
+
+
+def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real_rows, docker_client, wheelhouse):
+    real_rows.cli("build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), check_exit=0)
+    ids = {tag: docker_client.images.get(local_name(real_rows.specs[tag])).id for tag in (RUNTIME, DEVEL)}
+    for tag, image_id in ids.items():
+        real_rows.verified(tag, image_id)  # what a passing `build.py test` leaves
+
+    first, summary = nightly(real_rows, wheelhouse, "--retention", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sorted(summary["skipped"]) == sorted(summary["already_verified"]) == sorted(ids)  # nothing rebuilt or re-verified
+    assert sorted(p["tag"] for p in summary["published"]) == sorted(ids) and summary["failed"] == []
+    assert sorted(change["tag"] for change in summary["size_changes"]) == sorted(ids)
+    assert all(change["before"] is None for change in summary["size_changes"])
+    assert sorted(summary["new_tags"]) == sorted([*ids, *(p["pinned"] for p in summary["published"])])
+    assert "## Published" in first.stdout and "## Size changes against the last catalog" in first.stdout
+    catalog = real_rows.catalog_json()["images"]
+    for tag, entry in catalog.items():
+        assert real_rows.digest_of(tag) == real_rows.digest_of(entry["pinned"][0]["tag"]) == entry["digest"]
+        assert entry["image_id"] == ids[tag]
+        sbom = json.loads((real_rows.catalog / entry["sbom"]).read_text())
+        assert "pkg:pypi/torch@2.13.0%2Bcpu" in [component["purl"] for component in sbom["components"]]
+
+    started = time.monotonic()
+    second, again = nightly(real_rows, wheelhouse, "--retention", "1")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert time.monotonic() - started < 60
+    assert "nothing to do: 2 rows unchanged, verified and published already" in second.stdout
+    assert again["nothing_to_do"] and sorted(again["unchanged"]) == sorted(ids) and again["new_tags"] == []
+    assert real_rows.catalog_json()["images"] == catalog
+    real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)
+
+
+def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows(real_rows, wheelhouse):
+    """The issue's acceptance run: real builds, real verification, real pushes; then a quick no-op run."""
+    first, summary = nightly(real_rows, wheelhouse)
+    assert first.returncode == 0, first.stdout
+    assert sorted(p["tag"] for p in summary["published"]) == sorted([RUNTIME, DEVEL])
+    second, again = nightly(real_rows, wheelhouse)
+    assert second.returncode == 0 and again["nothing_to_do"], second.stdout
+    real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)

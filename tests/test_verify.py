@@ -1,0 +1,325 @@
+"""Verification (`build.py test`): the pure rules, then on a real engine every check proven to fail on a
+deliberately broken image, the real CPU images passing with GPU checks skipped, GPU requests failing fast,
+and no container left behind."""
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from torchimages import engine
+from torchimages.checkplugin import Outcome, aggregate
+from torchimages.model import ImageSpec, InputError
+from torchimages.probe import (
+    arch_covers,
+    arch_flags_for,
+    decode_cudnn_version,
+    group_library_copies,
+    last_error_line,
+    redacted_env,
+    secret_env_names,
+)
+from torchimages.verify import (
+    CHECKS,
+    GPU_CHECKS,
+    VERIFY_LABEL,
+    VerifyOptions,
+    VerifyResult,
+    parse_gpus,
+    summary_markdown,
+    verify_images,
+)
+
+from .conftest import ROOT, run_cli
+from .image.helpers import expected_device_count, gpu_skip_reason
+
+BROKEN = ROOT / "tests" / "data" / "broken"
+RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
+
+
+# ---------------------------------------------------------------- pure rules
+
+def test_arch_coverage_follows_cubin_and_ptx_rules():
+    cu130 = arch_flags_for(["7.5", "8.0", "8.6", "9.0", "10.0", "12.0+PTX"])
+    assert cu130 == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+    assert arch_covers(cu130, (8, 9)) == "cubin sm_86"  # Ada runs Ampere cubins: same major, lower minor
+    assert arch_covers(cu130, (12, 1)) == "cubin sm_120"
+    assert arch_covers(cu130, (13, 0)).startswith("PTX compute_120")
+    assert arch_covers(cu130, (7, 0)) is None  # Volta: no sm_7x cubin at or below 7.0, PTX only from 12.0
+    cu126 = arch_flags_for(["5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0"])
+    assert arch_covers(cu126, (10, 0)) is None  # a cubin never runs on a newer major
+    assert arch_covers(cu126, (6, 1)) == "cubin sm_60"
+
+
+def test_cudnn_version_ints_decode_for_8_and_9():
+    assert decode_cudnn_version(92400) == (9, 24, 0)
+    assert decode_cudnn_version(91002) == (9, 10, 2)
+    assert decode_cudnn_version(8907) == (8, 9, 7)
+    assert decode_cudnn_version(None) is None
+
+
+def test_library_copies_count_files_not_symlinks(tmp_path):
+    toolkit = tmp_path / "usr/local/cuda-13.0/lib64"
+    wheel = tmp_path / "site-packages/nvidia/cublas/lib"
+    for folder in (toolkit, wheel):
+        folder.mkdir(parents=True)
+    (toolkit / "libcublas.so.13.0.1").write_text("x")
+    (toolkit / "libcublas.so.13").symlink_to("libcublas.so.13.0.1")
+    (toolkit / "libcublasLt.so.13").write_text("x")
+    (wheel / "libcublas.so.13").write_text("x")
+    (toolkit / "libcuda.so.1").write_text("driver, not ours to count")
+    copies = group_library_copies([str(p) for p in (toolkit.iterdir())] + [str(wheel / "libcublas.so.13")])
+    assert set(copies) == {"libcublas", "libcublasLt"}
+    assert len(copies["libcublas"]) == 2 and len(copies["libcublasLt"]) == 1
+
+
+def test_secrets_are_found_by_name_or_url_and_hidden():
+    env = {"HF_TOKEN": "hf_x", "PIP_INDEX_URL": "https://ci:pw@mirror/simple", "GPG_KEY": "A035C8C1",
+           "PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    assert secret_env_names(env) == ["HF_TOKEN", "PIP_INDEX_URL"]
+    hidden = redacted_env(env)
+    assert "hf_x" not in json.dumps(hidden) and hidden["PATH"] == "/bin"
+
+
+def test_dataloader_errors_are_reduced_to_their_cause():
+    error = RuntimeError("Caught RuntimeError in DataLoader worker process 0.\nTraceback:\n  File x\n"
+                         "RuntimeError: unable to allocate shared memory(shm): No space left on device (28)\n")
+    assert last_error_line(error) == "RuntimeError: unable to allocate shared memory(shm): No space left on device (28)"
+
+
+def test_gpus_option_follows_dockers_syntax():
+    assert parse_gpus("all").count == -1 and parse_gpus("all").expected_count is None
+    assert not parse_gpus("none").wanted and parse_gpus("none").device_requests() == []
+    assert parse_gpus("2").expected_count == 2
+    devices = parse_gpus("device=0,2")
+    assert devices.device_ids == ("0", "2") and devices.expected_count == 2
+    assert devices.device_requests()[0]["DeviceIDs"] == ["0", "2"]
+    with pytest.raises(InputError, match="not all, none"):
+        parse_gpus("two")
+
+
+def test_expected_device_count_honours_cuda_visible_devices():
+    expect = {"gpus": {"text": "all", "expected_count": None}}
+    assert expected_device_count(expect, {"nvidia_smi_gpus": ["GPU 0", "GPU 1"], "cuda_visible_devices": None})[0] == 2
+    assert expected_device_count(expect, {"nvidia_smi_gpus": ["GPU 0", "GPU 1"], "cuda_visible_devices": "1"})[0] == 1
+    assert expected_device_count({"gpus": {"text": "device=3", "expected_count": 1}}, {})[0] == 1
+
+
+def _spec(**changes) -> ImageSpec:
+    values = dict(tag="t", torch="2.14.0", cuda="13.0", cudnn=9, python="3.12", os="ubuntu24.04", flavor="runtime",
+                  base_image="b", wheel_index="cu130", python_from_os=True)
+    return ImageSpec(**{**values, **changes})
+
+
+def test_gpu_checks_are_skipped_with_a_reason_never_passed():
+    no_gpus = {"gpus": {"wanted": False}, "host_gpu_runtime": False}
+    assert "no NVIDIA runtime" in gpu_skip_reason(_spec(), no_gpus)
+    assert gpu_skip_reason(_spec(cuda=None, cudnn=None), no_gpus).startswith("CPU image")
+    assert gpu_skip_reason(_spec(), {"gpus": {"wanted": True}, "host_gpu_runtime": True}) is None
+
+
+def test_a_check_fails_if_any_test_fails_and_is_skipped_only_if_all_are():
+    outcomes = [Outcome("a", "identity", "passed"), Outcome("b", "identity", "skipped", "n/a"),
+                Outcome("c", "shm", "failed", "/dev/shm is 64 MiB"), Outcome("d", "shm", "passed"),
+                Outcome("e", "gpu", "skipped", "no GPU"), Outcome("f", "gpu", "skipped", "no GPU")]
+    verdicts = aggregate(outcomes)
+    assert verdicts["identity"]["status"] == "passed" and "n/a" in verdicts["identity"]["message"]
+    assert (verdicts["shm"]["status"], verdicts["shm"]["message"]) == ("failed", "/dev/shm is 64 MiB")
+    assert verdicts["gpu"]["status"] == "skipped" and verdicts["gpu"]["message"] == "no GPU"
+    assert "amp" not in verdicts  # no test reported: verify.complete_checks turns that into a failure
+
+
+def test_summary_is_a_checks_by_images_table():
+    checks = {name: {"status": "skipped" if name in GPU_CHECKS else "passed", "message": "no GPU | here"} for name in CHECKS}
+    checks["shm"] = {"status": "failed", "message": "/dev/shm is 64 MiB"}
+    text = summary_markdown([VerifyResult("2.13.0-cpu-runtime", "ref", "sha256:1", False, checks, Path("r"))])
+    assert "| shm | ❌ failed |" in text and "| gpu | ⏭️ skipped |" in text and "| identity | ✅ passed |" in text
+    assert "no GPU \\| here" in text  # a pipe in a message cannot break the table
+
+
+# ---------------------------------------------------------------- on a real engine
+
+@dataclass(frozen=True)
+class Broken:
+    """A good image with one defect (tests/data/broken/<name>), and the one check that must catch it."""
+
+    name: str
+    row: str  # the image it is built FROM, and the row it is checked against
+    check: str
+    says: tuple[str, ...]  # what the failure message must mention to be helpful
+
+    @property
+    def image(self) -> str:
+        return f"torchimages-test/broken:{self.name}"
+
+
+BROKEN_IMAGES = (
+    Broken("wrong-torch-version", RUNTIME, "identity", ("torch is 2.12.0+cpu", "expects 2.13.0+cpu", "rebuild")),
+    Broken("missing-torch", RUNTIME, "identity", ("torch does not import", "rebuild")),
+    Broken("wrong-labels", RUNTIME, "identity", ("io.torchimages.torch is missing", "io.torchimages.cuda=13.0")),
+    Broken("duplicated-cuda-library", RUNTIME, "hygiene", ("libcublas: 2 copies", "/usr/local/cuda-12.6/lib64")),
+    Broken("leftover-netrc", RUNTIME, "hygiene", ("/home/torch/.netrc", "remove")),
+    Broken("token-in-env", RUNTIME, "hygiene", ("HF_TOKEN", "run time")),
+    Broken("runs-as-root", RUNTIME, "hygiene", ("uid 0", "USER 1000")),
+    Broken("devel-without-compiler", DEVEL, "devel", ("no working C++ compiler", "install g++")),
+)
+
+
+def containers_left(docker_client, reports: Path) -> list[str]:
+    """Verification containers of the run writing to reports (others may verify on the same engine meanwhile)."""
+    owner = f"{VERIFY_LABEL}.reports={reports.resolve()}"
+    return [c.name for c in docker_client.containers.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
+
+
+def report_of(reports: Path, tag: str) -> dict:
+    return json.loads((reports / tag / "verify.json").read_text())
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {name: check["status"] for name, check in report["checks"].items()}
+
+
+def one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.fixture(scope="module")
+def images(request):
+    """The real CPU images (built by the session fixture when missing); skipped only when no engine can run."""
+    from torchimages.localengine import EngineError
+
+    try:
+        request.getfixturevalue("engine_env")
+    except EngineError as error:
+        pytest.skip(f"no Docker engine to verify on: {error}")
+    return request.getfixturevalue("cpu_images")
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One `build.py test` run: the finished process, its reports folder, and each tag's verify.json."""
+
+    process: subprocess.CompletedProcess
+    reports: Path
+    by_tag: dict[str, dict]
+
+
+@pytest.fixture(scope="module")
+def baseline(images, tmp_path_factory) -> Verified:
+    """The real CPU images verified once, as CI does: what each broken image is compared with."""
+    reports = tmp_path_factory.mktemp("baseline")
+    process = run_cli("--reports", str(reports), "test", "2.13.0-cpu-*", "--gpus", "none")
+    return Verified(process, reports, {tag: report_of(reports, tag) for tag in images})
+
+
+@pytest.fixture(scope="module")
+def broken_images(images, docker_client):
+    built = {}
+    for case in BROKEN_IMAGES:
+        docker_client.images.build(path=str(BROKEN / case.name), buildargs={"BASE": images[case.row]}, tag=case.image,
+                                   rm=True, forcerm=True)
+        built[case.name] = docker_client.api.inspect_image(case.image)["Id"]
+    yield built
+    for case in BROKEN_IMAGES:
+        docker_client.images.remove(case.image, force=True)
+
+
+@pytest.mark.engine
+def test_real_cpu_images_pass_with_gpu_checks_skipped(baseline, images, docker_client):
+    reports = baseline.reports
+    for tag, report in baseline.by_tag.items():
+        assert report["image_id"] == docker_client.api.inspect_image(images[tag])["Id"]
+        failed = {name: check["message"] for name, check in report["checks"].items() if check["status"] == "failed"}
+        assert not failed, f"{tag}: {failed}"
+        for name in GPU_CHECKS:
+            assert report["checks"][name]["status"] == "skipped" and report["checks"][name]["message"]
+        assert report["passed"] is True and report["finished_at"].endswith("Z")
+        junit = (reports / tag / "junit.xml").read_text()
+        assert f'testsuite name="{tag}"' in junit and "docker://" not in junit
+        names = re.findall(r'<testcase [^>]*name="([^"]+)"', junit)
+        assert names and all(name.endswith(f"[{tag}]") for name in names)
+    assert baseline.process.returncode == 0, baseline.process.stdout + baseline.process.stderr
+    summary = (reports / "verify-summary.md").read_text()
+    assert f"`{RUNTIME}`" in summary and f"`{DEVEL}`" in summary and "| gpu | ⏭️ skipped | ⏭️ skipped |" in summary
+    assert not containers_left(docker_client, reports)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("case", BROKEN_IMAGES, ids=lambda case: case.name)
+def test_a_broken_image_fails_exactly_its_check(case, broken_images, baseline, tmp_path, docker_client):
+    result = run_cli("--reports", str(tmp_path), "test", case.row, "--image", case.image, "--gpus", "none")
+    report = report_of(tmp_path, case.row)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert report["image_id"] == broken_images[case.name] and report["passed"] is False
+    assert_only_check_failed(report, baseline.by_tag[case.row], case.check, case.says)
+    assert not containers_left(docker_client, tmp_path)
+
+
+def failed_checks(report: dict) -> set[str]:
+    return {name for name, status in statuses(report).items() if status == "failed"}
+
+
+def assert_only_check_failed(report: dict, good: dict, check: str, says: tuple[str, ...]) -> None:
+    """The check fails saying what was wrong and what to do; no other check fails that passes on the good image.
+
+    (Others may turn skipped: without torch, the checks that need it skip and point at identity.)"""
+    assert statuses(report)[check] == "failed", report["checks"][check]
+    assert failed_checks(report) - {check} == failed_checks(good) - {check}, report["checks"]
+    message = report["checks"][check]["message"]
+    for words in says:
+        assert words in message, f"{words!r} not in: {message}"
+
+
+@pytest.mark.engine
+def test_a_row_expecting_another_python_fails_identity(baseline, tmp_path, docker_client):
+    result = run_cli("--matrix", str(BROKEN / "python-3.12-matrix.yaml"), "--reports", str(tmp_path), "test", RUNTIME)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "identity",
+                             ("runs Python 3.11", "expects Python 3.12"))
+    assert not containers_left(docker_client, tmp_path)
+
+
+@pytest.mark.engine
+def test_too_little_shm_fails_shm_through_the_api(baseline, images, tmp_path, docker_client):
+    """The nightly job's way in: verify_images with options, here with Docker's default-sized /dev/shm."""
+    from torchimages.matrix import load_matrix, select
+
+    specs = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
+    [result] = verify_images(docker_client, specs, VerifyOptions(reports_dir=tmp_path, shm_size="64m"))
+    assert result.report_dir == tmp_path / RUNTIME and result.passed is False
+    assert result.image_id == docker_client.api.inspect_image(images[RUNTIME])["Id"]
+    assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "shm",
+                             ("/dev/shm is 64.0 MiB", "--shm-size=8g", "--ipc=host", "No space left on device"))
+    assert not containers_left(docker_client, tmp_path)
+
+
+@pytest.mark.engine
+def test_gpus_all_without_nvidia_runtime_fails_at_once(images, tmp_path, docker_client):
+    started = time.monotonic()
+    result = run_cli("--reports", str(tmp_path), "test", RUNTIME, "--gpus", "all")
+    assert result.returncode == 2
+    assert engine.GPU_RUNTIME_HINT in one_line(result.stderr)
+    assert "could not select device driver" not in result.stderr
+    assert time.monotonic() - started < 15
+    assert not containers_left(docker_client, tmp_path) and not (tmp_path / RUNTIME / "verify.json").exists()
+
+
+@pytest.mark.engine
+def test_ctrl_c_removes_the_container(images, tmp_path, docker_client):
+    process = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", RUNTIME],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not containers_left(docker_client, tmp_path) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert containers_left(docker_client, tmp_path), "the verification never started a container"
+    time.sleep(1.5)  # into the probe
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert not containers_left(docker_client, tmp_path)
+    assert not (tmp_path / RUNTIME / "verify.json").exists()

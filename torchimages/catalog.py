@@ -1,0 +1,283 @@
+"""catalog.json: what is published where, by digest; and images/README.md, the table developers pull from.
+
+The catalog lives in its own folder (default: catalog/ beside images/) with the SBOM of every pinned tag in
+catalog/sbom/. It is rewritten atomically after each published row, so an interrupted publish leaves the previous
+catalog plus the rows that were completely published, never half a row.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .files import atomic_write, atomic_write_json
+from .model import ImageSpec, InputError, Problem
+from .project import EXIT_FAILED, EXIT_OK, Project
+from .registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+
+CATALOG_NAME = "catalog.json"
+README_NAME = "README.md"
+SCHEMA = 1
+
+
+@dataclass
+class PinnedTag:
+    tag: str
+    digest: str
+    date: str  # YYYY-MM-DD the digest was first published under this tag
+    sbom: str  # path relative to the catalog folder
+
+
+@dataclass
+class CatalogEntry:
+    tag: str
+    repository: str
+    digest: str  # what the floating tag and aliases name
+    image_id: str
+    pinned: list[PinnedTag]  # newest first; pinned[0] names `digest`, older ones are kept until pruned
+    floating: list[str]  # the row's tag and its aliases
+    versions: dict[str, str]
+    size: int  # bytes unpacked (as `docker images` shows)
+    download_size: int  # compressed bytes a pull transfers
+    checks: dict  # verification: counts by status, skipped checks with reasons, verified_at
+    scan: dict
+    sbom: str  # SBOM of `digest`, relative to the catalog folder
+    published_at: str  # when `digest` was first published
+    updated_at: str
+    deprecated: str | None = None
+
+    def pull_pinned(self) -> str:
+        return f"{self.repository}:{self.pinned[0].tag}"
+
+    def pull_digest(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    @classmethod
+    def from_json(cls, data: dict) -> CatalogEntry:
+        values = dict(data)
+        values["pinned"] = [PinnedTag(**pinned) for pinned in values["pinned"]]
+        return cls(**values)
+
+
+@dataclass
+class Catalog:
+    images: dict[str, CatalogEntry] = field(default_factory=dict)
+    updated_at: str = ""
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "updated_at": self.updated_at,
+                "images": {tag: dataclasses.asdict(self.images[tag]) for tag in sorted(self.images)}}
+
+
+def default_dir(project: Project) -> Path:
+    return project.images.parent / "catalog"
+
+
+def catalog_file(catalog_dir: Path) -> Path:
+    return catalog_dir / CATALOG_NAME
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_catalog(path: Path) -> Catalog:
+    """The catalog at path (empty when there is none yet); a damaged one is an InputError saying how to recover."""
+    recover = f"restore it with `git checkout -- {path}`, or delete it to start an empty catalog"
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return Catalog()
+    except json.JSONDecodeError as error:
+        raise InputError([Problem(str(path), error.lineno, f"not valid JSON ({error.msg}): {recover}")]) from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise InputError([Problem(str(path), 1, f"not a torchimages catalog of schema {SCHEMA}: {recover}")])
+    try:
+        images = {tag: CatalogEntry.from_json(entry) for tag, entry in document.get("images", {}).items()}
+    except (TypeError, KeyError) as error:
+        raise InputError([Problem(str(path), 1, f"an entry does not have the catalog's fields ({error}): {recover}")]) from None
+    return Catalog(images, document.get("updated_at", ""))
+
+
+def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, download_size: int, checks: dict,
+               pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None) -> CatalogEntry:
+    """The catalog entry for spec published as repository@digest, carrying over the older pinned tags."""
+    same_digest = previous is not None and previous.digest == digest and previous.repository == repository
+    older = [p for p in (previous.pinned if previous and previous.repository == repository else []) if p.tag != pinned.tag]
+    return CatalogEntry(
+        tag=spec.tag, repository=repository, digest=digest, image_id=image["Id"], pinned=[pinned, *older],
+        floating=[spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
+        checks=checks, scan=scan if scan is not None else (previous.scan if previous else {"status": "not run"}),
+        sbom=pinned.sbom, published_at=previous.published_at if same_digest else now_utc(), updated_at=now_utc(),
+        deprecated=spec.deprecated,
+    )
+
+
+def versions(spec: ImageSpec) -> dict[str, str]:
+    values = {
+        "torch": spec.torch, "torchvision": spec.torchvision, "cuda": spec.cuda_full or spec.cuda or "cpu",
+        "cudnn": spec.cudnn_version or (str(spec.cudnn) if spec.cudnn else None), "nccl": spec.nccl_version,
+        "python": spec.python, "os": spec.os, "flavor": spec.flavor, "min_driver": spec.min_driver,
+    }
+    return {key: value for key, value in values.items() if value}
+
+
+def same_entry(first: CatalogEntry, second: CatalogEntry) -> bool:
+    """Equal apart from when they were written (and the SBOM time inside the scan summary)."""
+    def comparable(entry: CatalogEntry) -> dict:
+        return {**dataclasses.asdict(entry), "updated_at": ""}
+
+    return comparable(first) == comparable(second)
+
+
+def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> None:
+    """Drop pruned pinned tags from their entries, with their SBOM files."""
+    for entry in catalog.images.values():
+        gone = [pinned for pinned in entry.pinned if pinned.tag in removed]
+        if not gone:
+            continue
+        entry.pinned = [pinned for pinned in entry.pinned if pinned.tag not in removed]
+        entry.updated_at = now_utc()
+        for pinned in gone:
+            (catalog_dir / pinned.sbom).unlink(missing_ok=True)
+
+
+def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:
+    """Write catalog.json, then images/README.md, each atomically."""
+    catalog.updated_at = now_utc()
+    atomic_write_json(catalog_file(catalog_dir), catalog.to_json())
+    atomic_write(images_dir / README_NAME, readme(catalog, sbom_prefix(catalog_dir, images_dir)))
+
+
+def sbom_prefix(catalog_dir: Path, images_dir: Path) -> str:
+    """How images/README.md links to the catalog folder."""
+    return Path(os.path.relpath(catalog_dir.resolve(), images_dir.resolve())).as_posix()
+
+
+# ------------------------------------------------------------------------------------------------- the developer page
+
+def readme(catalog: Catalog, catalog_link: str) -> str:
+    """images/README.md: what to pull (pinned tag or digest), and where every floating tag points."""
+    lines = [
+        "# Published images",
+        "",
+        "<!-- Generated by `python build.py catalog` from catalog/catalog.json: do not edit. -->",
+        "",
+        "Pull a **pinned tag** or a **digest** to get exactly the bits that passed verification, forever.",
+        "Floating tags (`<tag>` and aliases such as `latest`) move, but only ever to a newer verified digest.",
+        "",
+    ]
+    entries = [catalog.images[tag] for tag in sorted(catalog.images)]
+    if not entries:
+        return "\n".join(lines + ["Nothing is published yet: run `python build.py publish --registry HOST/REPO`.", ""])
+    lines += [
+        "| image | torch | CUDA | cuDNN | Python | OS | size (download) | checks | published | pull a pinned tag | pull by digest | SBOM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in entries:
+        lines.append("| " + " | ".join([
+            entry.tag + (f" (deprecated: {entry.deprecated})" if entry.deprecated else ""),
+            entry.versions.get("torch", ""), entry.versions.get("cuda", ""), entry.versions.get("cudnn", "-"),
+            entry.versions.get("python", ""), entry.versions.get("os", ""),
+            f"{human_size(entry.size)} ({human_size(entry.download_size)})", checks_text(entry.checks),
+            entry.published_at[:10], f"`docker pull {entry.pull_pinned()}`", f"`docker pull {entry.pull_digest()}`",
+            f"[CycloneDX]({catalog_link}/{entry.sbom})",
+        ]) + " |")
+    lines += ["", "## Floating tags", "", "| floating tag | points to | pinned as |", "|---|---|---|"]
+    for entry in entries:
+        for name in entry.floating:
+            lines.append(f"| `{entry.repository}:{name}` | `{entry.digest}` | `{entry.pinned[0].tag}` |")
+    older = [(entry, pinned) for entry in entries for pinned in entry.pinned[1:]]
+    if older:
+        lines += ["", "## Older pinned tags (kept until pruned)", "", "| pinned tag | digest | published |", "|---|---|---|"]
+        lines += [f"| `{entry.repository}:{pinned.tag}` | `{pinned.digest}` | {pinned.date} |" for entry, pinned in older]
+    return "\n".join(lines) + "\n"
+
+
+def checks_text(checks: dict) -> str:
+    text = f"{checks.get('passed', 0)} passed"
+    if checks.get("skipped"):
+        text += f", {checks['skipped']} skipped"
+    return text
+
+
+def human_size(size: int) -> str:
+    """Decimal units, as `docker images` shows sizes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+# ------------------------------------------------------------------------------------------------- registry check
+
+def registry_mismatches(catalog: Catalog, log) -> list[str]:
+    """Every catalog tag the registry does not resolve to the catalog's digest."""
+    problems = []
+    for entry in (catalog.images[tag] for tag in sorted(catalog.images)):
+        registry = parse_registry(entry.repository, flag=f"catalog entry {entry.tag}")
+        client = RegistryClient(registry, RetryPolicy(retries=1), log)
+        expected = {name: entry.digest for name in entry.floating} | {pinned.tag: pinned.digest for pinned in entry.pinned}
+        for name, digest in sorted(expected.items()):
+            try:
+                found = client.digest_of(name)
+            except RegistryError as error:
+                return problems + [str(error)]
+            if found != digest:
+                problems.append(f"{entry.repository}:{name} is {found or 'missing'}, the catalog says {digest}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+
+def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--catalog", type=Path, metavar="DIR",
+                        help="folder of catalog.json and the SBOMs (default: catalog/ beside the images folder)")
+
+
+def catalog_dir(project: Project, args) -> Path:
+    return args.catalog or default_dir(project)
+
+
+def cmd_catalog(project: Project, args) -> int:
+    folder = catalog_dir(project, args)
+    catalog = load_catalog(catalog_file(folder))
+    if args.check_registry:
+        mismatches = registry_mismatches(catalog, lambda message: print(message, file=sys.stderr))
+        for problem in mismatches:
+            print(problem, file=sys.stderr)
+        print(f"{len(catalog.images)} catalog entries checked against the registry: "
+              f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
+        return EXIT_FAILED if mismatches else EXIT_OK
+    page = readme(catalog, sbom_prefix(folder, project.images))
+    readme_path = project.images / README_NAME
+    if args.check:
+        current = readme_path.read_text() if readme_path.exists() else ""
+        if current != page:
+            print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"{readme_path} is up to date")
+        return EXIT_OK
+    if args.format == "json":
+        print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
+    else:
+        print(page, end="")
+    if not readme_path.exists() or readme_path.read_text() != page:
+        atomic_write(readme_path, page)
+        print(f"wrote {readme_path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def add_commands(commands) -> None:
+    parser = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
+    parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    parser.add_argument("--check", action="store_true", help="exit 1 if images/README.md is stale; write nothing")
+    parser.add_argument("--check-registry", action="store_true",
+                        help="exit 1 unless every catalog tag resolves to the catalog's digest on its registry")
+    add_catalog_argument(parser)
+    parser.set_defaults(handler=cmd_catalog)

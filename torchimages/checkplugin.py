@@ -1,0 +1,141 @@
+"""pytest plugin for the image checks (tests/image): expectations and facts in, one verdict per check out.
+
+    pytest tests/image --hosts docker://<container> -p torchimages.checkplugin \\
+        --expect reports/<tag>/expect.json --probe reports/<tag>/facts.json --check-results checks.json
+
+Every test carries `@pytest.mark.check("<name>")`. A check fails if any of its tests failed, is skipped (with the
+reasons) if all of them were skipped, and passes otherwise. Test ids name the image tag, not the container.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .model import ImageSpec
+from .verify import CHECKS
+
+CHECK_MARKER = "check"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    test: str
+    check: str
+    status: str  # passed | failed | skipped
+    message: str = ""
+    seconds: float = 0.0
+
+
+def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict[str, dict]:
+    """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why."""
+    verdicts = {}
+    for name in checks:
+        mine = [o for o in outcomes if o.check == name]
+        if not mine:
+            continue
+        failed = [o for o in mine if o.status == "failed"]
+        skipped = [o for o in mine if o.status == "skipped"]
+        if failed:
+            status, message = "failed", "; ".join(o.message for o in failed)
+        elif len(skipped) == len(mine):
+            status, message = "skipped", "; ".join(dict.fromkeys(o.message for o in skipped))
+        else:
+            status = "passed"
+            message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"
+            if skipped:
+                message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
+        verdicts[name] = {"status": status, "message": message,
+                          "tests": [{"test": o.test, "status": o.status, "message": o.message, "seconds": o.seconds}
+                                    for o in mine]}
+    return verdicts
+
+
+def failure_message(excinfo: pytest.ExceptionInfo) -> str:
+    """The sentence a test wrote, without pytest's re-rendering of the assert expression."""
+    error = excinfo.value
+    if isinstance(error, AssertionError):
+        text = str(error).split("\nassert ", 1)[0].strip()
+        return text or "assertion failed without a message"
+    if isinstance(error, pytest.fail.Exception):
+        return str(error.msg)
+    return f"{type(error).__name__}: {error}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("torchimages", "torchimages image checks")
+    group.addoption("--expect", type=Path, help="expect.json: the matrix row and how the container was run")
+    group.addoption("--probe", type=Path, help="facts.json: what the probe found in the container")
+    group.addoption("--check-results", type=Path, help="write the per-check verdicts here as JSON")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{CHECK_MARKER}(name): the check ({', '.join(CHECKS)}) this test belongs to")
+    if config.getoption("--expect") and config.getoption("--probe"):
+        config.pluginmanager.register(CheckRecorder(config), "torchimages-check-recorder")
+
+
+class CheckRecorder:
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.expectations = json.loads(config.getoption("--expect").read_text())
+        self.probe_facts = json.loads(config.getoption("--probe").read_text())
+        self.outcomes: dict[str, Outcome] = {}
+        self.check_of: dict[str, str] = {}
+
+    @pytest.fixture(scope="session")
+    def expect(self) -> dict:
+        return self.expectations
+
+    @pytest.fixture(scope="session")
+    def spec(self) -> ImageSpec:
+        return ImageSpec.from_json(self.expectations["spec"])
+
+    @pytest.fixture(scope="session")
+    def facts(self) -> dict:
+        return self.probe_facts
+
+    @pytest.fixture(autouse=True)
+    def _in_the_container(self, host):
+        """Every check is about the container, so every test is parametrized by it (and then named by the tag)."""
+        return host
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        container = f"docker://{self.expectations['container_id']}"
+        unmarked = []
+        for item in items:
+            marker = item.get_closest_marker(CHECK_MARKER)
+            if marker is None or not marker.args or marker.args[0] not in CHECKS:
+                unmarked.append(item.nodeid)
+                continue
+            # Stable ids: the tag, not a container id that changes every run.
+            item._nodeid = item.nodeid.replace(container, self.expectations["tag"])
+            item.name = item.name.replace(container, self.expectations["tag"])
+            self.check_of[item.nodeid] = marker.args[0]
+            item.user_properties.append(("check", marker.args[0]))
+        if unmarked:
+            raise pytest.UsageError(f"tests without @pytest.mark.check(<one of {', '.join(CHECKS)}>): {', '.join(unmarked)}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        check = self.check_of.get(item.nodeid)
+        if check is None:
+            return report
+        previous = self.outcomes.get(item.nodeid)
+        if report.failed:
+            message = failure_message(call.excinfo) if call.excinfo else report.longreprtext[-500:]
+            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "failed", message, round(report.duration, 3))
+        elif report.skipped and (previous is None or previous.status != "failed"):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "skipped", reason.removeprefix("Skipped: "))
+        elif report.when == "call" and report.passed:
+            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "passed", "", round(report.duration, 3))
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        path = self.config.getoption("--check-results")
+        if path:
+            path.write_text(json.dumps(aggregate(list(self.outcomes.values())), indent=2))

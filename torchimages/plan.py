@@ -1,0 +1,119 @@
+"""Scale-out: split the rows into N shards of about equal build time, for a CI matrix of runners.
+
+Each row lands in exactly one shard. Rows are weighed by their last real build time in reports/build-report.json
+(rows never built weigh the mean of those that were, or 1 when none were), then dealt heaviest first to the lightest
+shard. The same rows and report always give the same plan, and `plan --format json` can be handed to
+`nightly --shard i/n --plan FILE` so that every runner uses the plan the planning job made.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .files import read_json
+from .model import ImageSpec, InputError, Problem
+from .project import EXIT_OK, Project
+
+SHARD_PATTERN = re.compile(r"(\d+)/(\d+)")
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int  # 1-based
+    count: int
+    tags: tuple[str, ...]  # in matrix order
+    estimated_seconds: float | None  # None when no row has a past build time
+
+    @property
+    def name(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'2/3' -> (2, 3)."""
+    match = SHARD_PATTERN.fullmatch(text or "")
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise InputError([Problem("--shard", 0, f"--shard {text!r} must be i/n with 1 <= i <= n, e.g. 2/3")])
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_shard_count(count: int) -> int:
+    if count < 1:
+        raise InputError([Problem("--shards", 0, f"--shards must be at least 1, got {count}")])
+    return count
+
+
+def past_durations(report_path: Path) -> dict[str, float]:
+    """tag -> seconds of its last real build (skipped and failed builds say nothing about build time)."""
+    try:
+        report = read_json(report_path, {"images": []})
+    except json.JSONDecodeError as error:
+        raise InputError([Problem(str(report_path), error.lineno, f"not valid JSON ({error.msg}): delete it, "
+                                                                  "plans then weigh every row the same")]) from None
+    durations = {entry["tag"]: float(entry.get("last_build_duration") or 0) for entry in report.get("images", [])}
+    return {tag: seconds for tag, seconds in durations.items() if seconds > 0}
+
+
+def balance(tags: list[str], durations: dict[str, float], count: int) -> list[Shard]:
+    """Longest-processing-time-first: heaviest row to the least loaded shard (ties: lower shard, matrix order)."""
+    known = [durations[tag] for tag in tags if tag in durations]
+    default = sum(known) / len(known) if known else 1.0
+    weight = {tag: durations.get(tag, default) for tag in tags}
+    order = {tag: position for position, tag in enumerate(tags)}
+    loads = [0.0] * count
+    members: list[list[str]] = [[] for _ in range(count)]
+    for tag in sorted(tags, key=lambda t: (-weight[t], order[t])):
+        lightest = min(range(count), key=lambda index: (loads[index], index))
+        loads[lightest] += weight[tag]
+        members[lightest].append(tag)
+    return [Shard(index + 1, count, tuple(sorted(members[index], key=order.get)), round(loads[index], 1) if known else None)
+            for index in range(count)]
+
+
+def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Shard]:
+    return balance([spec.tag for spec in specs], past_durations(reports_dir / "build-report.json"), count)
+
+
+def plan_document(shards: list[Shard]) -> dict:
+    return {"shards": [{**asdict(shard), "shard": shard.name, "tags": list(shard.tags)} for shard in shards]}
+
+
+def github_matrix(shards: list[Shard]) -> str:
+    """One line for $GITHUB_OUTPUT: a strategy matrix with one entry per non-empty shard."""
+    include = [{"shard": shard.name, "tags": " ".join(shard.tags), "estimated_seconds": shard.estimated_seconds}
+               for shard in shards if shard.tags]
+    return json.dumps({"include": include}, separators=(",", ":"))
+
+
+def shard_from_plan_file(path: Path, index: int, count: int, specs: list[ImageSpec]) -> list[ImageSpec]:
+    """The rows a plan file (from `plan --format json`) gives shard index/count; it must cover specs exactly."""
+    try:
+        document = json.loads(path.read_text())
+        shards = {entry["shard"]: entry["tags"] for entry in document["shards"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise InputError([Problem(str(path), 0, f"--plan {path} is not a plan from `python build.py plan --format "
+                                                f"json` ({error})")]) from None
+    planned = [tag for tags in shards.values() for tag in tags]
+    by_tag = {spec.tag: spec for spec in specs}
+    if sorted(planned) != sorted(by_tag) or len(shards) != count:
+        raise InputError([Problem(str(path), 0, f"--plan {path} was made for other rows or another shard count than "
+                                                f"these {len(specs)} rows in {count} shards: make it again with "
+                                                f"`python build.py plan --shards {count} --format json`")])
+    return [by_tag[tag] for tag in shards.get(f"{index}/{count}", [])]
+
+
+def cmd_plan(project: Project, args) -> int:
+    shards = make_plan(project.select(args.selectors), project.reports, check_shard_count(args.shards))
+    print(github_matrix(shards) if args.format == "github" else json.dumps(plan_document(shards), indent=2))
+    return EXIT_OK
+
+
+def add_commands(commands) -> None:
+    planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
+    planning.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
+    planning.add_argument("--format", choices=("github", "json"), default="json",
+                          help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
+    planning.set_defaults(handler=cmd_plan)

@@ -1,0 +1,453 @@
+"""Stage 5: push verified images by digest (pinned <tag>-<YYYYMMDD>, floating <tag>, aliases); prune old dated tags.
+
+The registry is the source of truth for what is published: a row is unchanged when its floating tag, its aliases
+and one of its dated tags already name the digest this very image was pushed as. Only the pinned tag is pushed from
+the engine; the floating tag and aliases are copies of its manifest, so they can only ever name a verified digest,
+and promotion never rebuilds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from . import catalog as catalog_stage
+from . import engine
+from . import sbom as sbom_stage
+from .builder import local_name
+from .files import atomic_write_json, read_json
+from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
+from .project import EXIT_FAILED, EXIT_OK, Project
+from .registry import (
+    Manifest,
+    Registry,
+    RegistryClient,
+    RegistryError,
+    RetryPolicy,
+    is_transient,
+    parse_registry,
+    with_retries,
+)
+
+SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
+ALLOWLIST_NAME = "scanner-allowlist.yaml"
+PUBLISH_REPORT = "publish-report.json"
+
+
+# ---------------------------------------------------------------------------------------------------- pure decisions
+
+def verify_report_path(reports_dir: Path, tag: str) -> Path:
+    return reports_dir / tag / "verify.json"
+
+
+def read_verify_report(path: Path) -> dict | None:
+    """reports/<tag>/verify.json, None when the image was never verified; a damaged one is an InputError."""
+    try:
+        return read_json(path)
+    except json.JSONDecodeError as error:
+        raise InputError([Problem(str(path), error.lineno, f"damaged verification report ({error.msg}): verify "
+                                                           f"again with `python build.py test {path.parent.name}`")]) from None
+
+
+def verification_refusal(spec: ImageSpec, image: dict | None, report: dict | None, report_path: Path) -> str | None:
+    """Why this image may not be published, or None when its last verification passed for this exact image id."""
+    if image is None:
+        return f"no image {local_name(spec)} on the engine: build it first (`python build.py build {spec.tag}`)"
+    if report is None:
+        return f"never verified ({report_path} is missing): run `python build.py test {spec.tag}`"
+    if report.get("image_id") != image["Id"]:
+        return (f"the verified image {_short(report.get('image_id'))} is not the one tagged now ({_short(image['Id'])}); "
+                f"it was rebuilt since: run `python build.py test {spec.tag}` again")
+    if report.get("passed") is not True:
+        failed = sorted(name for name, check in (report.get("checks") or {}).items() if check.get("status") == "failed")
+        return f"its verification failed ({', '.join(failed) or 'see the report'}): see {report_path}"
+    built_from = (image.get("Config", {}).get("Labels") or {}).get(SPEC_HASH_LABEL)
+    if built_from != spec.spec_hash():
+        return (f"it was built from another version of its matrix row ({SPEC_HASH_LABEL}={built_from}, the matrix "
+                f"now gives {spec.spec_hash()}): rebuild and verify it")
+    return None
+
+
+def _short(image_id: str | None) -> str:
+    return (image_id or "none").removeprefix("sha256:")[:12]
+
+
+def dated_tags(tag: str, all_tags: list[str]) -> list[str]:
+    """The row's dated tags (<tag>-<YYYYMMDD>, or <tag>-<YYYYMMDD>.<n> for a later digest that day), newest first."""
+    pattern = re.compile(re.escape(tag) + r"-(\d{8})(?:\.(\d+))?")
+    found = [(match.group(1), int(match.group(2) or 1), name) for name in all_tags if (match := pattern.fullmatch(name))]
+    return [name for _, _, name in sorted(found, reverse=True)]
+
+
+def new_pinned_tag(tag: str, date: str, existing: list[str]) -> str:
+    """A dated tag that no digest holds yet: pinned tags never move."""
+    candidates = [f"{tag}-{date}", *(f"{tag}-{date}.{n}" for n in range(2, 1000))]
+    return next(name for name in candidates if name not in existing)
+
+
+def pinned_date(pinned: str) -> str:
+    """'2.13.0-cpu-runtime-20261121' -> '2026-11-21'."""
+    match = re.search(r"-(\d{8})(?:\.\d+)?$", pinned)
+    return datetime.strptime(match.group(1), "%Y%m%d").strftime("%Y-%m-%d") if match else ""
+
+
+def known_digest(image: dict, repository: str) -> str | None:
+    """The digest this image was pushed to repository as (the engine remembers it while a local tag names it)."""
+    for reference in image.get("RepoDigests") or []:
+        name, _, digest = reference.partition("@")
+        if name == repository:
+            return digest
+    return None
+
+
+def check_counts(report: dict) -> dict:
+    """Verification as the catalog shows it: counts by status, skipped checks with their reasons, when."""
+    checks = report.get("checks") or {}
+    counts = Counter(check.get("status", "unknown") for check in checks.values())
+    return {
+        **{status: counts.get(status, 0) for status in ("passed", "failed", "skipped")},
+        "skipped_checks": {name: check.get("message", "") for name, check in sorted(checks.items())
+                           if check.get("status") == "skipped"},
+        "verified_at": report.get("finished_at", ""),
+    }
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    delete: dict[str, list[str]]  # digest -> the dated tags that go with it
+    kept_shared: dict[str, str]  # dated tag past retention -> a kept tag naming the same digest
+
+
+def prune_plan(rows: list[str], tag_digests: dict[str, str], retention: int) -> PrunePlan:
+    """Which digests to delete so that each row keeps its `retention` newest dated tags.
+
+    A registry deletes a manifest together with all its tags, so a digest that any kept tag also names (a floating
+    tag, an alias, another row's tag) stays, and its old dated tag with it.
+    """
+    doomed = {name for row in rows for name in dated_tags(row, list(tag_digests))[retention:]}
+    kept_by_digest = {digest: tag for tag, digest in sorted(tag_digests.items()) if tag not in doomed}
+    delete: dict[str, list[str]] = {}
+    kept_shared: dict[str, str] = {}
+    for name in sorted(doomed):
+        digest = tag_digests[name]
+        if digest in kept_by_digest:
+            kept_shared[name] = kept_by_digest[digest]
+        else:
+            delete.setdefault(digest, []).append(name)
+    return PrunePlan(delete, kept_shared)
+
+
+# --------------------------------------------------------------------------------------------------------- publish
+
+@dataclass(frozen=True)
+class PublishOptions:
+    registry: Registry
+    reports_dir: Path
+    catalog_dir: Path
+    images_dir: Path
+    date: str  # YYYYMMDD of new pinned tags
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
+
+
+@dataclass
+class PublishResult:
+    tag: str
+    status: str  # published | unchanged | refused | failed
+    digest: str = ""
+    pinned: str = ""
+    created: list[str] = field(default_factory=list)  # registry tags this run created
+    moved: list[str] = field(default_factory=list)  # floating tags and aliases this run pointed elsewhere
+    message: str = ""
+
+
+class Publisher:
+    """Publishes rows one at a time; a row enters the catalog only once all its tags name its digest."""
+
+    def __init__(self, docker_client: docker.DockerClient, options: PublishOptions, log: Callable[[str], None]):
+        self.client = docker_client
+        self.options = options
+        self.log = log
+        self.registry = RegistryClient(options.registry, options.retry, log)
+
+    def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
+        # Every input is read before the first push: a damaged file stops the run with nothing changed.
+        catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
+        reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
+        try:
+            self.registry.ping()
+            all_tags = self.registry.tags()
+        except RegistryError as error:
+            return [PublishResult(spec.tag, "failed", message=f"nothing published: {error}") for spec in specs]
+        results: list[PublishResult] = []
+        for spec in specs:
+            if results and results[-1].status == "failed" and not self.registry.answers():
+                results.append(PublishResult(spec.tag, "failed", message="not attempted: the registry stopped answering"))
+                continue
+            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag])
+            results.append(result)
+            all_tags = sorted(set(all_tags) | set(result.created))
+        return results
+
+    def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
+                         report: dict | None) -> PublishResult:
+        try:
+            return self._publish_one(spec, catalog, all_tags, report)
+        except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
+            return PublishResult(spec.tag, "failed", message=f"{error} (nothing recorded for {spec.tag})")
+
+    def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
+                     report: dict | None) -> PublishResult:
+        image = self._inspect(local_name(spec))
+        refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
+        if refusal:
+            return PublishResult(spec.tag, "refused", message=refusal)
+
+        targets = [spec.tag, *spec.aliases]
+        pinned_names = dated_tags(spec.tag, all_tags)
+        current = self.registry.tag_digests(targets + pinned_names)
+        digest = known_digest(image, self.options.registry.name)
+        pinned = next((name for name in pinned_names if digest and current.get(name) == digest), None)
+        if pinned and all(current.get(name) == digest for name in targets):
+            unchanged = PublishResult(spec.tag, "unchanged", digest, pinned, message="already published")
+            self._record(spec, catalog, image, report, self.registry.manifest(digest), None, unchanged)
+            return unchanged
+
+        scan = sbom_stage.scan_image(local_name(spec), self.options.allowlist)
+        if scan.status == "failed":
+            return PublishResult(spec.tag, "refused", message=scan.message)
+        # Read before anything moves on the registry, so that what can fail has failed by then.
+        inventory = sbom_stage.collect_inventory(self.client, image["Id"])
+        result = PublishResult(spec.tag, "published", message=scan.message)
+        if pinned is None:
+            pinned = new_pinned_tag(spec.tag, self.options.date, all_tags)
+            digest = self._push(image["Id"], spec.tag, pinned)
+            result.created.append(pinned)
+        manifest = self.registry.manifest(digest)
+        for name in targets:
+            if current.get(name) != digest:
+                self._promote(name, manifest)
+                (result.moved if name in current else result.created).append(name)
+        result.digest, result.pinned = digest, pinned
+        self._record(spec, catalog, image, report, manifest, scan.summary(), result, inventory)
+        return result
+
+    def _push(self, image_id: str, tag: str, pinned: str) -> str:
+        """Push image_id as repository:pinned; return the manifest digest, as the registry confirms it."""
+        repository = self.options.registry.name
+        self.log(f"{tag}: pushing {repository}:{pinned}")
+        self.client.api.tag(image_id, repository, pinned)
+        try:
+            pushed = with_retries(lambda: self._push_once(repository, pinned), self.options.retry,
+                                  lambda message, delay: self.log(f"{tag}: {message}; retrying in {delay:g} s"))
+            # A local tag in the repository keeps the pushed digest in the image's RepoDigests, which is how the next
+            # run knows this image is published; it moves with each publish, where dated local tags would pile up.
+            self.client.api.tag(image_id, repository, tag)
+        finally:
+            self.client.api.remove_image(f"{repository}:{pinned}", noprune=True)
+        confirmed = self.registry.digest_of(pinned)
+        if confirmed != pushed:
+            raise RegistryError(f"{repository}:{pinned}: the push reported {pushed} but the registry has {confirmed}",
+                                transient=False)
+        return pushed
+
+    def _push_once(self, repository: str, tag: str) -> str:
+        digest = ""
+        try:
+            for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    message = event["error"].strip()
+                    raise RegistryError(f"push of {repository}:{tag} failed: {message}", transient=is_transient(message))
+                digest = (event.get("aux") or {}).get("Digest", digest)
+        except docker.errors.APIError as error:
+            raise RegistryError(f"push of {repository}:{tag} failed: {error}", transient=is_transient(str(error))) from None
+        if not digest:
+            raise RegistryError(f"push of {repository}:{tag} reported no digest", transient=True)
+        return digest
+
+    def _promote(self, name: str, manifest: Manifest) -> None:
+        stored = self.registry.put_manifest(name, manifest)
+        if stored and stored != manifest.digest:
+            raise RegistryError(f"{name}: the registry stored {stored}, not the verified {manifest.digest}", transient=False)
+        self.log(f"{self.options.registry.name}:{name} -> {manifest.digest}")
+
+    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: dict, manifest: Manifest,
+                scan: dict | None, result: PublishResult, inventory: sbom_stage.Inventory | None = None) -> None:
+        """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
+        folder = self.options.catalog_dir
+        sbom_file = sbom_stage.sbom_path(folder, result.pinned)
+        if not sbom_file.is_file():
+            inventory = inventory or sbom_stage.collect_inventory(self.client, image["Id"])
+            sbom_stage.write_sbom(sbom_file, sbom_stage.cyclonedx(inventory, self.options.registry.name, result.digest,
+                                                                  image["Id"], catalog_stage.now_utc()))
+        pinned = catalog_stage.PinnedTag(result.pinned, result.digest, pinned_date(result.pinned),
+                                         sbom_file.relative_to(folder).as_posix())
+        previous = catalog.images.get(spec.tag)
+        entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
+                                         manifest.download_size(), check_counts(report), pinned, previous, scan)
+        if previous is not None and catalog_stage.same_entry(previous, entry):
+            return
+        catalog.images[spec.tag] = entry
+        catalog_stage.save(catalog, folder, self.options.images_dir)
+
+    def _inspect(self, reference: str) -> dict | None:
+        try:
+            return self.client.api.inspect_image(reference)
+        except docker.errors.ImageNotFound:
+            return None
+
+
+# ----------------------------------------------------------------------------------------------------------- prune
+
+@dataclass
+class PruneResult:
+    removed: list[str] = field(default_factory=list)
+    kept_shared: dict[str, str] = field(default_factory=dict)
+
+
+def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir: Path, images_dir: Path,
+          log: Callable[[str], None]) -> PruneResult:
+    """Delete each row's dated tags beyond the `retention` newest, and forget them (and their SBOMs) in the catalog."""
+    tag_digests = registry.tag_digests(registry.tags())
+    plan = prune_plan(rows, tag_digests, retention)
+    for name, kept in sorted(plan.kept_shared.items()):
+        log(f"keeping {name}: its digest is also tagged {kept}")
+    result = PruneResult(kept_shared=plan.kept_shared)
+    try:
+        for digest, names in sorted(plan.delete.items()):
+            registry.delete(digest)
+            log(f"deleted {', '.join(names)} ({digest})")
+            result.removed += names
+    finally:
+        # Also after a failure part-way: the catalog must not list tags that are gone.
+        if result.removed:
+            catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
+            catalog_stage.forget_pinned(catalog, set(result.removed), catalog_dir)
+            catalog_stage.save(catalog, catalog_dir, images_dir)
+    result.removed.sort()
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
+                        help="where to publish, e.g. 127.0.0.1:5000/ml/pytorch")
+    parser.add_argument("--retries", type=int, default=RetryPolicy.retries,
+                        help="tries again after a transient registry error, backing off 1 s, 2 s, 4 s... "
+                             "(default: %(default)s)")
+    catalog_stage.add_catalog_argument(parser)
+
+
+def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
+    add_registry_arguments(parser)
+    parser.add_argument("--date", help="date in new pinned tags, YYYYMMDD (default: today, UTC)")
+    parser.add_argument("--allowlist", type=Path,
+                        help=f"vulnerability allowlist (default: {ALLOWLIST_NAME} beside the matrix)")
+
+
+def retry_policy(args) -> RetryPolicy:
+    if args.retries < 0:
+        raise InputError([Problem("--retries", 0, f"--retries must be 0 or more, got {args.retries}")])
+    return RetryPolicy(retries=args.retries)
+
+
+def publish_options(project: Project, args) -> PublishOptions:
+    allowlist_path = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
+    if args.allowlist and not args.allowlist.is_file():
+        raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
+    return PublishOptions(
+        registry=parse_registry(args.registry), reports_dir=project.reports,
+        catalog_dir=catalog_stage.catalog_dir(project, args), images_dir=project.images,
+        date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
+        retry=retry_policy(args), allowlist=sbom_stage.load_allowlist(allowlist_path),
+    )
+
+
+def parse_date(text: str) -> str:
+    try:
+        valid = bool(re.fullmatch(r"\d{8}", text)) and bool(datetime.strptime(text, "%Y%m%d"))
+    except ValueError:
+        valid = False
+    if not valid:
+        raise InputError([Problem("--date", 0, f"--date {text!r} must be a date written YYYYMMDD, e.g. 20260131")])
+    return text
+
+
+def parse_retention(value: int) -> int:
+    if value < 1:
+        raise InputError([Problem("--retention", 0, f"--retention must be at least 1 (the newest dated tag is what "
+                                                    f"the floating tag names), got {value}")])
+    return value
+
+
+def write_publish_report(reports_dir: Path, results: list[PublishResult]) -> Path:
+    """Merge this run into reports/publish-report.json, keeping entries of rows not published this time."""
+    path = reports_dir / PUBLISH_REPORT
+    entries = {entry["tag"]: entry for entry in read_json(path, {"images": []})["images"]}
+    entries.update({result.tag: asdict(result) for result in results})
+    atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
+    return path
+
+
+def print_results(results: list[PublishResult], repository: str) -> None:
+    for result in results:
+        if result.status in ("published", "unchanged"):
+            written = result.created + result.moved
+            tags = f"; tags written: {', '.join(written)}" if written else ""
+            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}")
+        else:
+            print(f"{result.status:9} {result.tag}: {result.message}")
+
+
+def cmd_publish(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    options = publish_options(project, args)
+    results = Publisher(engine.client(), options, log).publish_all(specs)
+    print_results(results, options.registry.name)
+    path = write_publish_report(project.reports, results)
+    counts = Counter(result.status for result in results)
+    print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
+    return EXIT_FAILED if counts["failed"] or counts["refused"] else EXIT_OK
+
+
+def cmd_prune(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    retention = parse_retention(args.retention)
+    registry = RegistryClient(parse_registry(args.registry), retry_policy(args), log)
+    try:
+        registry.ping()
+        result = prune(registry, [spec.tag for spec in specs], retention, catalog_stage.catalog_dir(project, args),
+                       project.images, log)
+    except RegistryError as error:
+        print(f"error: {error}; nothing pruned from the catalog", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"pruned {len(result.removed)} dated tags, keeping the {args.retention} newest of each row"
+          + (": " + ", ".join(result.removed) if result.removed else ""))
+    return EXIT_OK
+
+
+def add_commands(commands) -> None:
+    publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
+    publishing.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_publish_arguments(publishing)
+    publishing.set_defaults(handler=cmd_publish)
+
+    pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
+    pruning.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
+    add_registry_arguments(pruning)
+    pruning.set_defaults(handler=cmd_prune)
