@@ -85,7 +85,8 @@ def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):
         (images / tag).mkdir(parents=True)
         (images / tag / "Dockerfile").write_text(f"FROM debian:bookworm\n{body}\nLABEL io.torchimages.torch=x\n")
     reports = tmp_path / "reports"
-    result = run_cli("--matrix", str(matrix), "--images", str(images), "--reports", str(reports), "build", "--jobs", "2")
+    result = run_cli("--matrix", str(matrix), "--images", str(images), "--reports", str(reports), "build", "--jobs", "2",
+                     "--force")
     assert result.returncode == 1
     report = {entry["tag"]: entry for entry in json.loads((reports / "build-report.json").read_text())["images"]}
     assert report["2.13.0-cpu-runtime"]["status"] == "built"

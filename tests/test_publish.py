@@ -4,6 +4,7 @@ failures, pruning, base locking, and the nightly run.
 Publish mechanics use small stand-in images built FROM debian:bookworm with the labels a real build gives (fast);
 the nightly test builds, verifies and publishes the real CPU rows.
 """
+import dataclasses
 import io
 import json
 import os
@@ -371,6 +372,9 @@ def test_refusal_names_the_reason():
     assert "never verified" in verification_refusal(spec, image, None, path)
     assert "rebuilt since" in verification_refusal(spec, image, {"image_id": "sha256:bbb", "passed": True}, path)
     assert verification_refusal(spec, image, {"image_id": "sha256:aaa", "passed": True}, path) is None
+    gpu_spec = dataclasses.replace(spec, cuda="13.0", cudnn=9)
+    skipped_gpu = {"image_id": "sha256:aaa", "passed": True, "checks": {"gpu": {"status": "skipped", "message": "--gpus none"}}}
+    assert "GPU checks did not run (--gpus none)" in verification_refusal(gpu_spec, image, skipped_gpu, path)
     stale = {"Id": "sha256:aaa", "Config": {"Labels": {SPEC_HASH_LABEL: "0" * 16}}}
     assert "another version of its matrix row" in verification_refusal(spec, stale, {"image_id": "sha256:aaa", "passed": True}, path)
 

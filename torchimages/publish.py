@@ -70,6 +70,10 @@ def verification_refusal(spec: ImageSpec, image: dict | None, report: dict | Non
     if report.get("passed") is not True:
         failed = sorted(name for name, check in (report.get("checks") or {}).items() if check.get("status") == "failed")
         return f"its verification failed ({', '.join(failed) or 'see the report'}): see {report_path}"
+    gpu_check = (report.get("checks") or {}).get("gpu", {})
+    if spec.is_gpu and gpu_check.get("status") != "passed":
+        return (f"its GPU checks did not run ({gpu_check.get('message') or 'no gpu check in the report'}): a GPU image "
+                f"is published only after `python build.py test {spec.tag} --gpus all` passes on a GPU host")
     built_from = (image.get("Config", {}).get("Labels") or {}).get(SPEC_HASH_LABEL)
     if built_from != spec.spec_hash():
         return (f"it was built from another version of its matrix row ({SPEC_HASH_LABEL}={built_from}, the matrix "
