@@ -102,18 +102,18 @@ class CheckRecorder:
         """Every check is about the container, so every test is parametrized by it (and then named by the tag)."""
         return host
 
+    def _stable(self, nodeid: str) -> str:
+        """The test id with the tag in place of a container id that changes every run."""
+        return nodeid.replace(f"docker://{self.expectations['container_id']}", self.expectations["tag"])
+
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        container = f"docker://{self.expectations['container_id']}"
         unmarked = []
         for item in items:
             marker = item.get_closest_marker(CHECK_MARKER)
             if marker is None or not marker.args or marker.args[0] not in CHECKS:
                 unmarked.append(item.nodeid)
                 continue
-            # Stable ids: the tag, not a container id that changes every run.
-            item._nodeid = item.nodeid.replace(container, self.expectations["tag"])
-            item.name = item.name.replace(container, self.expectations["tag"])
-            self.check_of[item.nodeid] = marker.args[0]
+            self.check_of[self._stable(item.nodeid)] = marker.args[0]
             item.user_properties.append(("check", marker.args[0]))
         if unmarked:
             raise pytest.UsageError(f"tests without @pytest.mark.check(<one of {', '.join(CHECKS)}>): {', '.join(unmarked)}")
@@ -121,18 +121,20 @@ class CheckRecorder:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        check = self.check_of.get(item.nodeid)
+        report.nodeid = self._stable(report.nodeid)  # what JUnit and the terminal show
+        test = report.nodeid
+        check = self.check_of.get(test)
         if check is None:
             return report
-        previous = self.outcomes.get(item.nodeid)
+        previous = self.outcomes.get(test)
         if report.failed:
             message = failure_message(call.excinfo) if call.excinfo else report.longreprtext[-500:]
-            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "failed", message, round(report.duration, 3))
+            self.outcomes[test] = Outcome(test, check, "failed", message, round(report.duration, 3))
         elif report.skipped and (previous is None or previous.status != "failed"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "skipped", reason.removeprefix("Skipped: "))
+            self.outcomes[test] = Outcome(test, check, "skipped", reason.removeprefix("Skipped: "))
         elif report.when == "call" and report.passed:
-            self.outcomes[item.nodeid] = Outcome(item.nodeid, check, "passed", "", round(report.duration, 3))
+            self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
         return report
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
