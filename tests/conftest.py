@@ -64,3 +64,11 @@ def cpu_images(engine_env, wheelhouse):
     from torchimages.matrix import load_matrix, select
 
     return {spec.tag: local_name(spec) for spec in select(load_matrix(ROOT / "matrix.yaml").specs, [CPU_SELECTOR])}
+
+
+def interruptible(command: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start build.py so that SIGINT reaches it as Ctrl-C would, even when this test run was started in the
+    background (a shell starts background jobs with SIGINT ignored, and children inherit that)."""
+    import signal
+
+    return subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs)

@@ -9,7 +9,7 @@ import pytest
 
 from torchimages.builder import INPUT_HASH_LABEL
 
-from .conftest import CPU_SELECTOR, ROOT, run_cli
+from .conftest import CPU_SELECTOR, ROOT, interruptible, run_cli
 
 pytestmark = pytest.mark.engine
 
@@ -168,7 +168,7 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
         (images / tag / "Dockerfile").write_text(f"FROM debian:bookworm\nRUN echo {tag} && sleep 600\n")
     command = [sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "--images", str(images),
                "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process = interruptible(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     running = 0
     while running < 2 and time.monotonic() < deadline:

@@ -35,7 +35,7 @@ from torchimages.verify import (
     verify_images,
 )
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, interruptible, run_cli
 from .image.helpers import expected_device_count, gpu_skip_reason
 
 BROKEN = ROOT / "tests" / "data" / "broken"
@@ -310,7 +310,7 @@ def test_gpus_all_without_nvidia_runtime_fails_at_once(images, tmp_path, docker_
 @pytest.mark.engine
 def test_ctrl_c_removes_the_container(images, tmp_path, docker_client):
     # The devel image: its probe compiles a torch extension, so the run is surely still going at Ctrl-C.
-    process = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", DEVEL],
+    process = interruptible([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", DEVEL],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not containers_left(docker_client, tmp_path) and process.poll() is None and time.monotonic() < deadline:
