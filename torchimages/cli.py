@@ -22,6 +22,7 @@ from .project import (
     EXIT_OK,
     ROOT,
     Project,
+    add_selectors,
     console,
     errors,
 )
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser("list", help="print every tag with its versions")
-    listing.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs")
+    add_selectors(listing)
     listing.add_argument("--format", choices=("table", "json"), default="table")
     listing.set_defaults(handler=cmd_list)
 
@@ -184,18 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
     rendering.set_defaults(handler=cmd_render)
 
     fetching = commands.add_parser("wheels", help="fetch the wheels rows install, for offline builds")
-    fetching.add_argument("selectors", nargs="+", metavar="SELECTOR")
+    add_selectors(fetching, required=True)
     fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
     add_source_arguments(fetching)
     fetching.set_defaults(handler=cmd_wheels)
 
     building = commands.add_parser("build", help="build images on the Docker engine")
-    building.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(building)
     add_build_arguments(building)
     building.set_defaults(handler=cmd_build)
 
     main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
-    main_job.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: see above)")
+    add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
     main_job.set_defaults(handler=cmd_images)
     verify.add_commands(commands)

@@ -19,7 +19,7 @@ import docker.errors
 from . import engine
 from .lockfile import LOCAL_ONLY_NOTE, LockedBase, read_lock, write_lock
 from .model import ImageSpec
-from .project import EXIT_FAILED, EXIT_OK, Project
+from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,6 @@ def cmd_lock(project: Project, args) -> int:
 
 def add_commands(commands) -> None:
     locking = commands.add_parser("lock", help="pin every base image to a digest in bases.lock.json")
-    locking.add_argument("selectors", nargs="*", metavar="SELECTOR", help="rows whose bases to resolve (default: all)")
+    add_selectors(locking, default="the bases of every row")
     locking.add_argument("--check", action="store_true", help="exit 1 if a base moved since the lock; write nothing")
     locking.set_defaults(handler=cmd_lock)

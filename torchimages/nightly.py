@@ -32,7 +32,7 @@ from .display import stderr_console
 from .files import atomic_write, atomic_write_json, read_json
 from .lockfile import LOCK_NAME
 from .model import ImageSpec, InputError, Problem
-from .project import EXIT_FAILED, EXIT_OK, Project
+from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import RegistryClient, RegistryError
 
 SUMMARY_JSON = "nightly-summary.json"
@@ -438,7 +438,7 @@ def add_commands(commands) -> None:
         "nightly", help="lock, render check, build, verify, publish what passed, prune, summarise",
         description="Exit 0: every row is built, verified and published (or already was); 1: a row failed "
                     "(the others are still published); 2: bad input.")
-    nightly.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(nightly)
     nightly.add_argument("--shard", metavar="i/n", help="run only shard i of n (see `plan`)")
     nightly.add_argument("--plan", type=Path, metavar="FILE",
                          help="take the shard's rows from this `plan --format json` output instead of planning again")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .files import read_json
 from .model import ImageSpec, InputError, Problem
-from .project import EXIT_OK, Project
+from .project import EXIT_OK, Project, add_selectors
 
 SHARD_PATTERN = re.compile(r"(\d+)/(\d+)")
 
@@ -112,7 +112,7 @@ def cmd_plan(project: Project, args) -> int:
 
 def add_commands(commands) -> None:
     planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
-    planning.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(planning)
     planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
     planning.add_argument("--format", choices=("github", "json"), default="json",
                           help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")

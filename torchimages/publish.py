@@ -26,7 +26,7 @@ from . import sbom as sbom_stage
 from .builder import local_name
 from .files import atomic_write_json, read_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
-from .project import EXIT_FAILED, EXIT_OK, Project
+from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import (
     Manifest,
     Registry,
@@ -446,12 +446,12 @@ def cmd_prune(project: Project, args) -> int:
 
 def add_commands(commands) -> None:
     publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
-    publishing.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(publishing)
     add_publish_arguments(publishing)
     publishing.set_defaults(handler=cmd_publish)
 
     pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
-    pruning.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(pruning)
     pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
     pruning.set_defaults(handler=cmd_prune)

@@ -32,7 +32,7 @@ from . import engine
 from .builder import local_name
 from .files import atomic_write, atomic_write_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
-from .project import EXIT_FAILED, EXIT_OK, ROOT, Project, console, errors
+from .project import EXIT_FAILED, EXIT_OK, ROOT, Project, add_selectors, console, errors
 
 CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "hygiene")
 GPU_CHECKS = ("gpu", "driver", "cudnn", "multi-gpu")
@@ -528,7 +528,7 @@ def add_commands(commands) -> None:
         "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, hygiene)",
         description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
                     "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime).")
-    testing.add_argument("selectors", nargs="*", metavar="SELECTOR", help="tags or globs (default: every row)")
+    add_selectors(testing)
     testing.add_argument("--image", metavar="REF",
                          help="check this image (e.g. an official pytorch/pytorch one) against the one selected row")
     testing.add_argument("--gpus", metavar="all|none|N|device=0,1",
