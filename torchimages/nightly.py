@@ -27,7 +27,7 @@ from . import plan as plan_stage
 from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
-from .cli import add_build_arguments, run_builds
+from .buildargs import add_build_arguments, run_builds
 from .display import stderr_console
 from .files import atomic_write, atomic_write_json, read_json
 from .lockfile import LOCK_NAME
