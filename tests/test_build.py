@@ -196,3 +196,18 @@ def test_report_keeps_the_last_real_build_time_across_skipped_runs(tmp_path):
     entries = {entry["tag"]: entry for entry in json.loads(path.read_text())["images"]}
     assert entries["a"]["status"] == "skipped" and entries["a"]["last_build_duration"] == 420.0
     assert entries["b"]["last_build_duration"] == 0.0, "a failed build says nothing about build time"
+
+
+def test_without_a_wheelhouse_the_build_installs_from_the_index(engine_env, tmp_path):
+    """No --wheelhouse: pip must look in --pip-index-url (here a port where nothing listens), not in the
+    empty wheelhouse folder of the build context."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/noindex"))
+    reports = tmp_path / "reports"
+    index = "http://127.0.0.1:9/simple"
+    result = run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
+                     "--pip-index-url", index, "--extra-index-url", index)
+    assert result.returncode == 1
+    log = (reports / "2.13.0-cpu-runtime" / "build.log").read_text()
+    assert f"Looking in indexes: {index}" in log
+    assert "Looking in links: /build-inputs/wheelhouse" not in log

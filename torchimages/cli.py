@@ -85,12 +85,16 @@ def cmd_build(project: Project, args) -> int:
     specs = project.select(args.selectors)
     results = run_builds(project, specs, args)
     path = build_stage.write_report(project.reports, results)
+    show_build_results(results)
+    print(f"report: {path}")
+    return EXIT_FAILED if any(r.status in ("failed", "cancelled") for r in results) else EXIT_OK
+
+
+def show_build_results(results: list[build_stage.BuildResult]) -> None:
     console().print(build_summary(results))
     for result in results:
         if result.status == "failed":
             errors().print(f"[red]{result.tag} failed[/red]: {result.error}\nfull log: {result.log}", highlight=False)
-    print(f"report: {path}")
-    return EXIT_FAILED if any(r.status in ("failed", "cancelled") for r in results) else EXIT_OK
 
 
 def cmd_images(project: Project, args) -> int:
@@ -103,7 +107,7 @@ def cmd_images(project: Project, args) -> int:
             wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url)
     results = run_builds(project, specs, args)
     build_stage.write_report(project.reports, results)
-    console().print(build_summary(results))
+    show_build_results(results)
     ready = [spec for spec, result in zip(specs, results) if result.status in ("built", "skipped")]
     options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs))
     with verify.ConsoleProgress(errors()) as progress:

@@ -22,7 +22,7 @@ ARG PIP_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
 COPY build-inputs/ /build-inputs/
 RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
- && if [ -n "$(ls -A /build-inputs/wheelhouse)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
+ && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
  && python3.11 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.13.0 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
