@@ -211,3 +211,15 @@ def test_without_a_wheelhouse_the_build_installs_from_the_index(engine_env, tmp_
     log = (reports / "2.13.0-cpu-runtime" / "build.log").read_text()
     assert f"Looking in indexes: {index}" in log
     assert "Looking in links: /build-inputs/wheelhouse" not in log
+
+
+def test_main_job_takes_the_cpu_rows_without_gpus_and_verifies_them(cpu_images, wheelhouse, tmp_path):
+    """`make images` runs `build.py images`: on an engine without the NVIDIA runtime it says it takes the CPU
+    rows, builds them (skipping what is unchanged) and verifies them."""
+    result = run_cli("--reports", str(tmp_path), "images", "--wheelhouse", str(wheelhouse))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no NVIDIA runtime on this Docker engine: taking the CPU rows" in result.stderr
+    for tag in cpu_images:
+        report = json.loads((tmp_path / tag / "verify.json").read_text())
+        assert report["passed"] is True and report["checks"]["gpu"]["status"] == "skipped"
+    assert not any("cuda" in path.name for path in tmp_path.iterdir()), "GPU rows were not selected"

@@ -12,7 +12,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,6 +21,7 @@ import docker.utils
 
 from .files import atomic_write_json, read_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
+from .reporting import utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -94,6 +94,7 @@ class BuildContext:
     files: dict[str, Path]  # path in the context -> file on the host
     extra: dict[str, bytes]  # generated context entries
     input_hash: str
+    base_image_id: str
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -125,7 +126,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) ->
     visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
     digest.update(json.dumps(visible_args, sort_keys=True).encode())
     digest.update(base_image_id.encode())
-    return BuildContext(files, extra, digest.hexdigest()[:32])
+    return BuildContext(files, extra, digest.hexdigest()[:32], base_image_id)
 
 
 def context_tar(context: BuildContext) -> io.BufferedRandom:
@@ -145,7 +146,7 @@ def context_tar(context: BuildContext) -> io.BufferedRandom:
 def runtime_labels(input_hash: str, base_image_id: str) -> dict[str, str]:
     return {
         INPUT_HASH_LABEL: input_hash,
-        "org.opencontainers.image.created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.created": utc_timestamp(),
         "org.opencontainers.image.revision": _git_revision(),
         "org.opencontainers.image.base.digest": base_image_id,
     }
@@ -261,7 +262,7 @@ class Builder:
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
         stream = api.build(
             fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options),
-            labels=runtime_labels(context.input_hash, self._image_id(base_reference(spec, self.options.images_dir)) or ""),
+            labels=runtime_labels(context.input_hash, context.base_image_id),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
         )
         image_id = ""

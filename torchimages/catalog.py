@@ -12,13 +12,13 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .files import atomic_write, atomic_write_json
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project
 from .registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+from .reporting import utc_timestamp
 
 CATALOG_NAME = "catalog.json"
 README_NAME = "README.md"
@@ -82,10 +82,6 @@ def catalog_file(catalog_dir: Path) -> Path:
     return catalog_dir / CATALOG_NAME
 
 
-def now_utc() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def load_catalog(path: Path) -> Catalog:
     """The catalog at path (empty when there is none yet); a damaged one is an InputError saying how to recover."""
     recover = f"restore it with `git checkout -- {path}`, or delete it to start an empty catalog"
@@ -113,7 +109,7 @@ def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, downl
         tag=spec.tag, repository=repository, digest=digest, image_id=image["Id"], pinned=[pinned, *older],
         floating=[spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
         checks=checks, scan=scan if scan is not None else (previous.scan if previous else {"status": "not run"}),
-        sbom=pinned.sbom, published_at=previous.published_at if same_digest else now_utc(), updated_at=now_utc(),
+        sbom=pinned.sbom, published_at=previous.published_at if same_digest else utc_timestamp(), updated_at=utc_timestamp(),
         deprecated=spec.deprecated,
     )
 
@@ -142,14 +138,14 @@ def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> Non
         if not gone:
             continue
         entry.pinned = [pinned for pinned in entry.pinned if pinned.tag not in removed]
-        entry.updated_at = now_utc()
+        entry.updated_at = utc_timestamp()
         for pinned in gone:
             (catalog_dir / pinned.sbom).unlink(missing_ok=True)
 
 
 def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:
     """Write catalog.json, then images/README.md, each atomically."""
-    catalog.updated_at = now_utc()
+    catalog.updated_at = utc_timestamp()
     atomic_write_json(catalog_file(catalog_dir), catalog.to_json())
     atomic_write(images_dir / README_NAME, readme(catalog, sbom_prefix(catalog_dir, images_dir)))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
@@ -20,6 +19,7 @@ from . import engine
 from .lockfile import LOCAL_ONLY_NOTE, LockedBase, read_lock, write_lock
 from .model import ImageSpec
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
+from .reporting import utc_timestamp
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Resolver:
 
     def resolve(self, image: str) -> LockedBase:
         """The lock entry for image; UnresolvedBase when neither the engine nor a registry knows it."""
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = utc_timestamp()
         local = self._inspect(image)
         if local is not None and not local.get("RepoDigests"):
             return LockedBase(image, None, local["Id"], "local-only", LOCAL_ONLY_NOTE, now)

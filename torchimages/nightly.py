@@ -13,7 +13,6 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
 from pathlib import Path
 
 import docker.errors
@@ -34,6 +33,7 @@ from .lockfile import LOCK_NAME
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import RegistryClient, RegistryError
+from .reporting import markdown_cell, utc_timestamp
 
 SUMMARY_JSON = "nightly-summary.json"
 SUMMARY_MARKDOWN = "nightly-summary.md"
@@ -141,7 +141,7 @@ def markdown(summary: Summary) -> str:
     lines += [f"| {label} | {len(tags)} | {', '.join(f'`{t}`' for t in tags)} |" for label, tags in counts]
     if summary.failed:
         lines += ["", "## Failures", ""]
-        lines += [f"- `{f['tag']}` ({f['stage']}): {_one_line(f['error'])}" for f in summary.failed]
+        lines += [f"- `{f['tag']}` ({f['stage']}): {markdown_cell(f['error'])}" for f in summary.failed]
     if summary.published:
         lines += ["", "## Published", "", "| row | pinned tag | digest |", "|---|---|---|"]
         lines += [f"| `{p['tag']}` | `{p['pinned']}` | `{p['digest']}` |" for p in summary.published]
@@ -156,9 +156,9 @@ def markdown(summary: Summary) -> str:
         lines += ["", "## Base images", ""]
         lines += [f"- `{c['image']}` moved {c['before'] or '(new)'} -> {c['after']}: rebuilds {', '.join(c['rows'])}"
                   for c in summary.bases_changed]
-        lines += [f"- `{image}` unresolved: {_one_line(why)}" for image, why in sorted(summary.bases_unresolved.items())]
+        lines += [f"- `{image}` unresolved: {markdown_cell(why)}" for image, why in sorted(summary.bases_unresolved.items())]
     if summary.notes:
-        lines += ["", "## Notes", ""] + [f"- {_one_line(note)}" for note in summary.notes]
+        lines += ["", "## Notes", ""] + [f"- {markdown_cell(note)}" for note in summary.notes]
     lines += ["", f"Render check: {summary.render}."]
     return "\n".join(lines) + "\n"
 
@@ -168,10 +168,6 @@ def _size_row(change: dict) -> str:
     delta = "new" if before is None else f"{(after - before) / 1e6:+.1f} MB"
     return (f"| `{change['tag']}` | {catalog_stage.human_size(before) if before is not None else '-'} | "
             f"{catalog_stage.human_size(after)} | {delta} |")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 # ------------------------------------------------------------------------------------------------------- the run
@@ -199,7 +195,7 @@ class Nightly:
         selected = matrix_stage.select(self.matrix.specs, args.selectors, str(project.matrix))
         self.specs = shard_rows(project, selected, args)
         self.summary = Summary(self.options.registry.name, args.shard or "", [spec.tag for spec in self.specs],
-                               datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                               utc_timestamp())
 
     def run(self) -> Summary:
         started = time.monotonic()

@@ -37,6 +37,7 @@ from .registry import (
     parse_registry,
     with_retries,
 )
+from .reporting import utc_timestamp
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
@@ -292,7 +293,7 @@ class Publisher:
         if not sbom_file.is_file():
             inventory = inventory or sbom_stage.collect_inventory(self.client, image["Id"])
             sbom_stage.write_sbom(sbom_file, sbom_stage.cyclonedx(inventory, self.options.registry.name, result.digest,
-                                                                  image["Id"], catalog_stage.now_utc()))
+                                                                  image["Id"], utc_timestamp()))
         pinned = catalog_stage.PinnedTag(result.pinned, result.digest, pinned_date(result.pinned),
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)

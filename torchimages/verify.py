@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from .builder import local_name
 from .files import atomic_write, atomic_write_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
 from .project import EXIT_FAILED, EXIT_OK, ROOT, Project, add_selectors, console, errors
+from .reporting import markdown_cell, utc_timestamp
 
 CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "hygiene")
 GPU_CHECKS = ("gpu", "driver", "cudnn", "multi-gpu")
@@ -426,13 +426,9 @@ def verify_document(result: VerifyResult, plan: Plan, started_at: datetime) -> d
         "checks": {name: {"status": check["status"], "message": check["message"], "tests": check.get("tests", [])}
                    for name, check in result.checks.items()},
         "run": {"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout},
-        "started_at": _timestamp(started_at), "finished_at": _timestamp(datetime.now(timezone.utc)),
+        "started_at": utc_timestamp(started_at), "finished_at": utc_timestamp(),
         "duration_s": result.duration, "stage_seconds": result.stage_seconds, "junit": "junit.xml", "facts": "facts.json",
     }
-
-
-def _timestamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], options: VerifyOptions,
@@ -457,15 +453,11 @@ def summary_markdown(results: list[VerifyResult]) -> str:
     lines.append("| **image** | " + " | ".join("**passed**" if r.passed else "**FAILED**" for r in results) + " |")
     lines += ["", "Verified image ids: " + ", ".join(f"`{r.tag}` = `{r.image_id}`" for r in results), ""]
     for result in results:
-        notes = [f"- **{name}** {check['status']}: {_one_line(check['message'])}"
+        notes = [f"- **{name}** {check['status']}: {markdown_cell(check['message'])}"
                  for name, check in result.checks.items() if check["status"] != "passed"]
         if notes:
             lines += [f"## `{result.tag}`", "", *notes, ""]
     return "\n".join(lines) + "\n"
-
-
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().replace("|", "\\|")
 
 
 def checks_table(result: VerifyResult) -> Table:
