@@ -51,7 +51,7 @@ def test_check_fails_after_a_template_edit_and_render_fixes_it(cli, tmp_path):
     dockerfile = templates / "Dockerfile.j2"
     dockerfile.write_text(dockerfile.read_text().replace("WORKDIR /workspace", "WORKDIR /work"))
     stale = cli("--templates", str(templates), "--images", str(images), "render", "--check", check_exit=1)
-    assert "2.14.0-cuda13.0-cudnn9-runtime/Dockerfile" in stale.stderr
+    assert "2.14.1-cuda13.0-cudnn9-runtime/Dockerfile" in stale.stderr
     cli("--templates", str(templates), "--images", str(images), "render", check_exit=0)
     cli("--templates", str(templates), "--images", str(images), "render", "--check", check_exit=0)
 
@@ -95,26 +95,47 @@ def test_each_row_agrees_with_the_compat_data(spec):
     assert label(dockerfile, "io.torchimages.torch") == spec.torch
     assert label(dockerfile, "io.torchimages.python") == spec.python
     assert f"PYTORCH_VERSION={spec.torch}" in dockerfile
+    assert f"numpy=={compat['torch'][spec.torch]['numpy']}" in dockerfile, "NumPy in every image"
+    assert "g++" in dockerfile, "a compiler in every image: inductor and Triton build code at run time"
+    os_suffix = "" if spec.os == "debian12" else f"-{spec.os}"
     if spec.is_gpu:
         facts = compat["torch"][spec.torch]["cuda"][spec.cuda]
         cuda = compat["cuda"][spec.cuda]
-        assert spec.tag == f"{spec.torch}-cuda{spec.cuda}-cudnn{facts['cudnn'].split('.')[0]}-{spec.flavor}"
-        kind = "base" if spec.flavor == "runtime" else "devel"
-        assert spec.base_image == f"nvidia/cuda:{cuda['full']}-{kind}-{spec.os}"
+        assert spec.tag == f"{spec.torch}-cuda{spec.cuda}-cudnn{facts['cudnn'].split('.')[0]}-{spec.flavor}{os_suffix}"
+        assert spec.base_image == compat["os"][spec.os]["image"], "GPU rows start from the plain OS: wheels carry CUDA"
         assert label(dockerfile, "io.torchimages.min-driver") == cuda["min_driver"]
         assert label(dockerfile, "io.torchimages.arch-list") == ";".join(facts["arch_list"])
         assert label(dockerfile, "io.torchimages.cudnn") == facts["cudnn"].split(".")[0]
         assert f"download.pytorch.org/whl/{facts['wheel_index']}" in dockerfile
-        assert f'NVIDIA_REQUIRE_CUDA="cuda>={spec.cuda}"' in dockerfile
+        assert "NVIDIA_VISIBLE_DEVICES=all" in dockerfile and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in dockerfile
+        assert "NVIDIA_REQUIRE_CUDA" not in dockerfile, "never overwrite a base's requirement with a narrower one"
+        if spec.flavor == "devel":
+            assert f"{spec.site_packages}/{cuda['home']} /usr/local/cuda" in dockerfile
+            for package in compat["cuda_toolkit"][facts["toolkit"]]:
+                assert package in dockerfile
     else:
-        assert spec.tag == f"{spec.torch}-cpu-{spec.flavor}"
-        assert spec.base_image == compat["os"][spec.os]["cpu_base"]
+        assert spec.tag == f"{spec.torch}-cpu-{spec.flavor}{os_suffix}"
+        assert spec.base_image == compat["os"][spec.os]["image"]
         assert label(dockerfile, "io.torchimages.cuda") == "cpu"
         assert "NVIDIA_" not in dockerfile
     if spec.flavor == "devel":
-        assert "g++" in dockerfile
+        assert "ninja-build" in dockerfile
     if spec.user:
         assert f"USER {spec.user.uid}" in dockerfile
+        assert f"COPY --from=packages --chown={spec.user.uid}:0 /opt/venv /opt/venv" in dockerfile
+
+
+def test_flavors_of_a_row_share_their_first_layers():
+    """The devel image reuses the runtime image's layers from the build cache: everything up to the runtime's
+    labels is the same text (the engine caches by instruction)."""
+    runtime = (ROOT / "images" / "2.14.1-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()
+    devel = (ROOT / "images" / "2.14.1-cuda13.0-cudnn9-devel" / "Dockerfile").read_text()
+    final_stage = lambda text: text.split("\nFROM python\n", 1)[1]  # noqa: E731
+    shared = final_stage(runtime).split("LABEL ", 1)[0]
+    assert final_stage(devel).startswith(shared)
+    stages = lambda text: [line for line in text.splitlines() if line.startswith(("FROM", "RUN", "COPY", "ARG"))]  # noqa: E731
+    packages_stage = stages(runtime.split("\nFROM python\n", 1)[0])
+    assert stages(devel.split("\nFROM python\n", 1)[0])[:len(packages_stage)] == packages_stage
 
 
 def test_every_rendered_dockerfile_passes_hadolint():
@@ -132,13 +153,13 @@ def test_render_uses_the_base_digests_of_the_lock(cli, tmp_path):
     shutil.copy(GOLDEN_MATRIX, matrix)
     digest = "sha256:" + "ab" * 32
     (tmp_path / "bases.lock.json").write_text(json.dumps({"schema": 1, "bases": {
-        "nvidia/cuda:13.0.2-base-ubuntu24.04": {
-            "image": "nvidia/cuda:13.0.2-base-ubuntu24.04", "digest": digest, "image_id": None,
+        "debian:bookworm": {
+            "image": "debian:bookworm", "digest": digest, "image_id": None,
             "source": "registry", "note": "", "resolved_at": "2026-11-21T00:00:00Z"}}}))
     images = tmp_path / "images"
     cli("--matrix", str(matrix), "--images", str(images), "render", check_exit=0)
-    runtime = (images / "2.14.0-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()
-    assert f"ARG BASE_IMAGE=nvidia/cuda@{digest}\n" in runtime
-    assert 'org.opencontainers.image.base.name="nvidia/cuda:13.0.2-base-ubuntu24.04"' in runtime
-    devel = (images / "2.14.0-cuda13.0-cudnn9-devel" / "Dockerfile").read_text()
-    assert "ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04\n" in devel, "bases not in the lock keep their tag"
+    runtime = (images / "2.14.1-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE=debian@{digest}\n" in runtime
+    assert 'org.opencontainers.image.base.name="debian:bookworm"' in runtime
+    legacy = (images / "2.14.1-cuda12.6-cudnn9-runtime-ubuntu24.04" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04\n" in legacy, "bases not in the lock keep their tag"

@@ -10,7 +10,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -207,7 +207,16 @@ class Builder:
                 todo.append((spec, context))
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.jobs))
         try:
-            futures = {pool.submit(self._build_one, spec, context): spec for spec, context in todo}
+            futures = {}
+            first_of_row: dict[int, Future] = {}
+            # Flavors of one matrix row share their first layers: a later flavor waits for the first one and
+            # takes those layers from the build cache instead of installing gigabytes of wheels a second time.
+            # The first is always submitted earlier, so waiting never takes the last free worker from it.
+            for spec, context in todo:
+                donor = first_of_row.get(spec.matrix_line)
+                future = pool.submit(self._build_one, spec, context, donor)
+                first_of_row.setdefault(spec.matrix_line, future)
+                futures[future] = spec
             for future in as_completed(futures):
                 result = future.result()
                 results[result.tag] = result
@@ -233,7 +242,9 @@ class Builder:
         for container_id in running:
             self._remove_container(container_id)
 
-    def _build_one(self, spec: ImageSpec, context: BuildContext) -> BuildResult:
+    def _build_one(self, spec: ImageSpec, context: BuildContext, donor: Future | None = None) -> BuildResult:
+        if donor is not None:
+            wait([donor])
         if self.cancelled.is_set():
             return BuildResult(spec.tag, "cancelled", error="not started: build cancelled")
         log_path = self._log_path(spec)

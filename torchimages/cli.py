@@ -72,12 +72,13 @@ def cmd_render(project: Project, args) -> int:
 def cmd_wheels(project: Project, args) -> int:
     specs = project.select(args.selectors)
     try:
-        folders = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url)
+        fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url)
     except wheel_sources.WheelFetchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
-    for folder in folders:
-        print(f"{folder}: {len(list(folder.iterdir()))} wheels")
+    for folder in fetched:
+        print(f"{folder.dest}: {folder.files} files, {catalog.human_size(folder.total_bytes)}; fetched {folder.new_files} "
+              f"({catalog.human_size(folder.new_bytes)}) this time")
     return EXIT_OK
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from .model import FLAVORS, ImageSpec, InputError, Problem, User, parse_size
+from .model import ImageSpec, InputError, Problem, User, parse_size
 from .yamlsource import LineDict, LineList, load_yaml
 
 COMPAT_FILE = Path(__file__).with_name("compat.yaml")
@@ -15,8 +15,9 @@ COMPAT_FILE = Path(__file__).with_name("compat.yaml")
 TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
 VARIANT_KEYS = (
     "torch", "cuda", "cudnn", "python", "os", "flavors", "torchvision", "arch_list", "user",
-    "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases",
+    "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base",
 )
+BASE_KINDS = ("os", "nvidia")
 REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
 VERSION_PATTERNS = {
     "torch": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 2.14.0"),
@@ -141,7 +142,7 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
         fail("allow_unlisted", "'allow_unlisted' must be true or false")
         allow_unlisted = False
 
-    flavors = _flavors(row, fail)
+    flavors = _flavors(row, tuple(compat["flavors"]), fail)
     os_facts = compat["os"].get(os_name)
     if os_facts is None:
         fail("os", f"unknown os '{os_name}': known {', '.join(compat['os'])} (add it to torchimages/compat.yaml)")
@@ -151,13 +152,13 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
                       "torchimages/compat.yaml with its source, or set allow_unlisted: true")
     cuda_facts = compat["cuda"].get(cuda) if is_gpu else None
     if is_gpu and cuda_facts is None:
-        fail("cuda", f"unknown CUDA {cuda}: known {', '.join(compat['cuda'])} or cpu; add its base tag and "
+        fail("cuda", f"unknown CUDA {cuda}: known {', '.join(compat['cuda'])} or cpu; add its patch level and "
                      "minimum driver to torchimages/compat.yaml")
     wheel = _wheel_facts(row, torch, cuda, torch_facts, allow_unlisted or (is_gpu and cuda_facts is None), fail)
     cudnn = _cudnn(row, is_gpu, wheel, allow_unlisted, fail)
     _check_python(row, python, torch_facts, allow_unlisted, fail)
-    if cuda_facts and os_facts and os_name not in cuda_facts["os"]:
-        fail("os", f"nvidia/cuda has no {cuda} images for {os_name}: use one of {', '.join(cuda_facts['os'])}")
+    base_kind = _base_kind(row, is_gpu, cuda, os_name, cuda_facts, fail)
+    toolkit = _toolkit(row, flavors, compat, torch, cuda, wheel, cuda_facts, fail) if is_gpu else {}
     torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
     arch_list = _arch_list(row, wheel, is_gpu, fail)
     user = _user(row, fail)
@@ -173,18 +174,24 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
     if errors:
         return []
     deprecated_note = ("deprecated" if deprecated is True else deprecated) or None
+    python_from_os = os_facts["python"] == python
+    system_packages = _system_packages(compat["system_packages"], python, python_from_os)
+    # Rows on another OS than the default one get an OS suffix: the well-known names stay on the default OS.
+    os_suffix = "" if os_name == defaults.get("os") else f"-{os_name}"
+    base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts)
     specs = []
     for flavor in flavors:
-        if is_gpu:
-            tag = f"{torch}-cuda{cuda}-cudnn{cudnn}-{flavor}"
-            base = f"nvidia/cuda:{cuda_facts['full']}-{'base' if flavor == 'runtime' else 'devel'}-{os_name}"
-        else:
-            tag = f"{torch}-cpu-{flavor}"
-            base = os_facts["cpu_base"]
+        with_toolkit = is_gpu and compat["flavors"][flavor].get("cuda_toolkit", False)
+        prefix = f"{torch}-cuda{cuda}-cudnn{cudnn}" if is_gpu else f"{torch}-cpu"
         specs.append(ImageSpec(
-            tag=tag, torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn, python=python, os=os_name,
-            flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
-            python_from_os=os_facts["python"] == python, torchvision=torchvision,
+            tag=f"{prefix}-{flavor}{os_suffix}", torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn,
+            python=python, os=os_name, flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
+            python_from_os=python_from_os, torchvision=torchvision,
+            numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]),
+            system_packages=system_packages, flavor_packages=tuple(compat["flavors"][flavor].get("packages") or ()),
+            cuda_toolkit=toolkit.get("version") if with_toolkit else None,
+            cuda_toolkit_packages=tuple(toolkit.get("packages", ())) if with_toolkit else (),
+            cuda_home=toolkit.get("home") if with_toolkit else None, remove_from_base=remove_from_base,
             cuda_full=cuda_facts["full"] if is_gpu else None, cudnn_version=wheel.get("cudnn"),
             nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
             arch_list=arch_list, user=user, shm_size=shm_size, size_budget=size_budget,
@@ -194,21 +201,64 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
     return specs
 
 
-def _flavors(row: _Row, fail) -> list[str]:
+def _base_kind(row: _Row, is_gpu: bool, cuda: str, os_name: str, cuda_facts, fail) -> str:
+    kind = row.get("base", "os")
+    if kind not in BASE_KINDS:
+        fail("base", f"'base' must be one of {', '.join(BASE_KINDS)}, got {kind!r}")
+        return "os"
+    if kind == "nvidia" and not is_gpu:
+        fail("base", "CPU variants start from the OS image: remove 'base: nvidia'")
+    elif kind == "nvidia" and cuda_facts and os_name not in cuda_facts["nvidia_os"]:
+        fail("base", f"nvidia/cuda has no {cuda} images for {os_name}: use one of "
+                     f"{', '.join(cuda_facts['nvidia_os'])}, or drop 'base: nvidia' to start from the OS image")
+    return kind
+
+
+def _base_image(compat: dict, kind: str, os_facts: dict, os_name: str, cuda: str, cuda_facts) -> tuple[str, tuple[str, ...]]:
+    """The image FROM uses, and the files of it that the wheels replace."""
+    if kind == "os":
+        return os_facts["image"], ()
+    facts = compat["bases"][kind]
+    values = {"cuda": cuda, "cuda_full": cuda_facts["full"], "os": os_name}
+    return facts["image"].format(**values), tuple(path.format(**values) for path in facts.get("remove", ()))
+
+
+def _toolkit(row: _Row, flavors: list[str], compat: dict, torch: str, cuda: str, wheel: dict, cuda_facts,
+             fail) -> dict:
+    """The cuda-toolkit wheels a devel flavor installs: the version torch itself pins, so nvcc equals its CUDA."""
+    if not any(compat["flavors"][f].get("cuda_toolkit") for f in flavors) or cuda_facts is None:
+        return {}
+    version, home = wheel.get("toolkit"), cuda_facts.get("home")
+    packages = compat["cuda_toolkit"].get(version)
+    if not (version and home and packages):
+        fail("flavors", f"devel images take nvcc from the cuda-toolkit wheels torch {torch} pins for CUDA {cuda}, "
+                        "but torchimages/compat.yaml lacks them (`toolkit:` under the torch release, `home:` under "
+                        "the CUDA version, the version under `cuda_toolkit:`): add them from the wheels' METADATA, "
+                        "or build only the runtime flavor")
+        return {}
+    return {"version": version, "home": home, "packages": packages}
+
+
+def _system_packages(facts: dict, python: str, python_from_os: bool) -> tuple[str, ...]:
+    headers = [name.format(python=python) for name in facts.get("python_dev", ())] if python_from_os else []
+    return tuple(facts.get("packages", ())) + tuple(headers)
+
+
+def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:
     flavors = row.get("flavors")
     if flavors is None:  # already reported as missing (or misspelt)
         return []
     if not isinstance(flavors, list) or not flavors:
-        fail("flavors", f"'flavors' must be a non-empty list drawn from {', '.join(FLAVORS)}")
+        fail("flavors", f"'flavors' must be a non-empty list drawn from {', '.join(known)}")
         return []
-    unknown = [f for f in flavors if f not in FLAVORS]
+    unknown = [f for f in flavors if f not in known]
     for name in unknown:
-        guess = difflib.get_close_matches(str(name), FLAVORS, n=1)
-        hint = f"did you mean '{guess[0]}'?" if guess else f"use {' or '.join(FLAVORS)}"
+        guess = difflib.get_close_matches(str(name), known, n=1)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"use {' or '.join(known)}"
         fail("flavors", f"unknown flavor '{name}': {hint}")
     if len(set(flavors)) != len(flavors):
         fail("flavors", "a flavor is listed twice: list each once")
-    return [f for f in flavors if f in FLAVORS]
+    return [f for f in flavors if f in known]
 
 
 def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: bool, fail) -> dict:

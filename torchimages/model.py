@@ -6,7 +6,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-FLAVORS = ("runtime", "devel")
 LABEL_PREFIX = "io.torchimages"
 
 
@@ -31,6 +30,14 @@ class ImageSpec:
     wheel_index: str  # "cu130" or "cpu"
     python_from_os: bool
     torchvision: str | None = None
+    numpy: str | None = None  # the NumPy release installed beside torch
+    glibc: str = ""  # the OS's glibc: which manylinux wheels it runs
+    system_packages: tuple[str, ...] = ()  # apt packages every flavor shares (compiler, Python headers)
+    flavor_packages: tuple[str, ...] = ()  # apt packages this flavor adds on top
+    cuda_toolkit: str | None = None  # devel GPU rows: the cuda-toolkit version whose nvcc and headers they get
+    cuda_toolkit_packages: tuple[str, ...] = ()  # ... as pip requirements (nvcc, crt, nvvm, cccl)
+    cuda_home: str | None = None  # devel GPU rows: the toolkit's folder inside site-packages (nvidia/cu13)
+    remove_from_base: tuple[str, ...] = ()  # files of the base image the wheels replace (a second libcudart)
     cuda_full: str | None = None
     cudnn_version: str | None = None  # the pip-pinned cuDNN, e.g. "9.24.0.43"
     nccl_version: str | None = None
@@ -49,6 +56,10 @@ class ImageSpec:
         return self.cuda is not None
 
     @property
+    def site_packages(self) -> str:
+        return f"/opt/venv/lib/python{self.python}/site-packages"
+
+    @property
     def torch_local_version(self) -> str:
         """The version string torch reports, e.g. 2.14.0+cu130 or 2.13.0+cpu."""
         return f"{self.torch}+{self.wheel_index}"
@@ -61,7 +72,8 @@ class ImageSpec:
         values = dict(data)
         values["user"] = User(**values["user"]) if values.get("user") else None
         values["arch_list"] = tuple(values.get("arch_list") or ())
-        values["aliases"] = tuple(values.get("aliases") or ())
+        for name in ("aliases", "system_packages", "flavor_packages", "remove_from_base", "cuda_toolkit_packages"):
+            values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
     def spec_hash(self) -> str:

@@ -1,46 +1,95 @@
-"""Package sources: fetch on the host the wheels a row installs, for offline (air-gapped) builds."""
+"""Package sources: fetch on the host the wheels rows install, for offline (air-gapped) builds."""
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .builder import wheel_dir
 from .model import ImageSpec
 
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
+OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
+PYPI = "https://pypi.org/simple"
 
 
 def requirements(spec: ImageSpec) -> list[str]:
-    return [f"torch=={spec.torch}"] + ([f"torchvision=={spec.torchvision}"] if spec.torchvision else [])
+    """What the row's Dockerfile installs with pip: torch, torchvision, NumPy, and the devel toolkit."""
+    packages = [f"torch=={spec.torch}"]
+    packages += [f"torchvision=={spec.torchvision}"] if spec.torchvision else []
+    packages += [f"numpy=={spec.numpy}" if spec.numpy else "numpy"]
+    return packages + list(spec.cuda_toolkit_packages)
 
 
-def download_command(spec: ImageSpec, dest: Path, index_url: str | None, extra_index_url: str | None) -> list[str]:
-    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(dest),
-               "--only-binary=:all:", "--python-version", spec.python, "--implementation", "cp"]
-    for platform in PLATFORMS:
+def platform_tags(glibc: str) -> list[str]:
+    """Every manylinux tag a glibc runs: pip matches --platform exactly, and one wheel set mixes several
+    (nvidia-cudnn-cu13 is manylinux_2_27 only, torch manylinux_2_28)."""
+    newest = int(glibc.split(".")[1])
+    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(newest, OLDEST_MANYLINUX_MINOR - 1, -1)]
+    return tags + ["manylinux2014_x86_64", "linux_x86_64"]
+
+
+@dataclass(frozen=True)
+class Download:
+    """One pip download: the rows sharing a wheel folder (same index and Python) share it."""
+
+    dest: Path
+    python: str
+    glibc: str
+    index: str
+    requirements: tuple[str, ...]
+
+
+def plan_downloads(specs: list[ImageSpec], wheelhouse: Path) -> list[Download]:
+    """Rows sharing a folder get one download of the union of their requirements, on the oldest glibc among
+    them (a wheel for an older glibc runs on a newer one)."""
+    grouped: dict[Path, list[ImageSpec]] = {}
+    for spec in specs:
+        grouped.setdefault(wheel_dir(wheelhouse, spec), []).append(spec)
+    downloads = []
+    for dest, rows in grouped.items():
+        wanted = list(dict.fromkeys(r for spec in rows for r in requirements(spec)))
+        glibc = min((spec.glibc for spec in rows if spec.glibc), key=lambda v: tuple(map(int, v.split("."))), default="2.28")
+        downloads.append(Download(dest, rows[0].python, glibc, rows[0].wheel_index, tuple(wanted)))
+    return downloads
+
+
+def download_command(download: Download, index_url: str | None, extra_index_url: str | None) -> list[str]:
+    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(download.dest),
+               "--only-binary=:all:", "--python-version", download.python, "--implementation", "cp"]
+    for platform in platform_tags(download.glibc):
         command += ["--platform", platform]
-    command += ["--index-url", index_url or f"https://download.pytorch.org/whl/{spec.wheel_index}"]
-    command += ["--extra-index-url", extra_index_url or "https://pypi.org/simple"]
-    return command + requirements(spec)
+    command += ["--index-url", index_url or f"https://download.pytorch.org/whl/{download.index}"]
+    command += ["--extra-index-url", extra_index_url or PYPI]
+    return command + list(download.requirements)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    dest: Path
+    files: int
+    new_files: int
+    new_bytes: int
+    total_bytes: int
 
 
 def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None = None,
-                 extra_index_url: str | None = None) -> list[Path]:
-    """Download each distinct package set once; return the folders filled. Raises on pip failure."""
-    done: dict[Path, list[str]] = {}
-    for spec in specs:
-        dest = wheel_dir(wheelhouse, spec)
-        if requirements(spec) == done.get(dest):
-            continue
-        dest.mkdir(parents=True, exist_ok=True)
-        print(f"fetching {' '.join(requirements(spec))} for Python {spec.python} ({spec.wheel_index}) into {dest}",
-              file=sys.stderr)
-        result = subprocess.run(download_command(spec, dest, index_url, extra_index_url), capture_output=True, text=True)
+                 extra_index_url: str | None = None) -> list[Fetched]:
+    """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
+    fetched = []
+    for download in plan_downloads(specs, wheelhouse):
+        download.dest.mkdir(parents=True, exist_ok=True)
+        before = {path.name for path in download.dest.iterdir()}
+        print(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
+              f"({download.index}) into {download.dest}", file=sys.stderr)
+        result = subprocess.run(download_command(download, index_url, extra_index_url), capture_output=True, text=True)
         if result.returncode != 0:
-            raise WheelFetchError(f"pip could not fetch wheels for {spec.tag}:\n{result.stderr.strip()[-2000:]}")
-        done[dest] = requirements(spec)
-    return list(done)
+            raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{result.stderr.strip()[-2000:]}")
+        files = sorted(path for path in download.dest.iterdir() if path.is_file())
+        new = [path for path in files if path.name not in before]
+        fetched.append(Fetched(download.dest, len(files), len(new), sum(p.stat().st_size for p in new),
+                               sum(p.stat().st_size for p in files)))
+    return fetched
 
 
 class WheelFetchError(Exception):
