@@ -22,6 +22,9 @@ def cli():
 
 
 CPU_SELECTOR = "2.13.0-cpu-*"
+# The CUDA rows CI builds from the real wheel set (PyPI's torch 2.14.1 is the cu130 build): runtime and devel.
+CUDA_SELECTOR = "2.14.1-cuda13.0-*"
+CUDA_RUNTIME, CUDA_DEVEL = "2.14.1-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-devel"
 
 
 @pytest.fixture(scope="session")
@@ -56,14 +59,34 @@ def wheelhouse():
 
 
 @pytest.fixture(scope="session")
+def cuda_wheelhouse(wheelhouse):
+    """The cu130 wheel set (about 3 GB), fetched once and shared by the runtime and devel rows."""
+    if not list(wheelhouse.glob("cu130-py3.11/torch-2.14.1-*.whl")):
+        run_cli("wheels", CUDA_SELECTOR, "--dest", str(wheelhouse), check_exit=0)
+    return wheelhouse
+
+
+@pytest.fixture(scope="session")
+def cuda_images(engine_env, cuda_wheelhouse):
+    """The CUDA rows, really built from the real wheels: {tag: local image name}."""
+    result = run_cli("build", CUDA_SELECTOR, "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return _local_names(CUDA_SELECTOR)
+
+
+def _local_names(selector: str) -> dict[str, str]:
+    from torchimages.builder import local_name
+    from torchimages.matrix import load_matrix, select
+
+    return {spec.tag: local_name(spec) for spec in select(load_matrix(ROOT / "matrix.yaml").specs, [selector])}
+
+
+@pytest.fixture(scope="session")
 def cpu_images(engine_env, wheelhouse):
     """The CI-buildable rows, really built on the engine: {tag: local image name}."""
     result = run_cli("build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    from torchimages.builder import local_name
-    from torchimages.matrix import load_matrix, select
-
-    return {spec.tag: local_name(spec) for spec in select(load_matrix(ROOT / "matrix.yaml").specs, [CPU_SELECTOR])}
+    return _local_names(CPU_SELECTOR)
 
 
 def interruptible(command: list[str], **popen_kwargs) -> subprocess.Popen:

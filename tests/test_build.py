@@ -31,13 +31,15 @@ def test_cpu_rows_build_with_their_labels_python_and_torch(docker_client, cpu_im
         assert python_version.startswith("3.11.")
 
 
-def test_devel_image_has_a_compiler_and_runtime_has_none(docker_client, cpu_images):
+def test_both_flavors_have_a_compiler_and_only_devel_has_build_tools(docker_client, cpu_images):
+    """torch.compile builds C++ at run time, so runtime images carry g++ too; make and ninja are devel's."""
     def has(image: str, program: str) -> bool:
         command = ["sh", "-c", f"command -v {program} >/dev/null && echo yes || echo no"]
         return docker_client.containers.run(image, command, remove=True).decode().strip() == "yes"
 
-    assert has(cpu_images["2.13.0-cpu-devel"], "g++")
-    assert not has(cpu_images["2.13.0-cpu-runtime"], "g++")
+    assert has(cpu_images["2.13.0-cpu-devel"], "g++") and has(cpu_images["2.13.0-cpu-runtime"], "g++")
+    assert has(cpu_images["2.13.0-cpu-devel"], "ninja")
+    assert not has(cpu_images["2.13.0-cpu-runtime"], "ninja")
 
 
 def test_second_run_skips_both_and_reports_it(cpu_images, wheelhouse, tmp_path):
@@ -223,3 +225,25 @@ def test_main_job_takes_the_cpu_rows_without_gpus_and_verifies_them(cpu_images, 
         report = json.loads((tmp_path / tag / "verify.json").read_text())
         assert report["passed"] is True and report["checks"]["gpu"]["status"] == "skipped"
     assert not any("cuda" in path.name for path in tmp_path.iterdir()), "GPU rows were not selected"
+
+
+def test_the_user_survives_a_base_that_already_has_its_uid(docker_client, engine_env, tmp_path):
+    """ubuntu:24.04 (and so nvidia/cuda:*-ubuntu24.04) ships a user `ubuntu` with uid 1000: the template's user
+    step, rendered for real, must still give uid 1000 to the row's user."""
+    import jinja2
+
+    from torchimages.model import User
+
+    macros = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "templates")),
+                                undefined=jinja2.StrictUndefined).get_template("macros.j2").module
+    (tmp_path / "Dockerfile").write_text(
+        "FROM debian:bookworm\n"
+        "RUN useradd --create-home --uid 1000 --shell /bin/bash ubuntu\n"
+        f"{macros.non_root_user(User('torch', 1000))}\n")
+    image, _ = docker_client.images.build(path=str(tmp_path), tag="torchimages-test/uid-taken:latest", rm=True, forcerm=True)
+    try:
+        output = docker_client.containers.run(image.id, ["sh", "-c", "id -un 1000; echo $HOME; ls /home"],
+                                              user="1000", remove=True).decode().split()
+        assert output == ["torch", "/home/torch", "torch"]
+    finally:
+        docker_client.images.remove(image.id, force=True)

@@ -46,6 +46,9 @@ def errors_for(cli, path: Path) -> list[str]:
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]\n  user: root", 10, "'user' must be a mapping", id="bad-user"),
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]\n  shm_size: lots", 10, "must be a size", id="bad-size"),
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  flavors: [runtime]", 6, "cuDNN major version", id="missing-cudnn"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  base: conda\n  flavors: [runtime]", 9, "'base' must be one of os, nvidia", id="unknown-base"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  os: debian12\n  base: nvidia\n  flavors: [runtime]", 10, "nvidia/cuda has no 13.0 images for debian12", id="nvidia-base-for-another-os"),
+    pytest.param("- torch: 2.14.0\n  cuda: \"12.6\"\n  cudnn: 9\n  flavors: [devel]", 9, "cuda-toolkit wheels torch 2.14.0 pins for CUDA 12.6", id="devel-without-toolkit-facts"),
     pytest.param("- torch: 2.14.0\n  cudnn: 9\n  flavors: [runtime]", 6, "missing required key 'cuda'", id="missing-key"),
     pytest.param("- torch: 2.13.0\n  cuda: cpu\n  cudnn: 9\n  flavors: [runtime]", 8, "CPU variants have no cuDNN", id="cpu-with-cudnn"),
 ])
@@ -105,6 +108,30 @@ def test_unquoted_python_version_keeps_its_digits(tmp_path):
     assert spec.python == "3.10" and spec.cuda == "13.0"
 
 
+def test_rows_on_another_os_than_the_default_get_a_suffix(tmp_path):
+    """The names users know (2.14.1-cuda13.0-cudnn9-runtime) stay on the default OS; the others stay unique."""
+    path = write_matrix(tmp_path, indent("- torch: 2.14.1\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime, devel]\n"
+                                         "- torch: 2.14.1\n  cuda: \"13.0\"\n  cudnn: 9\n  os: debian12\n  python: \"3.11\"\n"
+                                         "  flavors: [runtime]"))
+    specs = load_matrix(path).specs
+    assert [spec.tag for spec in specs] == ["2.14.1-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-devel",
+                                            "2.14.1-cuda13.0-cudnn9-runtime-debian12"]
+    runtime, devel, debian = specs
+    assert runtime.base_image == "ubuntu:24.04" and debian.base_image == "debian:bookworm", "GPU rows start from the OS"
+    assert runtime.cuda_toolkit is None and devel.cuda_toolkit == "13.0.3" and devel.cuda_home == "nvidia/cu13"
+    assert "nvidia-cuda-nvcc==13.0.88.*" in devel.cuda_toolkit_packages
+    assert runtime.system_packages == devel.system_packages == ("g++", "python3.12-dev")
+    assert "ninja-build" in devel.flavor_packages and not runtime.flavor_packages
+    assert runtime.index_url == "https://pypi.org/simple", "PyPI's torch 2.14.1 is the cu130 build"
+
+
+def test_nvidia_base_keeps_its_own_requirement_and_drops_its_libcudart(tmp_path):
+    path = write_matrix(tmp_path, indent("- torch: 2.14.1\n  cuda: \"13.0\"\n  cudnn: 9\n  base: nvidia\n  flavors: [runtime]"))
+    [spec] = load_matrix(path).specs
+    assert spec.base_image == "nvidia/cuda:13.0.3-base-ubuntu24.04"
+    assert spec.remove_from_base == ("/usr/local/cuda-13.0/targets/x86_64-linux/lib/libcudart.so*",)
+
+
 def test_bad_selector_is_exit_2(cli):
     result = cli("list", "9.9.9-*", check_exit=2)
     assert "selector '9.9.9-*' matches no tag" in result.stderr
@@ -112,5 +139,5 @@ def test_bad_selector_is_exit_2(cli):
 
 def test_list_json_shows_every_field(cli):
     rows = json.loads(cli("list", "--format", "json", check_exit=0).stdout)
-    assert len(rows) >= 10
+    assert len(rows) >= 9
     assert set(rows[0]) == {"tag", "torch", "cuda", "cudnn", "python", "os", "flavor", "base_image", "min_driver", "arch_list"}

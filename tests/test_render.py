@@ -106,7 +106,8 @@ def test_each_row_agrees_with_the_compat_data(spec):
         assert label(dockerfile, "io.torchimages.min-driver") == cuda["min_driver"]
         assert label(dockerfile, "io.torchimages.arch-list") == ";".join(facts["arch_list"])
         assert label(dockerfile, "io.torchimages.cudnn") == facts["cudnn"].split(".")[0]
-        assert f"download.pytorch.org/whl/{facts['wheel_index']}" in dockerfile
+        index = "https://pypi.org/simple" if facts.get("pypi") else f"https://download.pytorch.org/whl/{facts['wheel_index']}"
+        assert f"ARG PIP_INDEX_URL={index}\n" in dockerfile
         assert "NVIDIA_VISIBLE_DEVICES=all" in dockerfile and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in dockerfile
         assert "NVIDIA_REQUIRE_CUDA" not in dockerfile, "never overwrite a base's requirement with a narrower one"
         if spec.flavor == "devel":

@@ -31,7 +31,8 @@ def build_options(project: Project, args) -> build_stage.BuildOptions:
         raise InputError([Problem("--jobs", 0, "--jobs must be at least 1")])
     return build_stage.BuildOptions(
         images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
-        pull=args.pull, force=args.force, fail_fast=args.fail_fast, wheelhouse=args.wheelhouse,
+        pull=args.pull, force=args.force, fail_fast=args.fail_fast, keep_build_stages=args.keep_build_stages,
+        wheelhouse=args.wheelhouse,
         pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
         proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
     )
@@ -43,6 +44,8 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pull", action="store_true", help="refresh base images from their registry")
     parser.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
     parser.add_argument("--fail-fast", action="store_true", help="stop all builds at the first failure")
+    parser.add_argument("--keep-build-stages", action="store_true",
+                        help="keep the build stages' images (faster rebuilds after a change; several GB per CUDA row)")
     add_source_arguments(parser)
     parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
     parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")

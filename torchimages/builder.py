@@ -28,6 +28,7 @@ PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_prox
 STEP = re.compile(r"^Step (\d+)/(\d+) : ")
 BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
+STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15
 
 
@@ -40,6 +41,7 @@ class BuildOptions:
     pull: bool = False
     force: bool = False
     fail_fast: bool = False
+    keep_build_stages: bool = False  # keep the untagged images of build stages (warm rebuilds, more disk)
     wheelhouse: Path | None = None
     pip_index_url: str | None = None
     extra_index_url: str | None = None
@@ -175,6 +177,7 @@ class Builder:
         self.progress = progress or Progress()
         self.cancelled = threading.Event()
         self._intermediate: set[str] = set()
+        self._step_images: list[str] = []
         self._lock = threading.Lock()
 
     def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
@@ -229,6 +232,8 @@ class Builder:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             self._remove_intermediate_containers()
+            if not self.options.keep_build_stages:
+                self._prune_build_stages()
         for spec, _ in todo:
             results.setdefault(spec.tag, BuildResult(spec.tag, "cancelled", error="not started: build cancelled"))
         return [results[spec.tag] for spec in specs if spec.tag in results]
@@ -296,6 +301,8 @@ class Builder:
         step = STEP.match(text)
         if step:
             self.progress.step(tag, int(step.group(1)), int(step.group(2)))
+        with self._lock:
+            self._step_images.extend(STEP_IMAGE.findall(text))
         running = RUNNING_IN.search(text)
         if running:
             with self._lock:
@@ -307,6 +314,20 @@ class Builder:
         for container_id in list(self._intermediate):
             self._remove_container(container_id)
         self._intermediate.clear()
+
+    def _prune_build_stages(self) -> None:
+        """Remove what this run's build stages left behind (a CUDA row's packages stage holds the whole wheelhouse
+        and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
+        Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
+        for image_id in reversed(self._step_images):
+            inspected = self._inspect(image_id)
+            if not inspected or inspected.get("RepoTags"):
+                continue  # gone already, or a tagged image (the result, a base): `rmi ID` would untag it
+            try:
+                self.client.api.remove_image(image_id)
+            except docker.errors.APIError:
+                pass  # a layer of a tagged image, or already removed with a child
+        self._step_images.clear()
 
     def _remove_container(self, container_id: str) -> None:
         try:

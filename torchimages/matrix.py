@@ -18,6 +18,7 @@ VARIANT_KEYS = (
     "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base",
 )
 BASE_KINDS = ("os", "nvidia")
+PYPI = "https://pypi.org/simple"
 REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
 VERSION_PATTERNS = {
     "torch": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 2.14.0"),
@@ -187,7 +188,7 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
             tag=f"{prefix}-{flavor}{os_suffix}", torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn,
             python=python, os=os_name, flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
             python_from_os=python_from_os, torchvision=torchvision,
-            numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]),
+            numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]), index_url=_index_url(wheel),
             system_packages=system_packages, flavor_packages=tuple(compat["flavors"][flavor].get("packages") or ()),
             cuda_toolkit=toolkit.get("version") if with_toolkit else None,
             cuda_toolkit_packages=tuple(toolkit.get("packages", ())) if with_toolkit else (),
@@ -199,6 +200,10 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
             repository=repository, matrix_line=variant.line,
         ))
     return specs
+
+
+def _index_url(wheel: dict) -> str:
+    return PYPI if wheel.get("pypi") else f"https://download.pytorch.org/whl/{wheel.get('wheel_index', 'cpu')}"
 
 
 def _base_kind(row: _Row, is_gpu: bool, cuda: str, os_name: str, cuda_facts, fail) -> str:

@@ -31,6 +31,7 @@ class ImageSpec:
     python_from_os: bool
     torchvision: str | None = None
     numpy: str | None = None  # the NumPy release installed beside torch
+    index_url: str = ""  # where pip finds this torch build: PyPI when its own wheel is it, else download.pytorch.org
     glibc: str = ""  # the OS's glibc: which manylinux wheels it runs
     system_packages: tuple[str, ...] = ()  # apt packages every flavor shares (compiler, Python headers)
     flavor_packages: tuple[str, ...] = ()  # apt packages this flavor adds on top

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .builder import wheel_dir
+from .matrix import PYPI
 from .model import ImageSpec
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
-PYPI = "https://pypi.org/simple"
 
 
 def requirements(spec: ImageSpec) -> list[str]:
@@ -37,6 +37,7 @@ class Download:
     python: str
     glibc: str
     index: str
+    index_url: str
     requirements: tuple[str, ...]
 
 
@@ -50,7 +51,7 @@ def plan_downloads(specs: list[ImageSpec], wheelhouse: Path) -> list[Download]:
     for dest, rows in grouped.items():
         wanted = list(dict.fromkeys(r for spec in rows for r in requirements(spec)))
         glibc = min((spec.glibc for spec in rows if spec.glibc), key=lambda v: tuple(map(int, v.split("."))), default="2.28")
-        downloads.append(Download(dest, rows[0].python, glibc, rows[0].wheel_index, tuple(wanted)))
+        downloads.append(Download(dest, rows[0].python, glibc, rows[0].wheel_index, rows[0].index_url, tuple(wanted)))
     return downloads
 
 
@@ -59,7 +60,7 @@ def download_command(download: Download, index_url: str | None, extra_index_url:
                "--only-binary=:all:", "--python-version", download.python, "--implementation", "cp"]
     for platform in platform_tags(download.glibc):
         command += ["--platform", platform]
-    command += ["--index-url", index_url or f"https://download.pytorch.org/whl/{download.index}"]
+    command += ["--index-url", index_url or download.index_url]
     command += ["--extra-index-url", extra_index_url or PYPI]
     return command + list(download.requirements)
 

@@ -23,7 +23,7 @@ ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
 COPY build-inputs/ /build-inputs/
 RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
  && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
- && python3.11 -m venv /opt/venv \
+ && python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.13.0 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && chmod -R g=u /opt/venv
@@ -60,7 +60,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.13.0 (2.13.0-cpu-devel)" \
       io.torchimages.flavor="devel" \
       io.torchimages.arch-list="" \
       io.torchimages.min-driver="" \
-      io.torchimages.spec-hash="26c5b2df52be959e"
+      io.torchimages.spec-hash="1d77ad0bbc6c0839"
 WORKDIR /workspace
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]
 CMD ["bash"]

@@ -32,7 +32,7 @@ ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
 COPY build-inputs/ /build-inputs/
 RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
  && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
- && /opt/python/python3.11 -m venv /opt/venv \
+ && /opt/python/python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.14.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && chmod -R g=u /opt/venv
@@ -69,7 +69,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda12.6-cudnn9-run
       io.torchimages.flavor="runtime" \
       io.torchimages.arch-list="5.0;6.0;7.0;7.5;8.0;8.6;9.0" \
       io.torchimages.min-driver="560.28.03" \
-      io.torchimages.spec-hash="3fb58451693f46c4"
+      io.torchimages.spec-hash="e9fbcc5a21d2a72a"
 WORKDIR /workspace
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]
 CMD ["bash"]

@@ -18,12 +18,12 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
-ARG PIP_INDEX_URL=https://download.pytorch.org/whl/cu130
+ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
 COPY build-inputs/ /build-inputs/
 RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
  && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
- && python3.11 -m venv /opt/venv \
+ && python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && chmod -R g=u /opt/venv
@@ -70,7 +70,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda13.0-cudnn9-run
       io.torchimages.flavor="runtime" \
       io.torchimages.arch-list="7.5;8.0;8.6;9.0;10.0;12.0" \
       io.torchimages.min-driver="580.65.06" \
-      io.torchimages.spec-hash="8d517d8f8559f6c8"
+      io.torchimages.spec-hash="8a30f91e44f9c366"
 WORKDIR /workspace
 USER 1000
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]

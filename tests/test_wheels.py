@@ -1,0 +1,27 @@
+"""Wheel fetching for offline builds: the platform tags follow the row's glibc; rows sharing a folder share a
+download (pure logic; the real download runs in the engine tests' fixtures)."""
+from pathlib import Path
+
+from torchimages.matrix import load_matrix, select
+from torchimages.wheels import download_command, plan_downloads, platform_tags, requirements
+
+from .conftest import ROOT
+
+
+def test_platform_tags_follow_the_glibc():
+    tags = platform_tags("2.36")
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_27_x86_64" in tags  # nvidia-cudnn-cu13 is 2_27 only
+    assert "manylinux_2_17_x86_64" in tags and "manylinux_2_37_x86_64" not in tags
+    assert "manylinux_2_39_x86_64" in platform_tags("2.39")
+
+
+def test_runtime_and_devel_share_one_download_of_the_union():
+    specs = select(load_matrix(ROOT / "matrix.yaml").specs, ["2.14.1-cuda13.0-*"])
+    [download] = plan_downloads(specs, Path("wheelhouse"))
+    assert download.dest == Path("wheelhouse/cu130-py3.11") and download.glibc == "2.36"
+    runtime, devel = specs
+    assert set(download.requirements) == set(requirements(runtime)) | set(requirements(devel))
+    assert "numpy==2.3.5" in requirements(runtime) and "nvidia-cuda-nvcc==13.0.88.*" in requirements(devel)
+    command = download_command(download, None, None)
+    assert command[command.index("--index-url") + 1] == "https://pypi.org/simple"
+    assert "manylinux_2_27_x86_64" in command
