@@ -1,12 +1,17 @@
 """Verification (`build.py test`): the pure rules, then on a real engine every check proven to fail on a
 deliberately broken image, the real CPU images passing with GPU checks skipped, GPU requests failing fast,
-and no container left behind."""
+and no container or derived image left behind."""
+import base64
+import hashlib
+import io
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,16 +19,29 @@ import pytest
 
 from torchimages import engine
 from torchimages.checkplugin import Outcome, aggregate
-from torchimages.model import ImageSpec, InputError
-from torchimages.probe import (
+from torchimages.checks import downstream
+from torchimages.checks.probe import (
     arch_covers,
     arch_flags_for,
     decode_cudnn_version,
+    find_nvcc,
     group_library_copies,
     last_error_line,
+    quiet_import,
     redacted_env,
     secret_env_names,
+    wheel_module,
 )
+from torchimages.checks.suite.helpers import (
+    compile_fix,
+    distinct_errors,
+    duplicated_libraries,
+    expected_device_count,
+    gpu_skip_reason,
+    minimum_driver,
+    pip_error,
+)
+from torchimages.model import ImageSpec, InputError
 from torchimages.verify import (
     CHECKS,
     GPU_CHECKS,
@@ -36,7 +54,6 @@ from torchimages.verify import (
 )
 
 from .conftest import ROOT, interruptible, run_cli
-from .image.helpers import expected_device_count, gpu_skip_reason
 
 BROKEN = ROOT / "tests" / "data" / "broken"
 RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
@@ -76,6 +93,111 @@ def test_library_copies_count_files_not_symlinks(tmp_path):
     copies = group_library_copies([str(p) for p in (toolkit.iterdir())] + [str(wheel / "libcublas.so.13")])
     assert set(copies) == {"libcublas", "libcublasLt"}
     assert len(copies["libcublas"]) == 2 and len(copies["libcublasLt"]) == 1
+
+
+CU130_SITE = "/opt/venv/lib/python3.11/site-packages"
+# The libcupti files of the real torch 2.14.1+cu130 wheel set (with cuda-toolkit 13.0.3 and triton 3.8.0 installed):
+# the nvidia-cuda-cupti wheel's copy, and the copies Triton ships for its profiler (files, not links, in a wheel).
+CU130_CUPTI = [f"{CU130_SITE}/nvidia/cu13/lib/libcupti.so.13"] + [
+    f"{CU130_SITE}/triton/backends/nvidia/lib/{folder}/{name}"
+    for folder, names in (("cupti", ("libcupti.so", "libcupti.so.12", "libcupti.so.2025.1.1")),
+                          ("cupti-blackwell", ("libcupti.so", "libcupti.so.13", "libcupti.so.2026.2.0")))
+    for name in names]
+
+
+def test_tritons_profiler_cupti_is_not_a_second_copy_but_a_second_cudnn_is():
+    cudnn = f"{CU130_SITE}/nvidia/cudnn/lib/libcudnn.so.9"
+    wheel_set = group_library_copies([*CU130_CUPTI, cudnn], resolve=lambda path: path)
+    assert len(wheel_set["libcupti"]) == 7 and duplicated_libraries(wheel_set) == {}
+    copied = group_library_copies([*CU130_CUPTI, cudnn, "/usr/lib/x86_64-linux-gnu/libcudnn.so.9"], resolve=lambda p: p)
+    assert duplicated_libraries(copied) == {"libcudnn": [cudnn, "/usr/lib/x86_64-linux-gnu/libcudnn.so.9"]}
+    elsewhere = group_library_copies([*CU130_CUPTI, "/usr/local/cuda-13.0/lib64/libcupti.so.13"], resolve=lambda p: p)
+    assert list(duplicated_libraries(elsewhere)) == ["libcupti"]  # only Triton's own folders are exempt
+
+
+def test_nvcc_is_found_where_torch_looks_for_it():
+    wheel_toolkit = f"{CU130_SITE}/nvidia/cu13"
+    exists = {f"{wheel_toolkit}/bin/nvcc", "/usr/local/cuda/bin/nvcc"}.__contains__
+    on_path = lambda name, path: "/opt/tools/nvcc" if path and "/opt/tools" in path else None  # noqa: E731
+    assert find_nvcc({"CUDA_HOME": wheel_toolkit, "PATH": "/opt/tools"}, exists, on_path) == f"{wheel_toolkit}/bin/nvcc"
+    assert find_nvcc({"CUDA_HOME": "/nowhere", "PATH": "/opt/tools"}, exists, on_path) is None  # torch would fail too
+    assert find_nvcc({"PATH": "/opt/tools"}, exists, on_path) == "/opt/tools/nvcc"
+    assert find_nvcc({"PATH": "/bin"}, exists, on_path) == "/usr/local/cuda/bin/nvcc"
+
+
+def test_the_driver_floor_comes_from_the_images_label():
+    spec = _spec(min_driver="580.65.06")
+    assert minimum_driver({"labels": {"io.torchimages.min-driver": "580.95.05"}}, spec)[0] == "580.95.05"
+    floor, source = minimum_driver({"labels": {}}, spec)
+    assert floor == "580.65.06" and "no io.torchimages.min-driver label" in source
+
+
+def test_failures_are_said_once_with_their_fix():
+    missing = "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')"
+    said = distinct_errors({"float16": missing, "float32": missing, "float64": "ok"})
+    assert said == f"float16, float32: {missing}"
+    assert "gcc, g++" in compile_fix(said) and "pythonX.Y-dev" in compile_fix("fatal error: Python.h: No such file")
+    pip_log = ("Processing /tmp/x.whl\n\x1b[91mERROR: Could not install packages due to an OSError: [Errno 13] "
+               "Permission denied: '/opt/venv/lib'\nCheck the permissions.\n\x1b[0m")
+    assert pip_error(pip_log).startswith("ERROR: Could not install packages") and pip_error(pip_log).endswith("lib'")
+    build_log = (" ---> Running in 1a2b3c4d5e6f\nDefaulting to user installation because normal site-packages is not "
+                 "writeable\nAssertionError: pip installed /home/torch/.local/m.py, outside the image environment\n"
+                 "Removing intermediate container 1a2b3c4d5e6f\n")
+    assert pip_error(build_log).startswith("AssertionError: pip installed /home/torch/.local")
+
+
+def test_the_downstream_wheel_is_a_valid_wheel():
+    with zipfile.ZipFile(io.BytesIO(downstream.wheel_bytes())) as wheel:
+        names = wheel.namelist()
+        record = wheel.read(f"{downstream.MODULE}-{downstream.VERSION}.dist-info/RECORD").decode().splitlines()
+        for line in record:
+            path, digest, size = line.rsplit(",", 2)
+            if digest:
+                data = wheel.read(path)
+                expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                assert (digest, int(size)) == (f"sha256={expected}", len(data))
+    assert f"{downstream.MODULE}/__init__.py" in names and downstream.wheel_bytes() == downstream.wheel_bytes()
+    assert wheel_module(f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}") == downstream.MODULE
+
+
+def test_the_downstream_wheel_installs_with_pip(tmp_path):
+    wheel = tmp_path / downstream.WHEEL
+    wheel.write_bytes(downstream.wheel_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
+    assert (tmp_path / "site" / downstream.MODULE / "__init__.py").is_file()
+
+
+def test_imports_are_recorded_with_what_they_warn_and_print(tmp_path, monkeypatch):
+    (tmp_path / "noisy_module.py").write_text("import os, warnings\nwarnings.warn('old NumPy')\n"
+                                               "os.write(2, b'printed by C++\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module, facts = quiet_import("noisy_module")
+    assert module is not None and facts["import_warnings"] == ["UserWarning: old NumPy"]
+    assert facts["import_output"] == "printed by C++\n"
+    missing, facts = quiet_import("no_such_module_here")
+    assert missing is None and facts["missing"] is True and "No module named" in facts["error"]
+
+
+def test_the_checks_ship_in_the_package(tmp_path):
+    """`build.py test` from an installed package: the probe and the suite are package data, found from the package."""
+    source = tmp_path / "source"  # a copy: building in the checkout would leave build/ and egg-info there
+    shutil.copytree(ROOT / "torchimages", source / "torchimages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w",
+                    str(tmp_path), str(source)], check=True, capture_output=True)
+    [wheel] = tmp_path.glob("torchimages-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    suite = {f"torchimages/checks/suite/{name}" for name in ("pytest.ini", "conftest.py", "helpers.py", "test_smoke.py")}
+    assert {"torchimages/checks/probe.py", "torchimages/checks/downstream.py"} | suite <= names
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target",
+                    str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
+    locate = "from torchimages import verify; print(verify.SUITE, verify.PROBE_SOURCE)"
+    where = subprocess.run([sys.executable, "-c", locate], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert [Path(path) for path in where] == [tmp_path / "site/torchimages/checks/suite",
+                                             tmp_path / "site/torchimages/checks/probe.py"]
+    assert all(Path(path).exists() for path in where)
 
 
 def test_secrets_are_found_by_name_or_url_and_hidden():
@@ -166,14 +288,22 @@ BROKEN_IMAGES = (
     Broken("leftover-netrc", RUNTIME, "hygiene", ("/home/torch/.netrc", "remove")),
     Broken("token-in-env", RUNTIME, "hygiene", ("HF_TOKEN", "run time")),
     Broken("runs-as-root", RUNTIME, "hygiene", ("uid 0", "USER 1000")),
-    Broken("devel-without-compiler", DEVEL, "devel", ("no working C++ compiler", "install g++")),
+    Broken("devel-without-ninja", DEVEL, "devel", ("Ninja is required", "ninja")),
+    Broken("without-numpy", RUNTIME, "smoke", ("No module named 'numpy'", "Install numpy")),
+    Broken("runtime-without-compiler", RUNTIME, "smoke", ("torch.compile", "InvalidCxxCompiler", "gcc, g++")),
+    Broken("read-only-venv", RUNTIME, "downstream", ("could not pip-install a package as its user 1000", "/opt/venv",
+                                                      "COPY --chown")),
+    Broken("broken-torchrun", RUNTIME, "distributed", ("torchrun", "exit code 1", "broken on purpose")),
 )
 
 
 def containers_left(docker_client, reports: Path) -> list[str]:
-    """Verification containers of the run writing to reports (others may verify on the same engine meanwhile)."""
+    """Verification containers and derived images of the run writing to reports (others may verify on the same
+    engine meanwhile)."""
     owner = f"{VERIFY_LABEL}.reports={reports.resolve()}"
-    return [c.name for c in docker_client.containers.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
+    containers = [c.name for c in docker_client.containers.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
+    images = [i.id for i in docker_client.images.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
+    return containers + images
 
 
 def report_of(reports: Path, tag: str) -> dict:

@@ -1,7 +1,8 @@
-"""pytest plugin for the image checks (tests/image): expectations and facts in, one verdict per check out.
+"""pytest plugin for the image checks (torchimages/checks/suite): expectations and facts in, one verdict per check out.
 
-    pytest tests/image --hosts docker://<container> -p torchimages.checkplugin \\
-        --expect reports/<tag>/expect.json --probe reports/<tag>/facts.json --check-results checks.json
+    pytest torchimages/checks/suite -c torchimages/checks/suite/pytest.ini --hosts docker://<container> \\
+        -p torchimages.checkplugin --expect reports/<tag>/expect.json --probe reports/<tag>/facts.json \\
+        --check-results checks.json
 
 Every test carries `@pytest.mark.check("<name>")`. A check fails if any of its tests failed, is skipped (with the
 reasons) if all of them were skipped, and passes otherwise. Test ids name the image tag, not the container.

@@ -52,4 +52,4 @@ def errors() -> Console:
 def add_selectors(parser, required: bool = False, default: str = "every row") -> None:
     """The SELECTOR arguments every stage command takes: tags or shell globs."""
     parser.add_argument("selectors", nargs="+" if required else "*", metavar="SELECTOR",
-                        help="tags or globs, e.g. '2.14.0-*-runtime'" + ("" if required else f" (default: {default})"))
+                        help="tags or globs, e.g. '2.14.1-*-runtime'" + ("" if required else f" (default: {default})"))

@@ -1,10 +1,12 @@
 """Stage 4: verify images inside their containers: one container and one probe per image, pytest checks, reports.
 
-For each image: start one container through the Docker SDK (GPUs and /dev/shm as asked), copy the probe in and
-run it once per identity (the image's user; root for the file scan; an arbitrary uid), then run the testinfra
-suites in tests/image against the container with the row's expectations and the probe's facts. The container
-is removed on success, failure and Ctrl-C. Reports: reports/<tag>/{verify.json,junit.xml,facts.json,pytest.log}
-and reports/verify-summary.md.
+For each image: start one container through the Docker SDK (GPUs and /dev/shm as asked), copy the probe
+(torchimages/checks/probe.py) and a small wheel in and run the probe once per identity (the image's user; root for
+the file scan; an arbitrary uid), while the host builds an image FROM it that pip-installs the wheel
+(torchimages/checks/downstream.py). Then the pytest-testinfra suite in torchimages/checks/suite runs against the
+container with the row's expectations and those facts. The container and the derived image are removed on success,
+failure and Ctrl-C. Reports: reports/<tag>/{verify.json,junit.xml,facts.json,pytest.log} and
+reports/verify-summary.md. The checks ship inside the package: `build.py test` needs no source checkout.
 """
 from __future__ import annotations
 
@@ -29,22 +31,27 @@ from rich.table import Table
 
 from . import engine
 from .builder import local_name
+from .checks import downstream
 from .files import atomic_write, atomic_write_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
-from .project import EXIT_FAILED, EXIT_OK, ROOT, Project, add_selectors, console, errors
+from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors, console, errors
 from .reporting import markdown_cell, utc_timestamp
 
-CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "hygiene")
+CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "smoke", "distributed",
+          "downstream", "hygiene")
 GPU_CHECKS = ("gpu", "driver", "cudnn", "multi-gpu")
 VERIFY_LABEL = f"{LABEL_PREFIX}.verify"
-SUITE = ROOT / "tests" / "image"
-PROBE_SOURCE = Path(__file__).with_name("probe.py")
+CHECKS_DIR = Path(__file__).with_name("checks")
+SUITE = CHECKS_DIR / "suite"
+PROBE_SOURCE = CHECKS_DIR / "probe.py"
 PROBE_PATH = "/tmp/torchimages-probe.py"
 # OpenShift-style arbitrary uid: unknown to /etc/passwd, so Docker gives it group 0.
 ARBITRARY_UID = "12345"
-RUNTIME_TIMEOUT_S = 120
+# With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
+CONTAINER_HOSTNAME = "torchimages-verify"
+RUNTIME_TIMEOUT_S = 300  # the smoke test's compiles, cold inductor cache, on a loaded 2-core machine
 DEVEL_TIMEOUT_S = 600  # compiling a torch extension takes minutes on small machines
-SIDE_PROBE_TIMEOUT_S = 60
+SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user
 SUITE_TIMEOUT_S = 300
 REPORT_SCHEMA = 1
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped"}
@@ -211,16 +218,23 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(), network_mode="none", detach=True,
+        hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
     )
 
 
 def copy_probe(container) -> None:
-    payload = PROBE_SOURCE.read_bytes()
+    """The probe and the downstream wheel into /tmp, readable by every uid the probe runs as."""
+    files = {os.path.basename(PROBE_PATH): (PROBE_SOURCE.read_bytes(), 0o755),
+             f"{os.path.basename(downstream.CONTAINER_DIR)}/{downstream.WHEEL}": (downstream.wheel_bytes(), 0o644)}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(os.path.basename(PROBE_PATH))
-        info.size, info.mode, info.mtime = len(payload), 0o755, int(time.time())
-        archive.addfile(info, io.BytesIO(payload))
+        folder = tarfile.TarInfo(os.path.basename(downstream.CONTAINER_DIR))
+        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+        archive.addfile(folder)
+        for name, (payload, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(payload), mode, int(time.time())
+            archive.addfile(info, io.BytesIO(payload))
     container.put_archive(os.path.dirname(PROBE_PATH), buffer.getvalue())
 
 
@@ -256,22 +270,27 @@ def probe_arguments(spec: ImageSpec) -> list[str]:
     if spec.flavor == "devel":
         arguments.append("--devel")
         if spec.is_gpu:
-            arguments.append("--cuda-extension")
+            arguments += ["--cuda-extension", f"--arch-list={';'.join(spec.arch_list)}"]
     return arguments
 
 
-def gather_facts(docker_client: docker.DockerClient, container, plan: Plan) -> dict:
-    """The three probe runs side by side (the side ones are short), plus the image's static facts."""
-    pool = ThreadPoolExecutor(max_workers=3)
+def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, reports: str) -> dict:
+    """The three probe runs and the derived image's build side by side, plus the image's static facts."""
+    pool = ThreadPoolExecutor(max_workers=4)
+    wheel = f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"
     try:
         runs = {
             "main": pool.submit(run_probe, container, probe_arguments(plan.spec), "", plan.timeout),
             "files": pool.submit(run_probe, container, ["--part", "files"], "0", SIDE_PROBE_TIMEOUT_S),
-            "import": pool.submit(run_probe, container, ["--part", "import"], ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),
+            "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel],
+                                  ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),
+            "downstream": pool.submit(downstream.derived_image_facts, docker_client, plan.image_id,
+                                      {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
         }
         facts = {part: run.result() for part, run in runs.items()}
     finally:
-        # On Ctrl-C do not wait for the probes: removing the container (the caller's finally) ends them.
+        # On Ctrl-C do not wait for the probes: removing the container (the caller's finally) ends them. The
+        # derived image's build finishes in its thread, which the interpreter joins at exit, and removes its image.
         pool.shutdown(wait=False, cancel_futures=True)
     facts["image"] = image_facts(docker_client, plan.image_id)
     return facts
@@ -309,15 +328,15 @@ def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir:
         results_path = Path(scratch) / "checks.json"
         command = [
             sys.executable, "-m", "pytest", str(options.suite), f"--hosts=docker://{container_id}",
-            "-p", "torchimages.checkplugin", f"--expect={expect_path}", f"--probe={facts_path}",
-            f"--check-results={results_path}", f"--junitxml={report_dir / 'junit.xml'}",
-            "-o", f"junit_suite_name={plan.spec.tag}", "-o", "norecursedirs=", "-o", "addopts=",
-            "--confcutdir", str(options.suite), "--rootdir", str(ROOT), "-p", "no:cacheprovider",
-            "-q", "--tb=short", "-rfs", "--color=no",
+            "-p", "torchimages.checkplugin", f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}",
+            f"--check-results={results_path}", f"--junitxml={(report_dir / 'junit.xml').resolve()}",
+            # The suite's own pytest.ini: no project's configuration or conftest applies, in a checkout or installed.
+            "-c", str(options.suite / "pytest.ini"), "--rootdir", str(options.suite), "--confcutdir", str(options.suite),
+            "-o", f"junit_suite_name={plan.spec.tag}", "-q", "--tb=short", "-rfs", "--color=no",
         ]
         with open(report_dir / "pytest.log", "w", encoding="utf-8") as log:
             try:
-                exit_code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                exit_code = subprocess.run(command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT,
                                            timeout=SUITE_TIMEOUT_S).returncode
             except subprocess.TimeoutExpired:
                 log.write(f"\nthe check suite did not finish in {SUITE_TIMEOUT_S}s\n")
@@ -403,7 +422,7 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
                      report_dir: Path, clock: StageClock) -> dict[str, dict]:
     clock.enter("probing")
     copy_probe(container)
-    facts = gather_facts(docker_client, container, plan)
+    facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()))
     expect_path, facts_path = report_dir / "expect.json", report_dir / "facts.json"
     atomic_write_json(expect_path, expectations(plan, options, host_gpu_runtime, container.id))
     atomic_write_json(facts_path, facts)
@@ -517,7 +536,8 @@ def cmd_test(project: Project, args) -> int:
 def add_commands(commands) -> None:
     """Adds `test` to build.py's subcommands."""
     testing = commands.add_parser(
-        "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, hygiene)",
+        "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, PyTorch's smoke test, "
+                     "torchrun, derived images, hygiene)",
         description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
                     "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime).")
     add_selectors(testing)

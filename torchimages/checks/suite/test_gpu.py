@@ -2,9 +2,9 @@
 driver is new enough, and with 2+ GPUs peers copy and NCCL all-reduces."""
 import pytest
 
-from torchimages.probe import arch_covers, arch_flags_for
+from torchimages.checks.probe import arch_covers, arch_flags_for
 
-from .helpers import expected_device_count, version_tuple
+from .helpers import expected_device_count, minimum_driver, version_tuple
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -58,13 +58,14 @@ def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, 
 
 
 @pytest.mark.check("driver")
-def test_host_driver_meets_the_cuda_minimum(gpu, spec):
+def test_host_driver_meets_the_cuda_minimum(gpu, image, spec):
     found = gpu.get("driver_version")
     assert found, (
         f"could not read the host's NVIDIA driver version (no nvidia-smi and no /proc/driver/nvidia/version in the "
         f"container){_torch_warnings(gpu)}: start the container with NVIDIA_DRIVER_CAPABILITIES including utility")
-    assert version_tuple(found) >= version_tuple(spec.min_driver), (
-        f"the host driver is {found}, but CUDA {spec.cuda} needs {spec.min_driver} or newer{_torch_warnings(gpu)}: "
+    minimum, source = minimum_driver(image, spec)
+    assert version_tuple(found) >= version_tuple(minimum), (
+        f"the host driver is {found}, but CUDA {spec.cuda} needs {minimum} or newer ({source}){_torch_warnings(gpu)}: "
         f"upgrade the host driver, or use a tag built for an older CUDA")
 
 

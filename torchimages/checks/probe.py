@@ -4,16 +4,21 @@
 It is copied into the container and run with the image's own Python, so it needs only the standard library
 and torch (imported lazily: the pure helpers below are also imported on the host by the check suites).
 
-    python probe.py                      # main part, as the image's user: versions, torch, shm, AMP, GPU, libraries
+    python probe.py                      # main part, as the image's user: versions, torch, shm, AMP, GPU, smoke
+                                         # test, torchrun all-reduce, libraries (--devel: a torch extension too)
     python probe.py --part files         # as root: CUDA library copies, package caches, credential files
-    python probe.py --part import        # as an arbitrary uid: can torch be imported, is HOME writable
-    python probe.py --gpu-only           # on any GPU host with torch: visibility, arch coverage, cuDNN, AMP, bf16 speed
+    python probe.py --part import --wheel W  # as an arbitrary uid: import torch, HOME writable, pip install --user W
+    python probe.py --part smoke         # PyTorch's smoke-test assertions alone (the benchmark's yardstick)
+    python probe.py --gpu-only           # on any GPU host with torch: visibility, arch coverage, cuDNN, AMP, bf16
+                                         # speed, the smoke test on each GPU
 
 The JSON document goes to stdout; everything libraries print goes to stderr, so stdout is always parseable.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import re
@@ -25,7 +30,7 @@ import time
 import traceback
 import warnings
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 # A DataLoader test only means something when more than Docker's 64 MB default /dev/shm is in flight.
 DATALOADER_WORKERS = 4
 DATALOADER_ITEM_MB = 16
@@ -33,6 +38,18 @@ DATALOADER_ITEMS = 12
 DATALOADER_TIMEOUT_S = 90
 MULTI_GPU_TIMEOUT_S = 120
 TOOL_TIMEOUT_S = 30
+# The smoke test's compiles (cold inductor cache, max-autotune) take half a minute on 2 cores; allow for load.
+SMOKE_COMPILE_TIMEOUT_S = 300
+# torchrun's processes import torch beside the rest of the probe; a rendezvous that cannot form must not hang it.
+DISTRIBUTED_TIMEOUT_S = 150
+DISTRIBUTED_PROCESSES = 2
+PIP_TIMEOUT_S = 120
+EXTENSION_TIMEOUT_S = 540  # a CUDA extension for six arches on two cores
+# The main part creates this file once its `import torch` is done. Images may ship without bytecode; where the venv
+# is writable, that import leaves it behind, and processes started after it (torchrun's, the arbitrary uid's) import
+# torch in a third of the time instead of compiling the same bytecode again side by side.
+TORCH_IMPORTED = "/tmp/torchimages-torch-imported"
+TORCH_IMPORTED_WAIT_S = 60
 
 CUDA_LIBRARY = re.compile(
     r"^(libcudart|libcublas|libcublasLt|libcudnn(?:_[a-z_]+)?|libnccl|libcufft|libcufftw|libcurand|libcusolver|"
@@ -163,6 +180,45 @@ def run_tool(command: list[str], timeout: float = TOOL_TIMEOUT_S) -> dict:
     return {"ok": done.returncode == 0, "returncode": done.returncode, "output": (done.stdout + done.stderr)[-4000:]}
 
 
+class ChildSection:
+    """A section run in a forked child, started now and collected later, so that it runs beside the rest of the
+    probe; a crash or a hang ends the child, not the probe. Fork before CUDA or thread pools start: a forked child
+    must not inherit them (so the child finds its own GPUs)."""
+
+    def __init__(self, name: str, timeout: float, function, *args):
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        self.name, self.deadline = name, time.monotonic() + timeout
+        self.receiver, sender = context.Pipe(duplex=False)
+        self.child = context.Process(target=_send_section, args=(sender, function, *args), daemon=False)
+        self.child.start()
+        sender.close()
+
+    def result(self) -> dict:
+        result = None
+        if self.receiver.poll(max(0.0, self.deadline - time.monotonic())):
+            with contextlib.suppress(EOFError):
+                result = self.receiver.recv()
+        self.child.join(10)
+        if self.child.is_alive():
+            self.child.kill()
+            self.child.join()
+        if result is None:
+            code = self.child.exitcode
+            how = f"was killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+            result = {"ok": False, "error": f"{self.name} {how} without a result"
+                      + (" (timed out)" if code is None or code == -9 else "")}
+        return result
+
+
+def _send_section(connection, function, *args) -> None:
+    try:
+        connection.send(section(function, *args))
+    finally:
+        connection.close()
+
+
 def python_facts() -> dict:
     return {"version": ".".join(map(str, sys.version_info[:3])), "major_minor": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "executable": sys.executable, "prefix": sys.prefix}
@@ -203,9 +259,18 @@ def user_facts() -> dict:
             "home_exists": bool(home) and os.path.isdir(home), "home_writable": home_writable, "home_error": home_error}
 
 
+def find_nvcc(env: dict[str, str], exists=os.path.exists, which=shutil.which) -> str | None:
+    """The nvcc torch.utils.cpp_extension compiles with, found its way: $CUDA_HOME (or $CUDA_PATH)/bin, else nvcc on
+    PATH, else /usr/local/cuda. A toolkit from the CUDA wheels sits in site-packages, not /usr/local/cuda."""
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home:
+        return f"{home}/bin/nvcc" if exists(f"{home}/bin/nvcc") else None
+    return which("nvcc", path=env.get("PATH")) or ("/usr/local/cuda/bin/nvcc" if exists("/usr/local/cuda/bin/nvcc") else None)
+
+
 def tool_facts() -> dict:
-    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
-    nvcc_facts = {"path": nvcc}
+    nvcc = find_nvcc(dict(os.environ))
+    nvcc_facts = {"path": nvcc, "cuda_home": os.environ.get("CUDA_HOME")}
     if nvcc:
         nvcc_facts.update(run_tool([nvcc, "--version"]))
         nvcc_facts["release"] = nvcc_release(nvcc_facts.get("output", ""))
@@ -337,8 +402,10 @@ def files_facts() -> dict:
 
 # ---------------------------------------------------------------- the import part (runs as an arbitrary uid)
 
-def import_facts() -> dict:
+def import_facts(wheel: str | None, after_main: bool) -> dict:
     facts = {"part": "import", "user": user_facts()}
+    if after_main:
+        facts["waited_for_main_import_s"] = wait_for_file(TORCH_IMPORTED, TORCH_IMPORTED_WAIT_S)
     try:
         import torch
 
@@ -346,22 +413,98 @@ def import_facts() -> dict:
         facts["torch_error"] = ""
     except BaseException as error:  # noqa: BLE001
         facts["torch_ok"], facts["torch_error"] = False, f"{type(error).__name__}: {error}"
+    if wheel:
+        facts["user_install"] = section(user_install, wheel)
     return facts
+
+
+def wait_for_file(path: str, timeout: float) -> float:
+    """Seconds waited until path existed (or timeout passed: then go on regardless)."""
+    started = time.monotonic()
+    while not os.path.exists(path) and time.monotonic() - started < timeout:
+        time.sleep(0.1)
+    return round(time.monotonic() - started, 3)
+
+
+def wheel_module(wheel: str) -> str:
+    """The module a downstream wheel installs: the host names its wheels after their one module."""
+    return os.path.basename(wheel).split("-", 1)[0]
+
+
+def user_install(wheel: str) -> dict:
+    """What a notebook user under an arbitrary uid does: `pip install --user` (no index: the wheel is local), then
+    import the package in a new interpreter, which is when Python reads the user site directory."""
+    pip = shutil.which("pip")
+    if pip is None:
+        return {"ok": False, "step": "pip install --user", "error": "no pip on PATH"}
+    install = run_tool([pip, "install", "--user", "--no-index", "--disable-pip-version-check", wheel], PIP_TIMEOUT_S)
+    if not install["ok"]:
+        return {**install, "step": "pip install --user", "pip": pip}
+    module = wheel_module(wheel)
+    imported = run_tool([sys.executable, "-c", f"import {module}; print({module}.__file__)"])
+    return {**imported, "step": f"import {module}", "pip": pip, "pip_output": install["output"][-1500:]}
 
 
 # ---------------------------------------------------------------- torch facts
 
-def import_torch() -> tuple[object | None, dict]:
-    started = time.monotonic()
-    with warnings.catch_warnings(record=True) as caught:
+@contextlib.contextmanager
+def captured_output(sink: list[str]):
+    """Whatever reaches fd 1 and 2 inside the block (C++ writes there directly, not through sys.stderr) is appended
+    to sink, then passed on to stderr for the log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for descriptor in saved:
+                os.close(descriptor)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            sink.append(text)
+            sys.stderr.write(text)
+
+
+def quiet_import(name: str) -> tuple[object | None, dict]:
+    """Import a module as users do, recording what it warned and printed: `import torch` must say nothing."""
+    started, printed = time.monotonic(), []
+    with warnings.catch_warnings(record=True) as caught, captured_output(printed):
         warnings.simplefilter("always")
         try:
-            import torch
-        except BaseException as error:  # noqa: BLE001
-            return None, {"importable": False, "error": f"{type(error).__name__}: {error}",
-                          "traceback": traceback.format_exc(limit=-3)[-2000:]}
-    return torch, {"importable": True, "import_seconds": round(time.monotonic() - started, 3),
-                   "import_warnings": [str(w.message) for w in caught]}
+            module, error = importlib.import_module(name), None
+        except BaseException as raised:  # noqa: BLE001 - a broken install is a fact too
+            module, error = None, raised
+    facts = {"import_seconds": round(time.monotonic() - started, 3),
+             "import_warnings": [f"{w.category.__name__}: {w.message}" for w in caught], "import_output": "".join(printed)}
+    if error is not None:
+        facts.update({"error": f"{type(error).__name__}: {error}", "missing": isinstance(error, ModuleNotFoundError)
+                      and error.name == name, "traceback": "".join(traceback.format_exception(error, limit=-3))[-2000:]})
+    return module, facts
+
+
+def import_torch() -> tuple[object | None, dict]:
+    torch, facts = quiet_import("torch")
+    facts["importable"] = torch is not None
+    if torch is not None:
+        facts["torchvision"] = torchvision_facts()
+    return torch, facts
+
+
+def torchvision_facts() -> dict | None:
+    """None when torchvision is not installed; its version, or why it does not import, otherwise."""
+    torchvision, facts = quiet_import("torchvision")
+    if torchvision is None and facts["missing"]:
+        return None
+    facts["version"] = getattr(torchvision, "__version__", None)
+    facts.setdefault("error", "")
+    return facts
 
 
 def torch_versions(torch) -> dict:
@@ -370,22 +513,13 @@ def torch_versions(torch) -> dict:
         compile_version = torch._C._cudnn.getCompileVersion() if hasattr(torch._C, "_cudnn") else None
     except RuntimeError:
         compile_version = None
-    facts = {
+    return {
         "version": torch.__version__, "cuda": torch.version.cuda, "git_version": getattr(torch.version, "git_version", ""),
         "location": os.path.dirname(torch.__file__), "arch_flags": compiled_arch_flags(torch),
         "cudnn_available": bool(cudnn.is_available()), "cudnn_version": cudnn.version() if cudnn.is_available() else None,
         "cudnn_compile_version": list(compile_version) if compile_version else None,
         "nccl_version": _nccl_version(torch),
     }
-    try:
-        import torchvision
-
-        facts["torchvision"] = {"version": torchvision.__version__, "error": ""}
-    except ModuleNotFoundError:
-        facts["torchvision"] = None
-    except BaseException as error:  # noqa: BLE001 - installed but broken is a fact too
-        facts["torchvision"] = {"version": None, "error": f"{type(error).__name__}: {error}"}
-    return facts
 
 
 def compiled_arch_flags(torch) -> list[str]:
@@ -450,7 +584,7 @@ class _BigItems:
         return self.torch.full((self.numel,), float(index))
 
 
-def _dataloader_in_child(torch, connection) -> None:
+def _dataloader_through_shm(torch) -> dict:
     from torch.utils.data import DataLoader
 
     try:
@@ -462,32 +596,18 @@ def _dataloader_in_child(torch, connection) -> None:
                 raise ValueError(f"batch {index} arrived with the wrong contents")
             held.append(batch)  # keep them: the shared-memory segments stay allocated, as in a real input pipeline
             peak = max(peak, sum(b.numel() * 4 for b in held))
-        connection.send({"ok": True, "batches": len(held), "peak_bytes_in_shm": peak})
+        return {"ok": True, "batches": len(held), "peak_bytes_in_shm": peak}
     except BaseException as error:  # noqa: BLE001
-        connection.send({"ok": False, "error": last_error_line(error), "details": str(error)[-3000:]})
-    finally:
-        connection.close()
+        return {"ok": False, "error": last_error_line(error), "details": str(error)[-3000:]}
 
 
-def dataloader_with_workers(torch) -> dict:
-    """Run the loader in a forked child: a bus error or a hang kills the child, not the probe."""
-    import multiprocessing
+def start_dataloader(torch) -> ChildSection:
+    """In a forked child: a bus error or a hang kills the child, not the probe."""
+    return ChildSection("the DataLoader process", DATALOADER_TIMEOUT_S + 10, _dataloader_through_shm, torch)
 
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_dataloader_in_child, args=(torch, sender), daemon=False)
-    child.start()
-    sender.close()
-    result = receiver.recv() if receiver.poll(DATALOADER_TIMEOUT_S + 10) else None
-    child.join(10)
-    if child.is_alive():
-        child.kill()
-        child.join()
-    if result is None:
-        exit_code = child.exitcode
-        how = f"was killed by signal {-exit_code}" if exit_code and exit_code < 0 else f"exited with code {exit_code}"
-        result = {"ok": False, "error": f"the DataLoader process {how} without a result"
-                  + (" (timed out)" if exit_code is None or exit_code == -9 else "")}
+
+def dataloader_facts(run: ChildSection) -> dict:
+    result = run.result()
     result.update({"workers": DATALOADER_WORKERS, "item_bytes": DATALOADER_ITEM_MB * 2**20, "items": DATALOADER_ITEMS})
     return result
 
@@ -649,22 +769,13 @@ torch::Tensor add_one_cuda(torch::Tensor x) {
 """
 
 
-def _extension_arch(torch, gpu: bool) -> str:
-    """One arch keeps the compile quick: the GPU's own, or without a GPU the lowest the wheel was built for."""
-    if gpu:
-        major, minor = torch.cuda.get_device_capability(0)
-    else:
-        major, minor = min(_flag_capability(f) for f in compiled_arch_flags(torch) if f.startswith("sm_"))
-    return f"{major}.{minor}"
-
-
-def build_extension(torch, with_cuda: bool) -> dict:
-    """Compile and run a small extension the way users do (load_inline): C++ on CPU rows, CUDA on GPU rows."""
+def build_extension(torch, with_cuda: bool, arch_list: list[str]) -> dict:
+    """Compile, link and load a small extension the way users do (load_inline): C++ on CPU rows, CUDA for every
+    arch of the row on GPU rows (no GPU needed); run its CPU function, and its kernel where a GPU is visible."""
     from torch.utils.cpp_extension import load_inline
 
-    gpu = with_cuda and torch.cuda.is_available()
     if with_cuda:
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _extension_arch(torch, gpu))
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(arch_list)
     build_dir = tempfile.mkdtemp(prefix="torchimages-extension-")
     module = load_inline(
         name="torchimages_probe_extension", cpp_sources=[CPP_SOURCE + (CUDA_DECLARATION if with_cuda else "")],
@@ -673,55 +784,385 @@ def build_extension(torch, with_cuda: bool) -> dict:
         build_directory=build_dir, extra_cflags=["-O0"], verbose=False,
     )
     cpu_ok = bool(torch.equal(module.add_one(torch.zeros(4)), torch.ones(4)))
-    facts = {"ok": cpu_ok, "language": "CUDA" if with_cuda else "C++", "cpu_ok": cpu_ok, "cuda_ran": False}
-    if gpu:
+    facts = {"ok": cpu_ok, "compiled": True, "language": "CUDA" if with_cuda else "C++", "cpu_ok": cpu_ok,
+             "arch_list": arch_list if with_cuda else [], "cuda_ran": False}
+    if with_cuda and torch.cuda.is_available():
         result = module.add_one_cuda(torch.zeros(1000, device="cuda"))
         torch.cuda.synchronize()
         facts["cuda_ran"] = True
-        facts["ok"] = cpu_ok and bool(torch.equal(result.cpu(), torch.ones(1000)))
+        facts["cuda_ok"] = bool(torch.equal(result.cpu(), torch.ones(1000)))
+        facts["ok"] = cpu_ok and facts["cuda_ok"]
     return facts
+
+
+# ---------------------------------------------------------------- smoke: the assertions of PyTorch's own smoke test
+# After pytorch/pytorch .ci/pytorch/smoke_test/smoke_test.py (--package torchonly), in our own code and with the
+# results compared to expected values. Each assertion is its own section: one failure does not hide the others.
+
+SMOKE_DTYPES = ("float16", "float32", "float64")
+# Largest error relative to the result's magnitude, against the CPU's float32 result. float32 convolutions on GPUs
+# may use TF32 (10-bit mantissa), as cuDNN does by default.
+CONV_TOLERANCE = {"float16": 2e-2, "float32": 5e-3, "float64": 5e-3}
+
+
+def gpu_devices(torch) -> list[str]:
+    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def openmp_facts(torch) -> dict:
+    return {"ok": bool(torch.backends.openmp.is_available()), "parallel_info": torch.__config__.parallel_info()[-1500:]}
+
+
+def relative_error(torch, result, reference) -> float:
+    return float((result.detach().cpu().double() - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
+
+
+def conv2d_on(torch, device: str) -> dict:
+    """A conv of ones sums each 3x3 window; upstream's conv (non-square kernel, stride, padding, dilation) gives the
+    right shape, finite on the CPU; on a GPU it matches the CPU in float16/32/64 and runs under autocast."""
+    functional = torch.nn.functional
+    windows = functional.conv2d(torch.ones(1, 1, 4, 4, device=device), torch.ones(1, 1, 3, 3, device=device))
+    facts = {"window_sums": windows.flatten().tolist()}
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(20, 16, 50, 100), torch.randn(33, 16, 3, 5), torch.randn(33)
+    shape = {"stride": (2, 1), "padding": (4, 2), "dilation": (3, 1)}
+    reference = functional.conv2d(x, weight, bias, **shape).double()
+    errors = {}
+    for name in (SMOKE_DTYPES if device != "cpu" else ()):
+        dtype = getattr(torch, name)
+        output = functional.conv2d(x.to(device, dtype), weight.to(device, dtype), bias.to(device, dtype), **shape)
+        errors[name] = relative_error(torch, output, reference) if output.shape == reference.shape else float("inf")
+    facts.update({"shape": list(reference.shape), "finite": bool(torch.isfinite(reference).all()),
+                  "relative_errors": errors})
+    facts["ok"] = (facts["window_sums"] == [9.0] * 4 and facts["shape"] == [20, 33, 26, 100] and facts["finite"]
+                   and all(error <= CONV_TOLERANCE[name] for name, error in errors.items()))
+    if device != "cpu":
+        with torch.autocast("cuda"):
+            autocast_dtype = str(torch.nn.Conv2d(3, 3, 3).to(device)(torch.randn(1, 3, 24, 24, device=device)).dtype)
+        facts["autocast_dtype"] = autocast_dtype
+        facts["ok"] = facts["ok"] and autocast_dtype == "torch.float16"
+    return facts
+
+
+def linalg_on(torch, device: str) -> dict:
+    """A 2x2 solve and determinant with known answers, and upstream's SVDs (reduced, full, batched; on a GPU also
+    its 20x16 batch of 50x100 matrices) with the right shapes that reconstruct their input; float32 on the CPU,
+    float32 and float64 on a GPU."""
+    system = torch.tensor([[3.0, 1.0], [1.0, 2.0]], device=device)
+    solution = torch.linalg.solve(system, torch.tensor([9.0, 8.0], device=device)).cpu().tolist()
+    determinant = float(torch.linalg.det(system))
+    ok = all(abs(a - b) < 1e-5 for a, b in zip(solution, (2.0, 3.0))) and abs(determinant - 5.0) < 1e-5
+    reconstruction = {}
+    for name in (("float32", "float64") if device != "cpu" else ("float32",)):
+        dtype = getattr(torch, name)
+        a = torch.randn(5, 3, device=device, dtype=dtype)
+        u, s, vh = torch.linalg.svd(a, full_matrices=False)
+        full_u, _, _ = torch.linalg.svd(a)
+        ok &= (tuple(u.shape), tuple(s.shape), tuple(vh.shape), tuple(full_u.shape)) == ((5, 3), (3,), (3, 3), (5, 5))
+        batches = [a.unsqueeze(0), torch.randn(7, 5, 3, device=device, dtype=dtype)]
+        if device != "cpu":
+            batches.append(torch.randn(20, 16, 50, 100, device=device, dtype=dtype))
+        reconstruction[name] = max(_svd_reconstruction_error(torch, batch) for batch in batches)
+        ok &= reconstruction[name] < 1e-4
+    return {"ok": bool(ok), "solve": solution, "det": determinant, "svd_reconstruction_error": reconstruction}
+
+
+def _svd_reconstruction_error(torch, batch) -> float:
+    u, s, vh = torch.linalg.svd(batch, full_matrices=False)
+    return float(torch.linalg.matrix_norm(batch - u @ torch.diag_embed(s) @ vh).max()
+                 / torch.linalg.matrix_norm(batch).min())
+
+
+def numpy_interop(torch) -> dict:
+    """torch.from_numpy shares the array's memory, .numpy() gives the values back, torch.tensor copies an array."""
+    import numpy
+
+    array = numpy.arange(5, dtype=numpy.float32)
+    shared = torch.from_numpy(array)
+    array[0] = 42.0
+    back = torch.arange(5, dtype=torch.float64).numpy()
+    copied = torch.tensor(numpy.arange(5))
+    return {"ok": float(shared[0]) == 42.0 and back.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+            and copied.tolist() == [0, 1, 2, 3, 4] and copied.dtype == torch.int64,
+            "numpy_version": numpy.__version__, "shares_memory": float(shared[0]) == 42.0}
+
+
+def cpu_capability(torch) -> dict:
+    """The ISA ATen's CPU kernels dispatch to: on x86_64 a vectorized one (AVX2, AVX512), not DEFAULT."""
+    import platform
+
+    capability, machine = torch.backends.cpu.get_cpu_capability(), platform.machine()
+    return {"ok": machine != "x86_64" or capability not in ("DEFAULT", "NO AVX"), "capability": capability,
+            "machine": machine}
+
+
+def smoke_eager(torch) -> dict:
+    """The smoke test's parts that need no compiler, run in the probe's own process, beside the compiles."""
+    facts = {"openmp": section(openmp_facts, torch), "numpy": section(numpy_interop, torch),
+             "cpu_capability": section(cpu_capability, torch), "devices": {}}
+    for device in ["cpu", *gpu_devices(torch)]:
+        facts["devices"][device] = {"conv2d": section(conv2d_on, torch, device), "linalg": section(linalg_on, torch, device)}
+    if torch.version.cuda:
+        facts["cuda_wheels"] = section(cuda_wheel_versions, torch)
+    return facts
+
+
+def cuda_wheel_versions(torch) -> dict:
+    """The cuDNN torch loads is the one it was compiled against, and cuDNN and NCCL are the nvidia-* wheels' versions
+    (no GPU needed: the libraries load without one)."""
+    from importlib import metadata
+
+    wheels = {dist.metadata["Name"].lower(): dist.version for dist in metadata.distributions() if dist.metadata["Name"]}
+    cudnn_wheel = next((f"{name} {version}" for name, version in sorted(wheels.items())
+                        if name.startswith("nvidia-cudnn")), None)
+    nccl_wheel = next((f"{name} {version}" for name, version in sorted(wheels.items())
+                       if name.startswith("nvidia-nccl")), None)
+    runtime = decode_cudnn_version(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+    compiled = tuple(torch._C._cudnn.getCompileVersion()) if hasattr(torch._C, "_cudnn") else None
+    return {"cudnn_runtime": list(runtime) if runtime else None, "cudnn_compiled": list(compiled) if compiled else None,
+            "cudnn_wheel": cudnn_wheel, "nccl": _nccl_version(torch), "nccl_wheel": nccl_wheel}
+
+
+def compile_matches_eager(torch, device: str) -> dict:
+    """torch.compile of sin(x) + cos(x) gives eager's result in float16, float32 and float64."""
+    def sin_plus_cos(x):
+        return torch.sin(x) + torch.cos(x)
+
+    outcomes = {}
+    for name in SMOKE_DTYPES:
+        x = torch.rand(3, 3, device=device).to(getattr(torch, name))
+        try:
+            torch.testing.assert_close(torch.compile(sin_plus_cos)(x), sin_plus_cos(x))
+            outcomes[name] = "ok"
+        except Exception as error:  # noqa: BLE001 - each dtype's outcome is a fact
+            outcomes[name] = f"{type(error).__name__}: {error}"[-1500:]
+    return {"ok": all(outcome == "ok" for outcome in outcomes.values()), "dtypes": outcomes}
+
+
+def vectorized_isa(torch) -> dict:
+    """Inductor's pick of a vector ISA for CPU kernels: it compiles a probe program, so it needs a working compiler."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    except ImportError:  # torch before 2.5
+        from torch._inductor.codecache import pick_vec_isa
+    isa = pick_vec_isa()
+    return {"ok": bool(isa), "isa": str(isa) if isa else None, "bit_width": isa.bit_width() if isa else 0}
+
+
+def max_autotune_compile(torch, device: str) -> dict:
+    """Upstream's small conv net compiled with mode="max-autotune" runs and agrees with eager."""
+    nn = torch.nn
+    torch._dynamo.reset()  # a new mode: start from no compiled code, as upstream does
+    torch.set_float32_matmul_precision("high")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(9216, 1)).to(device)
+    x = torch.rand(64, 1, 28, 28, device=device)
+    compiled = torch.compile(model, mode="max-autotune")(x)
+    error = relative_error(torch, compiled, model(x).detach().double().cpu())
+    return {"ok": error < 1e-2, "relative_error": error}
+
+
+def smoke_compiles(torch) -> dict:
+    """The smoke test's compiles, on the CPU and on each GPU. Runs in a forked child: its own GPUs, found here."""
+    facts = {"devices": {}}
+    try:
+        for device in ["cpu", *gpu_devices(torch)]:
+            facts["devices"][device] = {"compile": section(compile_matches_eager, torch, device)}
+            if device == "cpu":
+                facts["vectorized_isa"] = section(vectorized_isa, torch)
+            facts["devices"][device]["max_autotune"] = section(max_autotune_compile, torch, device)
+    finally:
+        # The child ends with os._exit: no atexit handler would stop inductor's compile workers.
+        with contextlib.suppress(Exception):  # nothing to stop where inductor did not even import
+            from torch._inductor.async_compile import shutdown_compile_workers
+
+            shutdown_compile_workers()
+    return facts
+
+
+def cuda_errors_reach_python(torch) -> dict:
+    """A failed device-side assert surfaces as a RuntimeError naming CUDA. It poisons the CUDA context: run it last."""
+    try:
+        torch._assert_async(torch.tensor(0, device="cuda"))
+        torch._assert_async(torch.tensor(0 + 0j, device="cuda"))
+        torch.cuda.synchronize()
+    except RuntimeError as error:
+        return {"ok": "CUDA" in str(error), "error_seen": str(error)[-500:]}
+    return {"ok": False, "error_seen": None}
+
+
+def gds_errors_reach_python(torch) -> dict:
+    """cuFile (GPUDirect Storage, CUDA 12.6+) loads, and its failure to register a plain file reaches Python."""
+    try:
+        with tempfile.NamedTemporaryFile() as file:
+            torch.cuda.gds.GdsFile(file.name, os.O_CREAT | os.O_RDWR)
+    except RuntimeError as error:
+        return {"ok": "cuFileHandleRegister failed" in str(error), "error_seen": str(error)[-500:]}
+    return {"ok": False, "error_seen": None}
+
+
+def nvshmem_built_in(torch) -> dict:
+    """torch 2.9+ CUDA wheels are built with NVSHMEM."""
+    try:
+        from torch._C._distributed_c10d import _is_nvshmem_available
+    except ImportError as error:
+        return {"ok": False, "error": f"torch is not built with NVSHMEM ({error})"}
+    return {"ok": True, "available_at_run_time": bool(_is_nvshmem_available())}
+
+
+def smoke_gpu_errors(torch) -> dict:
+    facts = {"nvshmem": section(nvshmem_built_in, torch)}
+    if tuple(int(part) for part in torch.version.cuda.split(".")[:2]) >= (12, 6):
+        facts["gds"] = section(gds_errors_reach_python, torch)
+    facts["runtime_error"] = section(cuda_errors_reach_python, torch)
+    return facts
+
+
+# ---------------------------------------------------------------- distributed: torchrun, an all-reduce
+
+class AllReduceRun:
+    """`torchrun --standalone --nproc-per-node 2`, as users start single-node jobs, started when the probe has
+    imported torch, and collected at its end: it runs while the probe does its own work. gloo on the CPU; NCCL when
+    each process has a GPU of its own."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.result_dir = tempfile.mkdtemp(prefix="torchimages-all-reduce-")
+        self.log = tempfile.TemporaryFile()
+        self.command = ["torchrun", "--standalone", "--nproc-per-node", str(DISTRIBUTED_PROCESSES),
+                        os.path.abspath(__file__), "--part", "all-reduce", "--result-dir", self.result_dir]
+        try:
+            # Its own session: on a timeout the whole tree (launcher and workers) is killed at once.
+            self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+            self.error = ""
+        except OSError as error:
+            self.process, self.error = None, f"{type(error).__name__}: {error}"
+
+    def result(self) -> dict:
+        facts = {"command": " ".join(self.command[:4]), "processes": DISTRIBUTED_PROCESSES, "returncode": None}
+        if self.process is not None:
+            try:
+                facts["returncode"] = self.process.wait(max(1.0, DISTRIBUTED_TIMEOUT_S - (time.monotonic() - self.started)))
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+                self.error = f"did not finish in {DISTRIBUTED_TIMEOUT_S}s (killed)"
+        self.log.seek(0)
+        ranks = []
+        for name in sorted(os.listdir(self.result_dir)):
+            with open(os.path.join(self.result_dir, name), encoding="utf-8") as stream:
+                ranks.append(json.load(stream))
+        facts.update({"ranks": ranks, "error": self.error, "output": self.log.read().decode(errors="replace")[-3000:],
+                      "ok": facts["returncode"] == 0 and len(ranks) == DISTRIBUTED_PROCESSES
+                      and all(rank["ok"] for rank in ranks)})
+        return facts
+
+
+def all_reduce_worker(result_dir: str) -> None:
+    """One torchrun process: all-reduce (sum) rank + 1 across the processes, and write what it got."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    device = f"cuda:{local_rank}" if nccl else "cpu"
+    if nccl:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if nccl else "gloo", timeout=datetime.timedelta(seconds=DISTRIBUTED_TIMEOUT_S))
+    try:
+        tensor = torch.full((1024,), float(rank + 1), device=device)
+        dist.all_reduce(tensor)
+        expected = world * (world + 1) / 2
+        facts = {"rank": rank, "world_size": world, "backend": dist.get_backend(), "device": device,
+                 "value": float(tensor[0]), "expected": expected, "ok": bool((tensor == expected).all())}
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(result_dir, f"rank-{rank}.json"), "w", encoding="utf-8") as stream:
+        json.dump(facts, stream)
 
 
 # ---------------------------------------------------------------- the parts
 
-def main_facts(devel: bool, cuda_extension: bool) -> dict:
+def main_facts(devel: bool, cuda_extension: bool, arch_list: list[str]) -> dict:
     facts = {"part": "main", "python": python_facts(), "os_release": os_release(), "user": user_facts(),
              "env": redacted_env(dict(os.environ)), "secret_env": secret_env_names(dict(os.environ)),
              "tools": tool_facts(), "shm": {"size_bytes": shm_size()}}
     torch, facts["torch"] = import_torch()
-    if torch is None:
-        return facts
-    # Fork before anything starts CUDA or CPU thread pools: a forked child must not inherit them.
-    facts["shm"]["dataloader"] = section(dataloader_with_workers, torch)
-    facts["torch"].update(torch_versions(torch))
-    facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
-    facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"])
-    if devel:
-        facts["extension"] = section(build_extension, torch, cuda_extension)
-    facts["libraries_loaded"] = loaded_libraries()
+    with open(TORCH_IMPORTED, "w", encoding="utf-8"):
+        os.chmod(TORCH_IMPORTED, 0o644)
+    all_reduce = AllReduceRun()
+    if torch is not None:
+        add_torch_facts(facts, torch, devel, cuda_extension, arch_list)
+    facts["distributed"] = all_reduce.result()
     return facts
 
 
+def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_list: list[str]) -> None:
+    # Fork first, before anything starts CUDA or CPU thread pools: the children run beside everything below. The
+    # two long ones, the smoke test's compiles and the extension build, each get a child from the start.
+    compiles = ChildSection("the torch.compile process", SMOKE_COMPILE_TIMEOUT_S, smoke_compiles, torch)
+    extension = (ChildSection("the extension build", EXTENSION_TIMEOUT_S, build_extension, torch, cuda_extension,
+                              arch_list) if devel else None)
+    dataloader = start_dataloader(torch)
+    facts["torch"].update(torch_versions(torch))
+    facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
+    facts["smoke"] = smoke_eager(torch)
+    facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"])
+    facts["shm"]["dataloader"] = dataloader_facts(dataloader)
+    if extension:
+        facts["extension"] = extension.result()
+    facts["smoke"]["compiles"] = compiles.result()
+    if gpu_devices(torch):
+        facts["smoke"]["gpu_errors"] = section(smoke_gpu_errors, torch)
+    facts["libraries_loaded"] = loaded_libraries()
+
+
+def smoke_facts() -> dict:
+    """The smoke test's assertions alone, one after the other in this process, as upstream runs them."""
+    torch, facts = import_torch()
+    if torch is None:
+        return {"part": "smoke", "torch": facts}
+    smoke = smoke_eager(torch)
+    smoke["compiles"] = section(smoke_compiles, torch)
+    if gpu_devices(torch):
+        smoke["gpu_errors"] = section(smoke_gpu_errors, torch)
+    return {"part": "smoke", "torch": facts, "smoke": smoke}
+
+
 def gpu_only_facts() -> dict:
+    """For a GPU host's own torch (docs/gpu-validation.md): the GPU facts, then the smoke test on each GPU."""
     torch, facts = import_torch()
     if torch is None:
         return {"part": "gpu-only", "torch": facts}
     facts.update(torch_versions(torch))
-    return {"part": "gpu-only", "torch": facts, "gpu": section(gpu_facts, torch, facts["arch_flags"], True),
-            "libraries_loaded": loaded_libraries()}
+    result = {"part": "gpu-only", "torch": facts, "gpu": section(gpu_facts, torch, facts["arch_flags"], True)}
+    result.update({"smoke": smoke_facts()["smoke"], "libraries_loaded": loaded_libraries()})
+    return result
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("main", "files", "import", "multi-gpu"), default="main")
+    parser.add_argument("--part", choices=("main", "files", "import", "smoke", "multi-gpu", "all-reduce"), default="main")
     parser.add_argument("--devel", action="store_true", help="also compile and run a torch extension")
     parser.add_argument("--cuda-extension", action="store_true", help="make that extension a CUDA one")
+    parser.add_argument("--arch-list", default="", help="the row's TORCH_CUDA_ARCH_LIST for the CUDA extension")
+    parser.add_argument("--wheel", help="the import part: pip install --user this wheel and import it")
+    parser.add_argument("--after-main", action="store_true",
+                        help="the import part: start once the main part imported torch (it leaves bytecode behind)")
+    parser.add_argument("--result-dir", help="the all-reduce part: where each process writes its result")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU facts, with a bf16 matmul throughput figure")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
+    if arguments.part == "all-reduce":
+        all_reduce_worker(arguments.result_dir)
+        return 0
     # Keep stdout for the JSON document: whatever torch, compilers or workers print goes to stderr.
     json_out = os.dup(1)
     os.dup2(2, 1)
@@ -731,13 +1172,16 @@ def main(argv: list[str] | None = None) -> int:
     elif arguments.part == "files":
         facts = files_facts()
     elif arguments.part == "import":
-        facts = import_facts()
+        facts = import_facts(arguments.wheel, arguments.after_main)
+    elif arguments.part == "smoke":
+        facts = smoke_facts()
     elif arguments.part == "multi-gpu":
         import torch
 
         facts = section(multi_gpu_facts, torch)
     else:
-        facts = main_facts(arguments.devel, arguments.cuda_extension)
+        arch_list = [entry for entry in arguments.arch_list.split(";") if entry]
+        facts = main_facts(arguments.devel, arguments.cuda_extension, arch_list)
     facts.update({"probe_version": PROBE_VERSION, "probe_seconds": round(time.monotonic() - started, 3)})
     sys.stdout.flush()
     with os.fdopen(json_out, "w") as stream:

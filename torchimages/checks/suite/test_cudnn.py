@@ -2,7 +2,7 @@
 runs forward and backward with cudnn.benchmark on."""
 import pytest
 
-from torchimages.probe import decode_cudnn_version
+from torchimages.checks.probe import decode_cudnn_version
 
 pytestmark = pytest.mark.check("cudnn")
 

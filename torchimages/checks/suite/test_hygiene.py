@@ -6,14 +6,13 @@ import shlex
 
 import pytest
 
+from torchimages.checks.probe import SECRET_NAME, URL_CREDENTIALS
 from torchimages.model import parse_size
-from torchimages.probe import SECRET_NAME, URL_CREDENTIALS
 
-from .helpers import human_size
+from .helpers import duplicated_libraries, human_size
 
 pytestmark = pytest.mark.check("hygiene")
 
-TOOLKIT = re.compile(r"^/usr/local/cuda(-[\d.]+)?/")
 HISTORY_ASSIGNMENT = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
 
 
@@ -45,21 +44,18 @@ def test_works_under_an_arbitrary_uid(arbitrary_user, torch_facts, expect):
         + ": make HOME and caches group 0 writable (chmod g=u), as OpenShift-style platforms run arbitrary uids")
 
 
-def test_one_copy_of_each_cuda_library(files, main, spec):
+def test_one_copy_of_each_cuda_library(files, main):
     loaded = main.get("libraries_loaded") or {}
     duplicated = []
-    for family, paths in files["library_copies"].items():
-        # A devel image carries the toolkit on purpose; beside torch's wheels that is the one allowed extra copy.
-        counted = [p for p in paths if not TOOLKIT.match(p)] if spec.flavor == "devel" else paths
-        if len(counted) > 1:
-            torch_loads = ", ".join(loaded.get(family, [])) or "none of them in the probe"
-            duplicated.append(f"{family}: {len(paths)} copies ({', '.join(paths)}); torch loads {torch_loads}")
+    for family, paths in duplicated_libraries(files["library_copies"]).items():
+        torch_loads = ", ".join(loaded.get(family, [])) or "none of them in the probe"
+        duplicated.append(f"{family}: {len(paths)} copies ({', '.join(paths)}); torch loads {torch_loads}")
     for family, paths in loaded.items():
         if len(paths) > 1:
             duplicated.append(f"{family}: torch loaded {len(paths)} copies at once ({', '.join(paths)})")
     assert not duplicated, ("CUDA libraries present more than once: " + "; ".join(duplicated)
                             + ". Keep the copy torch loads (its nvidia-* wheels) and remove the other, e.g. build "
-                            "FROM the CUDA -base image instead of -runtime/-cudnn")
+                            "FROM the plain OS or CUDA -base image instead of -runtime/-cudnn/-devel")
 
 
 def test_cpu_image_has_no_cuda_libraries(files, spec):

@@ -2,8 +2,8 @@
 and the labels and PYTORCH_VERSION agree with what is inside."""
 import pytest
 
+from torchimages.checks.probe import arch_flags_for, decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX
-from torchimages.probe import arch_flags_for, decode_cudnn_version, os_tag
 
 from .helpers import observed_label_values, row_label_values
 

@@ -1,0 +1,124 @@
+"""Pure helpers of the image checks: expectations from the row and the run, readable sizes and failures."""
+from __future__ import annotations
+
+import re
+
+from torchimages.checks.probe import decode_cudnn_version, os_tag
+from torchimages.model import LABEL_PREFIX, ImageSpec
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def gpu_skip_reason(spec: ImageSpec, expect: dict) -> str | None:
+    """Why GPU checks cannot run in this container, or None when they must."""
+    if not spec.is_gpu:
+        return "CPU image: no GPU checks apply"
+    if expect["gpus"]["wanted"]:
+        return None
+    why = "no GPUs were requested (--gpus none)"
+    if not expect["host_gpu_runtime"]:
+        why += " and this Docker engine has no NVIDIA runtime"
+    return f"not run: {why}; verify on a GPU host with --gpus all"
+
+
+def expected_device_count(expect: dict, gpu: dict) -> tuple[int | None, str]:
+    """How many devices torch must see, and where that number comes from."""
+    requested = expect["gpus"]["expected_count"]
+    if requested is not None:
+        expected, source = requested, f"--gpus {expect['gpus']['text']}"
+    elif gpu.get("nvidia_smi_gpus") is not None:
+        expected, source = len(gpu["nvidia_smi_gpus"]), "nvidia-smi -L in the container (--gpus all)"
+    else:
+        return None, "unknown: no nvidia-smi in the container to count the GPUs given to it"
+    visible = gpu.get("cuda_visible_devices")
+    if visible is not None:
+        entries = [entry for entry in visible.split(",") if entry.strip()]
+        if len(entries) < expected:
+            expected, source = len(entries), f"CUDA_VISIBLE_DEVICES={visible}"
+    return expected, source
+
+
+def observed_label_values(main: dict) -> dict[str, str]:
+    """io.torchimages.* label values as the image's contents say they should read."""
+    torch = main["torch"]
+    torchvision = torch.get("torchvision") or {}
+    cudnn = decode_cudnn_version(torch.get("cudnn_version"))
+    return {
+        "torch": torch["version"].split("+")[0],
+        "torchvision": (torchvision.get("version") or "").split("+")[0],
+        "cuda": torch["cuda"] or "cpu",
+        "cudnn": str(cudnn[0]) if cudnn else "",
+        "python": main["python"]["major_minor"],
+        "os": os_tag(main["os_release"]),
+    }
+
+
+def row_label_values(spec: ImageSpec) -> dict[str, str]:
+    """Labels that describe the row rather than something measurable inside the image."""
+    return {
+        "io.torchimages.flavor": spec.flavor,
+        "io.torchimages.arch-list": ";".join(spec.arch_list),
+        "io.torchimages.min-driver": spec.min_driver or "",
+        "org.opencontainers.image.version": spec.tag,
+    }
+
+
+def minimum_driver(image: dict, spec: ImageSpec) -> tuple[str, str]:
+    """The driver floor the image declares (its io.torchimages.min-driver label), else the row's, and which it was."""
+    label = image["labels"].get(f"{LABEL_PREFIX}.min-driver")
+    if label:
+        return label, f"the image's {LABEL_PREFIX}.min-driver label"
+    return spec.min_driver or "", f"row {spec.tag}; the image has no {LABEL_PREFIX}.min-driver label"
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+# Triton ships CUPTI for its own profiler (proton), which dlopens it from these folders only when asked to profile
+# (triton.knobs.proton.cupti_lib_dir / TRITON_CUPTI_LIB_PATH). torch never loads them: libtorch_cpu.so needs
+# libcupti.so.N and finds the nvidia-cuda-cupti wheel's copy through its RPATH ($ORIGIN/../../nvidia/cu13/lib).
+TRITON_PROFILER_CUPTI = re.compile(r"/site-packages/triton/backends/nvidia/lib/cupti[^/]*/libcupti\.so[.0-9]*$")
+
+
+def duplicated_libraries(library_copies: dict[str, list[str]]) -> dict[str, list[str]]:
+    """CUDA library families with more than one copy that torch could load, Triton's profiler CUPTI aside."""
+    counted = {family: [path for path in paths if not TRITON_PROFILER_CUPTI.search(path)]
+               for family, paths in library_copies.items()}
+    return {family: paths for family, paths in counted.items() if len(paths) > 1}
+
+
+def distinct_errors(outcomes: dict[str, str], limit: int = 600) -> str:
+    """{"float16": "InvalidCxxCompiler: ...", "float32": same} -> "float16, float32: InvalidCxxCompiler: ...": one
+    failure repeated per dtype is said once."""
+    by_error: dict[str, list[str]] = {}
+    for name, outcome in outcomes.items():
+        if outcome != "ok":
+            by_error.setdefault(outcome[-limit:], []).append(name)
+    return "; ".join(f"{', '.join(names)}: {error}" for error, names in by_error.items())
+
+
+def compile_fix(error: str) -> str:
+    """What to do about a failed torch.compile, from its error."""
+    if "Python.h" in error:
+        return "Install the Python headers (pythonX.Y-dev): inductor's CPU kernels include Python.h"
+    if re.search(r"InvalidCxxCompiler|C\+\+ compiler|Failed to find C compiler|gcc|g\+\+|cc1plus", error):
+        return ("Install a C/C++ compiler (gcc, g++) and the Python headers (pythonX.Y-dev) in every image, runtime "
+                "too: inductor compiles its CPU kernels, and Triton its GPU launcher, when a program runs")
+    return "Run torch.compile in the image to see the whole error (TORCH_LOGS=+inductor)"
+
+
+def pip_error(output: str) -> str:
+    """The explanation in pip's output (or a build log's failing step): its last ERROR line or Python exception,
+    else the last line it wrote, without terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", output).rsplit(" ---> Running in", 1)[-1]
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.startswith("Removing intermediate container")]
+    errors = [line for line in lines if re.match(r"^(ERROR:|[A-Za-z]+Error:)", line)]
+    return (errors or lines or ["(no output)"])[-1]

@@ -1,0 +1,37 @@
+"""distributed: `torchrun --standalone --nproc-per-node 2`, as users start a single-node job, runs an all-reduce:
+over gloo on the CPU, over NCCL when 2 or more GPUs are visible."""
+import pytest
+
+pytestmark = pytest.mark.check("distributed")
+
+FIX = ("check that `torchrun` on PATH runs (`docker run IMAGE torchrun --help`) and that torch.distributed imports; "
+       "a rendezvous that never forms usually means the container's hostname does not resolve (give it one with "
+       "--hostname and --add-host NAME:127.0.0.1)")
+
+
+def _what_happened(result: dict) -> str:
+    ended = result["error"] or f"exit code {result['returncode']}"
+    ranks = "; ".join(f"rank {r['rank']} over {r['backend']} on {r['device']} got {r['value']} (expected "
+                      f"{r['expected']})" for r in result["ranks"]) or "no process reported a result"
+    return f"`{result['command']}` ended with {ended}; {ranks}; its output ended with: {result['output'][-800:]!r}"
+
+
+def _visible_gpus(main: dict) -> int:
+    return (main.get("gpu") or {}).get("device_count") or 0
+
+
+def test_torchrun_all_reduce_over_gloo(main, torch_facts):
+    if _visible_gpus(main) >= 2:
+        pytest.skip(f"{_visible_gpus(main)} GPUs visible: the all-reduce runs over NCCL (the NCCL test)")
+    result = main["distributed"]
+    assert result["ok"] and all(rank["backend"] == "gloo" for rank in result["ranks"]), (
+        f"{_what_happened(result)}; expected {result['processes']} processes to all-reduce over gloo: {FIX}")
+
+
+def test_torchrun_all_reduce_over_nccl(main, devices):
+    if len(devices) < 2:
+        pytest.skip(f"{len(devices)} GPU visible: an NCCL all-reduce needs 2 or more (--gpus all on a multi-GPU host)")
+    result = main["distributed"]
+    assert result["ok"] and all(rank["backend"] == "nccl" for rank in result["ranks"]), (
+        f"{_what_happened(result)}; expected {result['processes']} processes, one per GPU, to all-reduce over NCCL: "
+        f"{FIX}. With NCCL errors about shared memory, raise --shm-size or use --ipc=host")
