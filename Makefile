@@ -40,7 +40,7 @@ test: render-check lint engine
 	source $(ENGINE_ENV) && $(PYTHON) -m pytest $(PYTEST_ARGS)
 
 bench: engine
-	source $(ENGINE_ENV) && $(PYTHON) bench/run_all.py
+	source $(ENGINE_ENV) && for script in bench/*_bench.py; do $(PYTHON) $$script || exit 1; done
 
 clean:
 	rm -rf reports $(WHEELHOUSE)

@@ -111,16 +111,17 @@ def main() -> None:
     args = parser.parse_args()
     docker_client = engine.client()
     [spec] = select(load_matrix(ROOT / "matrix.yaml").specs, [args.tag])
-    options = verify.VerifyOptions(reports_dir=Path(tempfile.mkdtemp(prefix="verify-bench-")), gpus="none")
-    [plan] = verify.plan_all(docker_client, [spec], options, verify.Progress())
     alone, full, background = [], [], []
-    for round_ in range(args.rounds):
-        # Alternate which goes first, so that a drifting machine load favours neither.
-        order = (lambda: alone.append(smoke_alone(docker_client, plan)),
-                 lambda: full.append(whole(args.tag, options.reports_dir)))
-        for run in order if round_ % 2 == 0 else reversed(order):
-            background.append(wait_until_quiet())
-            run()
+    with tempfile.TemporaryDirectory(prefix="verify-bench-") as reports:
+        options = verify.VerifyOptions(reports_dir=Path(reports), gpus="none")
+        [plan] = verify.plan_all(docker_client, [spec], options, verify.Progress())
+        for round_ in range(args.rounds):
+            # Alternate which goes first, so that a drifting machine load favours neither.
+            order = (lambda: alone.append(smoke_alone(docker_client, plan)),
+                     lambda: full.append(whole(args.tag, options.reports_dir)))
+            for run in order if round_ % 2 == 0 else reversed(order):
+                background.append(wait_until_quiet())
+                run()
     ratios = sorted(w["wall"] / a["wall"] for w, a in zip(full, alone))
     ratio = median(full, "wall") / median(alone, "wall")
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
