@@ -203,7 +203,7 @@ def test_the_committed_allowlist_loads_and_bad_entries_name_their_line(tmp_path)
 def test_entries_record_versions_from_the_matrix_row():
     from torchimages.matrix import load_matrix
 
-    spec = next(s for s in load_matrix(ROOT / "matrix.yaml").specs if s.tag == "2.14.0-cuda13.0-cudnn9-runtime")
+    spec = next(s for s in load_matrix(ROOT / "matrix.yaml").specs if s.tag == "2.14.1-cuda13.0-cudnn9-runtime")
     versions = catalog_stage.versions(spec)
     assert versions["cuda"] == spec.cuda_full and versions["cudnn"] == spec.cudnn_version
-    assert versions["torchvision"] == "0.29.0" and versions["min_driver"] == spec.min_driver
+    assert versions["torchvision"] == "0.29.1" and versions["min_driver"] == spec.min_driver
