@@ -177,8 +177,10 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
     deprecated_note = ("deprecated" if deprecated is True else deprecated) or None
     python_from_os = os_facts["python"] == python
     system_packages = _system_packages(compat["system_packages"], python, python_from_os)
-    # Rows on another OS than the default one get an OS suffix: the well-known names stay on the default OS.
-    os_suffix = "" if os_name == defaults.get("os") else f"-{os_name}"
+    # Rows on another OS than defaults.os get an OS suffix: the well-known names stay on the default OS.
+    # A matrix without defaults.os names no default, so no row has one.
+    default_os = defaults.get("os")
+    os_suffix = "" if default_os in (None, os_name) else f"-{os_name}"
     base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts)
     specs = []
     for flavor in flavors:
@@ -382,7 +384,8 @@ def _check_unique_tags(specs: list[ImageSpec], report) -> None:
         for name in (spec.tag, *spec.aliases):
             if name in first_line:
                 report(spec.matrix_line, f"two variants give the tag '{name}' (the other is at line "
-                                         f"{first_line[name]}): change torch, cuda or flavors, or drop one")
+                                         f"{first_line[name]}): change torch, cuda or flavors, or drop one; rows "
+                                         "differing only by os need defaults.os, which gives the others a suffix")
             else:
                 first_line[name] = spec.matrix_line
 
