@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from . import builder as build_stage
 from . import catalog, engine, lock, nightly, plan, publish, verify
@@ -14,7 +15,8 @@ from . import render as render_stage
 from . import wheels as wheel_sources
 from .buildargs import add_build_arguments, add_source_arguments, run_builds
 from .display import build_summary
-from .model import ImageSpec, InputError
+from .files import brief
+from .model import ImageSpec, InputError, Problem, parse_size
 from .project import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -26,6 +28,7 @@ from .project import (
     console,
     errors,
 )
+from .registry import parse_registry
 
 
 def cmd_list(project: Project, args) -> int:
@@ -95,7 +98,8 @@ def show_build_results(results: list[build_stage.BuildResult]) -> None:
     console().print(build_summary(results))
     for result in results:
         if result.status == "failed":
-            errors().print(f"[red]{result.tag} failed[/red]: {result.error}\nfull log: {result.log}", highlight=False)
+            errors().print(Text.assemble((f"{result.tag} failed", "red"), f": {result.error}\nfull log: {result.log}"),
+                           highlight=False)
 
 
 def cmd_images(project: Project, args) -> int:
@@ -168,14 +172,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _at_least(minimum: int):
+    def check(value: int) -> None:
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}, got {value}")
+    return check
+
+
+# Flags whose values can be wrong in ways argparse does not see: checked together, before the matrix is read or any
+# engine or registry is called, so one run names every problem. name in args -> (flag, check raising on bad values)
+FLAG_CHECKS = {
+    "gpus": ("--gpus", verify.parse_gpus),
+    "shm_size": ("--shm-size", parse_size),
+    "timeout": ("--timeout", _at_least(1)),
+    "jobs": ("--jobs", _at_least(1)),
+    "retries": ("--retries", _at_least(0)),
+    "retention": ("--retention", _at_least(1)),
+    "shards": ("--shards", _at_least(1)),
+    "shard": ("--shard", plan.parse_shard),
+    "registry": ("--registry", parse_registry),
+}
+
+
+def flag_problems(args: argparse.Namespace) -> list[Problem]:
+    problems = []
+    for name, (flag, check) in FLAG_CHECKS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        try:
+            check(value)
+        except InputError as error:
+            problems += error.problems
+        except ValueError as error:
+            problems.append(Problem(flag, 0, f"{flag} {error}"))
+    return problems
+
+
+def check_flags(project: Project, args: argparse.Namespace) -> None:
+    """Bad flags are reported with the matrix's own problems, all in one run."""
+    problems = flag_problems(args)
+    if not problems:
+        return
+    try:
+        project.load()
+    except InputError as error:
+        problems += error.problems
+    raise InputError(problems)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     project = Project(args.matrix, args.templates, args.images, args.reports)
     try:
+        check_flags(project, args)
         return args.handler(project, args)
     except InputError as error:
         for problem in error.problems:
-            errors().print(f"[red]error:[/red] {problem}", markup=True, highlight=False)
+            errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         errors().print("interrupted")

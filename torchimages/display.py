@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from .builder import BuildResult, Progress
 
@@ -15,7 +16,7 @@ STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False)
 
 
 class PlainProgress(Progress):
@@ -80,7 +81,7 @@ class LiveProgress(PlainProgress):
         for column in ("image", "status", "step", "elapsed"):
             table.add_column(column)
         for tag, (status, step, elapsed) in self.rows.items():
-            table.add_row(tag, f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]", step, elapsed)
+            table.add_row(tag, Text(status, STATUS_STYLE.get(status, "white")), step, elapsed)
         return table
 
 
@@ -90,5 +91,6 @@ def build_summary(results: list[BuildResult]) -> Table:
         table.add_column(column, no_wrap=column != "log")
     for result in results:
         size = f"{result.size / 1e6:.0f} MB" if result.size else "-"
-        table.add_row(result.tag, f"[{STATUS_STYLE[result.status]}]{result.status}[/]", size, f"{result.duration:.1f}s", result.log)
+        table.add_row(result.tag, Text(result.status, STATUS_STYLE[result.status]), size, f"{result.duration:.1f}s",
+                      result.log)
     return table

@@ -5,6 +5,7 @@ import os
 
 import docker
 import docker.errors
+import requests
 
 from .model import InputError, Problem
 
@@ -15,14 +16,20 @@ GPU_RUNTIME_HINT = ("this Docker engine has no NVIDIA runtime, so it cannot give
                     "or verify without GPUs: --gpus none")
 
 
+PING_TIMEOUT_S = 10  # an engine that accepts connections but never answers is reported in seconds, not minutes
+
+
 def client(timeout: int = 600) -> docker.DockerClient:
-    """A client for $DOCKER_HOST that is known to answer; otherwise an InputError (exit 2) saying what to do."""
+    """A client for $DOCKER_HOST that is known to answer; otherwise an InputError (exit 2) saying what to do.
+    `timeout` bounds every later call (a build's stream waits that long for its next line)."""
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        docker_client = docker.from_env(timeout=timeout)
+        docker_client = docker.from_env(timeout=PING_TIMEOUT_S)
         docker_client.ping()
-    except docker.errors.DockerException as error:
-        raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where} ({_short(error)}): {NO_ENGINE_HINT}")]) from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where} within {PING_TIMEOUT_S} s "
+                                                    f"({_short(error)}): {NO_ENGINE_HINT}")]) from None
+    docker_client.api.timeout = timeout
     return docker_client
 
 

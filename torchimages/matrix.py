@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from .files import brief
 from .model import ImageSpec, InputError, Problem, User, parse_size
+from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
 COMPAT_FILE = Path(__file__).with_name("compat.yaml")
@@ -21,13 +23,17 @@ BASE_KINDS = ("os", "nvidia")
 PYPI = "https://pypi.org/simple"
 REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
 VERSION_PATTERNS = {
-    "torch": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 2.14.0"),
-    "torchvision": (r"\d+\.\d+\.\d+", "X.Y.Z, e.g. 0.29.0"),
-    "python": (r"3\.\d+", "X.Y in quotes, e.g. \"3.12\""),
-    "cuda": (r"cpu|\d+\.\d+", "X.Y in quotes (e.g. \"13.0\") or cpu"),
+    "torch": (r"[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}", "X.Y.Z, e.g. 2.14.0"),
+    "torchvision": (r"[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}", "X.Y.Z, e.g. 0.29.0"),
+    "python": (r"3\.[0-9]{1,3}", "X.Y in quotes, e.g. \"3.12\""),
+    "cuda": (r"cpu|[0-9]{1,3}\.[0-9]{1,3}", "X.Y in quotes (e.g. \"13.0\") or cpu"),
 }
-ARCH_PATTERN = re.compile(r"\d+\.\d+(\+PTX)?")
 ALIAS_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+MAX_TAG_LENGTH = 128  # Docker's limit on a tag
+MAX_NAME_LENGTH = 255  # ... and on a repository name
+MAX_NOTE_LENGTH = 200
+COMPAT_SECTIONS = ("torch", "cuda", "os", "cuda_toolkit", "bases", "system_packages", "flavors",
+                   "compute_capabilities", "reserved_users")
 
 
 @dataclass
@@ -39,9 +45,51 @@ class Matrix:
 
 def load_matrix(path: Path, compat_path: Path = COMPAT_FILE) -> Matrix:
     """Load and validate a matrix; raise InputError listing every problem found."""
-    document = load_yaml(path)
-    compat = load_yaml(compat_path)
+    document = load_yaml(path, "fix matrix.yaml, or restore it with `git checkout -- matrix.yaml`")
+    compat = load_compat(compat_path)
     return validate_matrix(document, compat, str(path))
+
+
+def load_compat(path: Path = COMPAT_FILE) -> dict:
+    """compat.yaml, checked for the sections and shapes the matrix validation reads."""
+    compat = load_yaml(path, "fix torchimages/compat.yaml, or restore it with `git checkout -- torchimages/compat.yaml`")
+    problems = [Problem(str(path), line, message) for line, message in compat_shape_problems(compat)]
+    if problems:
+        raise InputError(problems)
+    return compat
+
+
+def compat_shape_problems(compat) -> list[tuple[int, str]]:
+    """Where compat.yaml lacks a section, or a section or entry is not the mapping (or list) the code reads."""
+    if not isinstance(compat, LineDict):
+        return [(1, "compat.yaml must be a mapping with the sections " + ", ".join(COMPAT_SECTIONS))]
+    problems = [(compat.line, f"missing section '{name}'") for name in COMPAT_SECTIONS if name not in compat]
+    expected = {"compute_capabilities": list, "reserved_users": list}
+    for name in COMPAT_SECTIONS:
+        section = compat.get(name)
+        if name in compat and not isinstance(section, expected.get(name, dict)):
+            problems.append((compat.line_of(name), f"section '{name}' must be a "
+                                                   f"{'list' if name in expected else 'mapping'}"))
+    for name in ("torch", "cuda", "os", "flavors", "bases"):
+        section = compat.get(name)
+        for key, entry in (section.items() if isinstance(section, LineDict) else ()):
+            if not isinstance(entry, dict):
+                problems.append((section.line_of(key), f"{name} entry {brief(key)} must be a mapping"))
+            elif name == "torch" and not _torch_facts_ok(entry):
+                problems.append((section.line_of(key), f"torch {brief(key)} needs python: {{min:, max:}}, "
+                                                       "torchvision: and a cuda: mapping of mappings"))
+            elif name == "os" and not {"python", "image", "glibc"} <= set(entry):
+                problems.append((section.line_of(key), f"os {brief(key)} needs python:, image: and glibc:"))
+            elif name == "cuda" and not {"full", "min_driver"} <= set(entry):
+                problems.append((section.line_of(key), f"CUDA {brief(key)} needs full: and min_driver:"))
+    return problems
+
+
+def _torch_facts_ok(entry: dict) -> bool:
+    python, cuda = entry.get("python"), entry.get("cuda", {})
+    return (isinstance(python, dict) and all(isinstance(python.get(k), str) for k in ("min", "max"))
+            and isinstance(entry.get("torchvision"), str) and isinstance(cuda, dict)
+            and all(isinstance(wheel, dict) for wheel in cuda.values()))
 
 
 def validate_matrix(document, compat: dict, filename: str) -> Matrix:
@@ -54,10 +102,7 @@ def validate_matrix(document, compat: dict, filename: str) -> Matrix:
         report(getattr(document, "line", 1), "the matrix must be a mapping with keys: " + ", ".join(TOP_LEVEL_KEYS))
         raise InputError(problems)
     _check_keys(document, TOP_LEVEL_KEYS, "top-level", report)
-    repository = document.get("registry")
-    if not isinstance(repository, str) or not repository:
-        report(document.line_of("registry"), "'registry' must be a registry/repository string, e.g. registry.example.com/ml/pytorch")
-        repository = ""
+    repository = _repository(document, report)
     defaults = document.get("defaults", LineDict())
     if not isinstance(defaults, LineDict):
         report(document.line_of("defaults"), "'defaults' must be a mapping of variant keys")
@@ -75,10 +120,25 @@ def validate_matrix(document, compat: dict, filename: str) -> Matrix:
             report(line, "each variant must be a mapping (torch:, cuda:, python:, os:, flavors: ...)")
             continue
         specs.extend(_resolve_variant(item, defaults, compat, repository, report))
-    _check_unique_tags(specs, report)
+    _check_tags(specs, repository, report)
     if problems:
         raise InputError(problems)
     return Matrix(Path(filename), repository, specs)
+
+
+def _repository(document: LineDict, report) -> str:
+    """`registry:`, held to the same rules as --registry: it reaches every image's labels."""
+    value = document.get("registry")
+    if not isinstance(value, str) or not value:
+        report(document.line_of("registry"), "'registry' must be a registry/repository string, e.g. "
+                                             "registry.example.com/ml/pytorch")
+        return ""
+    try:
+        return parse_registry(value, flag="registry").name
+    except InputError as error:
+        for problem in error.problems:
+            report(document.line_of("registry"), problem.message)
+        return ""
 
 
 def _check_keys(mapping: LineDict, allowed, where: str, report) -> set[str]:
@@ -88,7 +148,7 @@ def _check_keys(mapping: LineDict, allowed, where: str, report) -> set[str]:
         if key not in allowed:
             guess = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{guess[0]}'?" if guess else "allowed: " + ", ".join(allowed)
-            report(mapping.line_of(key), f"unknown key '{key}' in {where}: {hint}")
+            report(mapping.line_of(key), f"unknown key {brief(key)} in {where}: {hint}")
             suggested.update(guess)
     return suggested
 
@@ -113,40 +173,79 @@ class _Row:
         return self.variant.line
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What a row asks for beyond its versions: checked whether or not its versions are valid."""
+
+    flavors: list[str]
+    allow_unlisted: bool
+    user: User | None
+    shm_size: str
+    size_budget: str | None
+    deprecated: str | None
+    aliases: dict[str, list[str]]
+
+
+class _Failures(list):
+    """A row's problems as (line, message); called as fail(key, message), true once anything failed."""
+
+    def __init__(self, row: _Row):
+        super().__init__()
+        self.row = row
+
+    def __call__(self, key: str, message: str) -> None:
+        self.append((self.row.line(key), message))
+
+
 def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, repository: str, report) -> list[ImageSpec]:
     misspelt = _check_keys(variant, VARIANT_KEYS, "variant", report)
     row = _Row(variant, defaults)
-    errors: list[tuple[int, str]] = []
+    fail = _Failures(row)
+    settings = _settings(row, compat, fail)
+    specs = _specs(row, defaults, settings, compat, repository, fail) if _check_versions(row, misspelt, fail) else []
+    for line, message in fail:
+        report(line, message)
+    return [] if fail else specs
 
-    def fail(key: str, message: str) -> None:
-        errors.append((row.line(key), message))
 
-    for key in REQUIRED_KEYS:
-        if row.get(key) is None and key not in misspelt:
-            fail(key, f"missing required key '{key}' (set it in the variant or in defaults)")
-    values = {key: row.get(key) for key in VERSION_PATTERNS}
-    for key, (pattern, example) in VERSION_PATTERNS.items():
-        value = values[key]
-        if value is not None and not (isinstance(value, str) and re.fullmatch(pattern, value)):
-            fail(key, f"'{key}' must be {example}, got {value!r}")
-    if row.get("os") is not None and not isinstance(row.get("os"), str):
-        fail("os", f"'os' must be a name such as ubuntu24.04 or debian12, got {row.get('os')!r}")
-    if errors:
-        for line, message in errors:
-            report(line, message)
-        return []
-
-    torch, cuda, python, os_name = values["torch"], values["cuda"], values["python"], row.get("os")
-    is_gpu = cuda != "cpu"
+def _settings(row: _Row, compat: dict, fail) -> _Settings:
     allow_unlisted = row.get("allow_unlisted", False)
     if not isinstance(allow_unlisted, bool):
         fail("allow_unlisted", "'allow_unlisted' must be true or false")
         allow_unlisted = False
-
     flavors = _flavors(row, tuple(compat["flavors"]), fail)
+    return _Settings(
+        flavors=flavors, allow_unlisted=allow_unlisted, user=_user(row, compat["reserved_users"], fail),
+        shm_size=_size(row, "shm_size", "8g", fail), size_budget=_size(row, "size_budget", None, fail),
+        deprecated=_deprecated(row, fail), aliases=_aliases(row, flavors, fail),
+    )
+
+
+def _check_versions(row: _Row, misspelt: set[str], fail) -> bool:
+    """Required keys present and versions well-formed: the compatibility checks need both."""
+    ok = True
+    for key in REQUIRED_KEYS:
+        if row.get(key) is None and key not in misspelt:
+            fail(key, f"missing required key '{key}' (set it in the variant or in defaults)")
+            ok = False
+    for key, (pattern, example) in VERSION_PATTERNS.items():
+        value = row.get(key)
+        if value is not None and not (isinstance(value, str) and re.fullmatch(pattern, value)):
+            fail(key, f"'{key}' must be {example}, got {brief(value)}")
+            ok = False
+    if row.get("os") is not None and not isinstance(row.get("os"), str):
+        fail("os", f"'os' must be a name such as ubuntu24.04 or debian12, got {brief(row.get('os'))}")
+        ok = False
+    return ok and all(row.get(key) is not None for key in REQUIRED_KEYS)
+
+
+def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, repository: str, fail) -> list[ImageSpec]:
+    torch, cuda, python, os_name = row.get("torch"), row.get("cuda"), row.get("python"), row.get("os")
+    is_gpu = cuda != "cpu"
+    allow_unlisted, flavors = settings.allow_unlisted, settings.flavors
     os_facts = compat["os"].get(os_name)
     if os_facts is None:
-        fail("os", f"unknown os '{os_name}': known {', '.join(compat['os'])} (add it to torchimages/compat.yaml)")
+        fail("os", f"unknown os {brief(os_name)}: known {', '.join(compat['os'])} (add it to torchimages/compat.yaml)")
     torch_facts = compat["torch"].get(torch)
     if torch_facts is None and not allow_unlisted:
         fail("torch", f"unknown torch {torch}: known {', '.join(compat['torch'])}; add it to "
@@ -161,20 +260,9 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
     base_kind = _base_kind(row, is_gpu, cuda, os_name, cuda_facts, fail)
     toolkit = _toolkit(row, flavors, compat, torch, cuda, wheel, cuda_facts, fail) if is_gpu else {}
     torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
-    arch_list = _arch_list(row, wheel, is_gpu, fail)
-    user = _user(row, fail)
-    shm_size = _size(row, "shm_size", "8g", fail)
-    size_budget = _size(row, "size_budget", None, fail)
-    deprecated = row.get("deprecated")
-    if deprecated is not None and not isinstance(deprecated, (str, bool)):
-        fail("deprecated", "'deprecated' must be true or a message saying what to use instead")
-    aliases = _aliases(row, flavors, fail)
-
-    for line, message in errors:
-        report(line, message)
-    if errors:
+    arch_list = _arch_list(row, wheel, is_gpu, compat["compute_capabilities"], fail)
+    if fail:
         return []
-    deprecated_note = ("deprecated" if deprecated is True else deprecated) or None
     python_from_os = os_facts["python"] == python
     system_packages = _system_packages(compat["system_packages"], python, python_from_os)
     # Rows on another OS than defaults.os get an OS suffix: the well-known names stay on the default OS.
@@ -197,12 +285,11 @@ def _resolve_variant(variant: LineDict, defaults: LineDict, compat: dict, reposi
             cuda_home=toolkit.get("home") if with_toolkit else None, remove_from_base=remove_from_base,
             cuda_full=cuda_facts["full"] if is_gpu else None, cudnn_version=wheel.get("cudnn"),
             nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
-            arch_list=arch_list, user=user, shm_size=shm_size, size_budget=size_budget,
-            deprecated=deprecated_note or None, aliases=tuple(aliases.get(flavor, ())),
-            repository=repository, matrix_line=variant.line,
+            arch_list=arch_list, user=settings.user, shm_size=settings.shm_size, size_budget=settings.size_budget,
+            deprecated=settings.deprecated, aliases=tuple(settings.aliases.get(flavor, ())),
+            repository=repository, matrix_line=row.variant.line,
         ))
     return specs
-
 
 def _index_url(wheel: dict) -> str:
     return PYPI if wheel.get("pypi") else f"https://download.pytorch.org/whl/{wheel.get('wheel_index', 'cpu')}"
@@ -262,8 +349,8 @@ def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:
     for name in unknown:
         guess = difflib.get_close_matches(str(name), known, n=1)
         hint = f"did you mean '{guess[0]}'?" if guess else f"use {' or '.join(known)}"
-        fail("flavors", f"unknown flavor '{name}': {hint}")
-    if len(set(flavors)) != len(flavors):
+        fail("flavors", f"unknown flavor {brief(name)}: {hint}")
+    if len({str(f) for f in flavors}) != len(flavors):
         fail("flavors", "a flavor is listed twice: list each once")
     return [f for f in flavors if f in known]
 
@@ -317,20 +404,37 @@ def _torchvision(row: _Row, torch_facts, allow_unlisted: bool, fail) -> str | No
     return torchvision
 
 
-def _arch_list(row: _Row, wheel: dict, is_gpu: bool, fail) -> tuple[str, ...]:
+def _arch_list(row: _Row, wheel: dict, is_gpu: bool, capabilities: list[str], fail) -> tuple[str, ...]:
+    """The compute capabilities a GPU row's torch is built for: from the wheel's facts unless the row says."""
     arch_list = row.get("arch_list")
-    if arch_list is None:
-        return tuple(wheel.get("arch_list", ()))
-    if not is_gpu:
+    if arch_list is not None and not is_gpu:
         fail("arch_list", "CPU variants have no CUDA arch list: remove 'arch_list'")
         return ()
-    if not isinstance(arch_list, list) or not all(isinstance(a, str) and ARCH_PATTERN.fullmatch(a) for a in arch_list):
-        fail("arch_list", "'arch_list' must be a list of compute capabilities in quotes, e.g. [\"8.0\", \"9.0+PTX\"]")
+    if not is_gpu:
+        return ()
+    if arch_list is None:
+        arch_list = wheel.get("arch_list")
+        if not arch_list:
+            if not fail:  # an unknown torch or CUDA, already reported, has no facts to take one from
+                fail("arch_list", "the compatibility data has no arch list for this build: set 'arch_list' to what "
+                                  "torch.cuda.get_arch_list() reports, e.g. [\"8.0\", \"9.0\"]")
+            return ()
+    example = f"e.g. [\"8.0\", \"9.0+PTX\"], from {', '.join(capabilities)}"
+    if not isinstance(arch_list, list) or not arch_list:
+        fail("arch_list", f"'arch_list' must be a non-empty list of compute capabilities in quotes, {example}")
+        return ()
+    unknown = [a for a in arch_list if not (isinstance(a, str) and a.removesuffix("+PTX") in capabilities)]
+    if unknown:
+        fail("arch_list", f"not a CUDA compute capability: {', '.join(brief(a) for a in unknown)}; use {example}")
         return ()
     return tuple(arch_list)
 
 
-def _user(row: _Row, fail) -> User | None:
+FIRST_USER_UID, LAST_USER_UID = 1000, 59999  # Debian's and Ubuntu's range for ordinary users (adduser.conf)
+
+
+def _user(row: _Row, reserved: list[str], fail) -> User | None:
+    """The user images run as: an ordinary account, never root or a system user the OS already has."""
     user = row.get("user")
     if user is None:
         return None
@@ -338,13 +442,17 @@ def _user(row: _Row, fail) -> User | None:
         fail("user", "'user' must be a mapping with 'name' and 'uid', e.g. {name: torch, uid: 1000}")
         return None
     name, uid = user["name"], user["uid"]
+    problems = []
     if not isinstance(name, str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", name):
-        fail("user", f"user name {name!r} is not a valid Linux user name (lower case, e.g. torch)")
-        return None
-    if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid < 2**31:
-        fail("user", f"user uid must be a non-zero number (e.g. 1000), got {uid!r}")
-        return None
-    return User(name, uid)
+        problems.append(f"user name {brief(name)} is not a valid Linux user name (lower case, e.g. torch)")
+    elif name in reserved:
+        problems.append(f"user name '{name}' is a system account: images run as an ordinary user, e.g. torch")
+    if isinstance(uid, bool) or not isinstance(uid, int) or not FIRST_USER_UID <= uid <= LAST_USER_UID:
+        problems.append(f"user uid must be an ordinary user's uid from {FIRST_USER_UID} to {LAST_USER_UID} "
+                        f"(e.g. 1000), got {brief(uid)}")
+    for message in problems:
+        fail("user", message)
+    return None if problems else User(name, uid)
 
 
 def _size(row: _Row, key: str, fallback: str | None, fail) -> str | None:
@@ -352,11 +460,25 @@ def _size(row: _Row, key: str, fallback: str | None, fail) -> str | None:
     if value is None:
         return fallback
     try:
-        parse_size(str(value))
+        parse_size(value if isinstance(value, (str, int)) and not isinstance(value, bool) else "")
     except ValueError:
-        fail(key, f"'{key}' must be a size such as 8g or 512m, got {value!r}")
+        fail(key, f"'{key}' must be a size above zero such as 8g or 512m, got {brief(value)}")
         return fallback
     return str(value)
+
+
+def _deprecated(row: _Row, fail) -> str | None:
+    """true, or a one-line note saying what to use instead: it reaches the Dockerfile header and the catalog."""
+    value = row.get("deprecated")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "deprecated"
+    if not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= MAX_NOTE_LENGTH:
+        fail("deprecated", f"'deprecated' must be true or a one-line message of at most {MAX_NOTE_LENGTH} "
+                           f"characters saying what to use instead, got {brief(value)}")
+        return None
+    return value
 
 
 def _aliases(row: _Row, flavors: list[str], fail) -> dict[str, list[str]]:
@@ -369,19 +491,24 @@ def _aliases(row: _Row, flavors: list[str], fail) -> dict[str, list[str]]:
     result = {}
     for flavor, names in aliases.items():
         if flavor not in flavors:
-            fail("aliases", f"alias for flavor '{flavor}', which this variant does not build ({', '.join(flavors)})")
+            fail("aliases", f"alias for flavor {brief(flavor)}, which this variant does not build ({', '.join(flavors)})")
             continue
         if not isinstance(names, list) or not all(isinstance(n, str) and ALIAS_PATTERN.fullmatch(n) for n in names):
-            fail("aliases", f"aliases for '{flavor}' must be a list of valid tag names, e.g. [latest]")
+            fail("aliases", f"aliases for {brief(flavor)} must be a list of valid tag names, e.g. [latest]")
             continue
         result[flavor] = list(names)
     return result
 
 
-def _check_unique_tags(specs: list[ImageSpec], report) -> None:
+def _check_tags(specs: list[ImageSpec], repository: str, report) -> None:
+    """Every tag and alias unique, and within Docker's limits for a tag and for repository:tag."""
     first_line: dict[str, int] = {}
     for spec in specs:
         for name in (spec.tag, *spec.aliases):
+            if len(name) > MAX_TAG_LENGTH or len(f"{repository}:{name}") > MAX_NAME_LENGTH:
+                report(spec.matrix_line, f"the tag {brief(name)} is longer than Docker allows ({MAX_TAG_LENGTH} characters, "
+                                         f"{MAX_NAME_LENGTH} with the repository): use a shorter os name, alias or "
+                                         "registry")
             if name in first_line:
                 report(spec.matrix_line, f"two variants give the tag '{name}' (the other is at line "
                                          f"{first_line[name]}): change torch, cuda or flavors, or drop one; rows "
@@ -397,5 +524,5 @@ def select(specs: list[ImageSpec], selectors: list[str], matrix_file: str = "mat
     unmatched = [s for s in selectors if not any(fnmatchcase(spec.tag, s) for spec in specs)]
     if unmatched:
         known = ", ".join(spec.tag for spec in specs)
-        raise InputError([Problem(matrix_file, 0, f"selector '{s}' matches no tag; known tags: {known}") for s in unmatched])
+        raise InputError([Problem(matrix_file, 0, f"selector {brief(s)} matches no tag; known tags: {known}") for s in unmatched])
     return [spec for spec in specs if any(fnmatchcase(spec.tag, s) for s in selectors)]

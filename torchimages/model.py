@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 LABEL_PREFIX = "io.torchimages"
@@ -83,15 +84,17 @@ class ImageSpec:
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
+SIZE_PATTERN = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)([kmgt]?)(?:i?b)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
 def parse_size(text: str) -> int:
-    """'8g' / '512m' / '7.5GB' / '1024' -> bytes (binary units, as docker's --shm-size)."""
-    units = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    cleaned = str(text).strip().lower().removesuffix("ib").removesuffix("b")
-    number = cleaned.rstrip("kmgt")
-    unit = cleaned[len(number):]
-    if unit not in units or not number:
-        raise ValueError(f"not a size: {text!r} (use e.g. 8g, 512m)")
-    return int(float(number) * units[unit])
+    """'8g' / '512m' / '7.5GB' / '1024' -> bytes (binary units, as docker's --shm-size); above zero, finite."""
+    match = SIZE_PATTERN.fullmatch(str(text).strip())
+    size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]) if match else 0
+    if size <= 0:
+        raise ValueError(f"not a size above zero: {str(text)[:40]!r} (use e.g. 8g, 512m)")
+    return size
 
 
 @dataclass

@@ -41,12 +41,13 @@ class Project:
 
 
 def console() -> Console:
-    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read."""
-    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty())
+    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read. Text is never read
+    as markup: values from files (a `[/]` in a message) print as they are."""
+    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty(), markup=False)
 
 
 def errors() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 220)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 220, markup=False)
 
 
 def add_selectors(parser, required: bool = False, default: str = "every row") -> None:

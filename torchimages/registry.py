@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .files import brief
 from .model import InputError, Problem
 
 MANIFEST_TYPES = (
@@ -27,6 +28,7 @@ TRANSIENT_MESSAGE = re.compile(
     re.IGNORECASE,
 )
 HTTP_TIMEOUT_S = 30
+MAX_NAME_LENGTH = 255  # Docker's limit on a repository name
 HTTP_HINTS = {
     401: "it wants credentials, and torchimages uses the registry API anonymously",
     403: "access denied",
@@ -59,12 +61,17 @@ def parse_registry(text: str, flag: str = "--registry") -> Registry:
     """'HOST[:PORT]/REPO' -> Registry, or an InputError saying what a valid value looks like."""
     example = "e.g. 127.0.0.1:5000/ml/pytorch or registry.example.com/ml/pytorch"
     host, _, repository = (text or "").partition("/")
+    quoted = brief(text)
     # Without a dot, a port or 'localhost', Docker reads the first part as a Docker Hub namespace.
     if not repository or not HOST_PATTERN.fullmatch(host) or not ("." in host or ":" in host or host == "localhost"):
-        raise InputError([Problem(flag, 0, f"{flag} {text!r} must be HOST[:PORT]/REPO, a registry host first ({example})")])
-    if not REPOSITORY_PATTERN.fullmatch(repository):
-        raise InputError([Problem(flag, 0, f"{flag} {text!r}: the repository '{repository}' may hold lower case letters "
-                                           f"and digits separated by '.', '_', '-' or '/' ({example})")])
+        raise InputError([Problem(flag, 0, f"{flag} {quoted} must be HOST[:PORT]/REPO, a registry host first ({example})")])
+    _, _, port = host.partition(":")
+    if port and not 1 <= int(port) <= 65535:
+        raise InputError([Problem(flag, 0, f"{flag} {quoted}: port {port} is not a TCP port (1 to 65535) ({example})")])
+    if not REPOSITORY_PATTERN.fullmatch(repository) or len(text) > MAX_NAME_LENGTH:
+        raise InputError([Problem(flag, 0, f"{flag} {quoted}: the repository may hold lower case letters and digits "
+                                           f"separated by '.', '_', '-' or '/', {MAX_NAME_LENGTH} characters in all "
+                                           f"({example})")])
     return Registry(host, repository)
 
 

@@ -28,6 +28,7 @@ import docker
 import docker.errors
 import docker.types
 from rich.table import Table
+from rich.text import Text
 
 from . import engine
 from .builder import local_name
@@ -480,12 +481,13 @@ def summary_markdown(results: list[VerifyResult]) -> str:
 
 
 def checks_table(result: VerifyResult) -> Table:
-    verdict = "[green]passed[/]" if result.passed else "[red]FAILED[/]"
-    table = Table(title=f"{result.tag}: {verdict} ({result.duration:.1f}s, {result.image_id[:19]})", title_justify="left")
+    verdict = Text("passed", "green") if result.passed else Text("FAILED", "red")
+    title = Text.assemble(f"{result.tag}: ", verdict, f" ({result.duration:.1f}s, {result.image_id[:19]})")
+    table = Table(title=title, title_justify="left")
     for column in ("check", "status", "message"):
         table.add_column(column, no_wrap=column != "message")
     for name, check in result.checks.items():
-        table.add_row(name, f"[{STATUS_STYLE[check['status']]}]{check['status']}[/]", check["message"])
+        table.add_row(name, Text(check["status"], STATUS_STYLE[check["status"]]), Text(check["message"]))
     return table
 
 

@@ -1,11 +1,21 @@
-"""YAML loading that remembers line numbers, so every input error can name its line."""
+"""YAML loading that remembers line numbers, so every input error can name its line; and that bounds what a
+hostile file can cost (size, nesting, alias expansion) before anything reads its values."""
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
+from yaml.nodes import MappingNode, SequenceNode
 
+from .files import brief, read_text
 from .model import InputError, Problem
+
+MAX_DEPTH = 32  # a matrix nests four levels deep; compat.yaml six
+MAX_NODES = 100_000  # after alias expansion: a "billion laughs" file is refused before any value is read
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class LineDict(dict):
@@ -23,21 +33,49 @@ class LineList(list):
     item_lines: list
 
 
+class _BoundExceeded(Exception):
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line, self.message = line, message
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that keeps lines, keeps version-like numbers as written, and rejects duplicate keys."""
+    """SafeLoader that keeps lines, keeps version-like numbers as written, rejects duplicate and unhashable keys,
+    and refuses documents nested or expanding past the bounds above."""
 
     duplicate_keys: list
+    bad_keys: list
+    depth: int = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _BoundExceeded(line, f"nested more than {MAX_DEPTH} levels deep: flatten it")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
+        written_here = {id(key_node) for key_node, _ in node.value if key_node.tag != MERGE_TAG}
+        self.flatten_mapping(node)  # YAML merge keys (<<: *defaults): merged keys first, so this mapping's win
         mapping = LineDict()
         mapping.line = node.start_mark.line + 1
         mapping.key_lines = {}
+        seen_here = set()
         for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
-            if key in mapping:
-                self.duplicate_keys.append((key, key_node.start_mark.line + 1))
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):
+                self.bad_keys.append(line)
+                continue
+            if id(key_node) in written_here:
+                if key in seen_here:
+                    self.duplicate_keys.append((key, line))
+                seen_here.add(key)
             mapping[key] = self.construct_object(value_node, deep=True)
-            mapping.key_lines[key] = key_node.start_mark.line + 1
+            mapping.key_lines[key] = line
         return mapping
 
     def construct_sequence(self, node, deep=False):
@@ -56,25 +94,48 @@ _LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_seque
 _LineLoader.add_constructor("tag:yaml.org,2002:float", _LineLoader.construct_version_like_float)
 
 
-def load_yaml(path: Path):
-    """Parse a YAML file; any syntax error or duplicate key becomes an InputError naming the line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise InputError([Problem(str(path), 0, f"cannot read file: {error.strerror}")]) from None
+def expanded_size(node, sizes: dict | None = None) -> int:
+    """How many nodes the document has once every alias is expanded (each shared node counted once per use)."""
+    sizes = {} if sizes is None else sizes
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_NODES + 1  # a node that contains itself expands without end
+    if isinstance(node, MappingNode):
+        size = 1 + sum(expanded_size(key, sizes) + expanded_size(value, sizes) for key, value in node.value)
+    elif isinstance(node, SequenceNode):
+        size = 1 + sum(expanded_size(child, sizes) for child in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = min(size, MAX_NODES + 1)
+    return sizes[id(node)]
+
+
+def load_yaml(path: Path, fix: str = "fix the file"):
+    """Parse a YAML file; a file that is not a readable UTF-8 regular file, a syntax error, a bound exceeded or a
+    duplicate key becomes an InputError naming the line."""
+    text = read_text(path, fix)
     loader = _LineLoader(text)
-    loader.duplicate_keys = []
+    loader.duplicate_keys, loader.bad_keys = [], []
     try:
-        document = loader.get_single_data()
+        node = loader.get_single_node()
+        if node is not None and expanded_size(node) > MAX_NODES:
+            raise _BoundExceeded(1, f"expands to more than {MAX_NODES} values through its aliases: use fewer aliases")
+        document = loader.construct_document(node) if node is not None else None
+    except _BoundExceeded as error:
+        raise InputError([Problem(str(path), error.line, error.message)]) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark else 0
         reason = getattr(error, "problem", None) or str(error)
         raise InputError([Problem(str(path), line, f"invalid YAML: {reason}; fix the syntax")]) from None
+    except RecursionError:
+        raise InputError([Problem(str(path), 0, "nested too deeply: flatten it")]) from None
     finally:
         loader.dispose()
-    problems = [
-        Problem(str(path), line, f"duplicate key '{key}': each key may appear once per mapping")
+    problems = [Problem(str(path), line, "a key must be a plain value (a name or a number), not a list or a mapping")
+                for line in loader.bad_keys]
+    problems += [
+        Problem(str(path), line, f"duplicate key {brief(key)}: each key may appear once per mapping")
         for key, line in loader.duplicate_keys
     ]
     if problems:
