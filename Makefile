@@ -8,7 +8,7 @@ SELECTION ?=
 WHEELHOUSE ?= wheelhouse
 PYTEST_ARGS ?=
 
-.PHONY: setup engine engine-down render render-check lint images test bench clean
+.PHONY: setup engine engine-down render render-check lint images test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ images: render-check engine
 
 test: render-check lint engine
 	source $(ENGINE_ENV) && $(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input (under a minute).
+test-fast: render-check lint
+	$(PYTHON) -m pytest -m "not engine" $(PYTEST_ARGS)
 
 bench: engine
 	source $(ENGINE_ENV) && for script in bench/*_bench.py; do $(PYTHON) $$script || exit 1; done

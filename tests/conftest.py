@@ -7,6 +7,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Tests that use these fixtures need a Docker engine (or fetch wheels for one): the slow lane. `make test-fast`
+# runs the rest, with no engine, in under a minute.
+ENGINE_FIXTURES = {"engine_env", "wheelhouse"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if ENGINE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.engine)
+
+
 def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -> subprocess.CompletedProcess:
     """Run build.py as a user would; returns the finished process (stdout/stderr as text)."""
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True,

@@ -298,7 +298,7 @@ def _index_url(wheel: dict) -> str:
 def _base_kind(row: _Row, is_gpu: bool, cuda: str, os_name: str, cuda_facts, fail) -> str:
     kind = row.get("base", "os")
     if kind not in BASE_KINDS:
-        fail("base", f"'base' must be one of {', '.join(BASE_KINDS)}, got {kind!r}")
+        fail("base", f"'base' must be one of {', '.join(BASE_KINDS)}, got {brief(kind)}")
         return "os"
     if kind == "nvidia" and not is_gpu:
         fail("base", "CPU variants start from the OS image: remove 'base: nvidia'")
@@ -377,7 +377,7 @@ def _cudnn(row: _Row, is_gpu: bool, wheel: dict, allow_unlisted: bool, fail) -> 
             fail("cudnn", "CPU variants have no cuDNN: remove 'cudnn'")
         return None
     if isinstance(cudnn, bool) or not isinstance(cudnn, int):
-        fail("cudnn", f"'cudnn' must be the cuDNN major version as a number (e.g. 9), got {cudnn!r}")
+        fail("cudnn", f"'cudnn' must be the cuDNN major version as a number (e.g. 9), got {brief(cudnn)}")
         return None
     pinned = wheel.get("cudnn")
     if pinned and int(pinned.split(".")[0]) != cudnn and not allow_unlisted:

@@ -114,9 +114,10 @@ def load_yaml(path: Path, fix: str = "fix the file"):
     """Parse a YAML file; a file that is not a readable UTF-8 regular file, a syntax error, a bound exceeded or a
     duplicate key becomes an InputError naming the line."""
     text = read_text(path, fix)
-    loader = _LineLoader(text)
-    loader.duplicate_keys, loader.bad_keys = [], []
+    loader = None
     try:
+        loader = _LineLoader(text)  # refuses characters YAML forbids (NUL, other control characters) right here
+        loader.duplicate_keys, loader.bad_keys = [], []
         node = loader.get_single_node()
         if node is not None and expanded_size(node) > MAX_NODES:
             raise _BoundExceeded(1, f"expands to more than {MAX_NODES} values through its aliases: use fewer aliases")
@@ -125,13 +126,15 @@ def load_yaml(path: Path, fix: str = "fix the file"):
         raise InputError([Problem(str(path), error.line, error.message)]) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark else 0
-        reason = getattr(error, "problem", None) or str(error)
+        position = getattr(error, "position", None)  # a forbidden character: where in the text
+        line = mark.line + 1 if mark else text.count("\n", 0, position) + 1 if position is not None else 0
+        reason = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise InputError([Problem(str(path), line, f"invalid YAML: {reason}; fix the syntax")]) from None
     except RecursionError:
         raise InputError([Problem(str(path), 0, "nested too deeply: flatten it")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     problems = [Problem(str(path), line, "a key must be a plain value (a name or a number), not a list or a mapping")
                 for line in loader.bad_keys]
     problems += [
