@@ -210,3 +210,27 @@ def test_render_uses_the_base_digests_of_the_lock(cli, tmp_path):
     assert 'org.opencontainers.image.base.name="debian:bookworm"' in runtime
     legacy = (images / "2.14.1-cuda12.6-cudnn9-runtime-ubuntu24.04" / "Dockerfile").read_text()
     assert "ARG BASE_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04\n" in legacy, "bases not in the lock keep their tag"
+
+
+def test_a_new_flavor_is_one_line_of_compat_data(tmp_path):
+    """Flavors are data: a flavor added to compat.yaml renders, with its packages, and no code names it."""
+    compat = yaml.safe_load(COMPAT_FILE.read_text())
+    compat["flavors"]["notebook"] = {"packages": ["git"], "cuda_toolkit": False, "builds_extensions": False}
+    compat_path = tmp_path / "compat.yaml"
+    compat_path.write_text(yaml.safe_dump(compat))
+    matrix_path = tmp_path / "matrix.yaml"
+    matrix_path.write_text("registry: localhost:5000/ml/pytorch\ndefaults: {python: \"3.11\", os: debian12}\n"
+                           "variants:\n  - {torch: 2.13.0, cuda: cpu, flavors: [runtime, notebook]}\n")
+    matrix = load_matrix(matrix_path, compat_path)
+    notebook = next(spec for spec in matrix.specs if spec.flavor == "notebook")
+    assert notebook.tag == "2.13.0-cpu-notebook" and not notebook.builds_extensions
+    dockerfile = render_files(matrix.specs, TEMPLATES, "matrix.yaml", matrix.repository)[f"{notebook.tag}/Dockerfile"]
+    assert b"apt-get install -y --no-install-recommends git" in dockerfile
+
+
+def test_os_packages_come_from_the_family_table():
+    spec = next(s for s in load_matrix(ROOT / "matrix.yaml").specs if s.os == "debian12" and s.python == "3.11")
+    assert spec.os_family == "apt" and spec.arch == "x86_64"
+    assert spec.python_packages == ("ca-certificates", "python3.11")
+    assert spec.system_packages == ("g++", "python3.11-dev")
+    assert spec.venv_packages == ("python3.11-venv",) and spec.download_packages == ()

@@ -17,7 +17,7 @@ COMPAT_FILE = Path(__file__).with_name("compat.yaml")
 TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
 VARIANT_KEYS = (
     "torch", "cuda", "cudnn", "python", "os", "flavors", "torchvision", "arch_list", "user",
-    "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base",
+    "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base", "arch",
 )
 BASE_KINDS = ("os", "nvidia")
 PYPI = "https://pypi.org/simple"
@@ -32,7 +32,7 @@ ALIAS_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 MAX_TAG_LENGTH = 128  # Docker's limit on a tag
 MAX_NAME_LENGTH = 255  # ... and on a repository name
 MAX_NOTE_LENGTH = 200
-COMPAT_SECTIONS = ("torch", "cuda", "os", "cuda_toolkit", "bases", "system_packages", "flavors",
+COMPAT_SECTIONS = ("torch", "cuda", "os", "families", "architectures", "cuda_toolkit", "bases", "flavors",
                    "compute_capabilities", "reserved_users")
 
 
@@ -70,7 +70,7 @@ def compat_shape_problems(compat) -> list[tuple[int, str]]:
         if name in compat and not isinstance(section, expected.get(name, dict)):
             problems.append((compat.line_of(name), f"section '{name}' must be a "
                                                    f"{'list' if name in expected else 'mapping'}"))
-    for name in ("torch", "cuda", "os", "flavors", "bases"):
+    for name in ("torch", "cuda", "os", "flavors", "bases", "families", "architectures"):
         section = compat.get(name)
         for key, entry in (section.items() if isinstance(section, LineDict) else ()):
             if not isinstance(entry, dict):
@@ -78,8 +78,10 @@ def compat_shape_problems(compat) -> list[tuple[int, str]]:
             elif name == "torch" and not _torch_facts_ok(entry):
                 problems.append((section.line_of(key), f"torch {brief(key)} needs python: {{min:, max:}}, "
                                                        "torchvision: and a cuda: mapping of mappings"))
-            elif name == "os" and not {"python", "image", "glibc"} <= set(entry):
-                problems.append((section.line_of(key), f"os {brief(key)} needs python:, image: and glibc:"))
+            elif name == "os" and not ({"python", "image", "glibc", "family"} <= set(entry)
+                                       and entry["family"] in (compat.get("families") or {})):
+                problems.append((section.line_of(key), f"os {brief(key)} needs python:, image:, glibc: and a "
+                                                       "family: that `families` lists"))
             elif name == "cuda" and not {"full", "min_driver"} <= set(entry):
                 problems.append((section.line_of(key), f"CUDA {brief(key)} needs full: and min_driver:"))
     return problems
@@ -178,6 +180,7 @@ class _Settings:
     """What a row asks for beyond its versions: checked whether or not its versions are valid."""
 
     flavors: list[str]
+    arch: str
     allow_unlisted: bool
     user: User | None
     shm_size: str
@@ -215,7 +218,7 @@ def _settings(row: _Row, compat: dict, fail) -> _Settings:
         allow_unlisted = False
     flavors = _flavors(row, tuple(compat["flavors"]), fail)
     return _Settings(
-        flavors=flavors, allow_unlisted=allow_unlisted, user=_user(row, compat["reserved_users"], fail),
+        flavors=flavors, arch=_arch(row, compat["architectures"], fail), allow_unlisted=allow_unlisted, user=_user(row, compat["reserved_users"], fail),
         shm_size=_size(row, "shm_size", "8g", fail), size_budget=_size(row, "size_budget", None, fail),
         deprecated=_deprecated(row, fail), aliases=_aliases(row, flavors, fail),
     )
@@ -264,22 +267,26 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     if fail:
         return []
     python_from_os = os_facts["python"] == python
-    system_packages = _system_packages(compat["system_packages"], python, python_from_os)
+    os_packages = _os_packages(compat["families"][os_facts["family"]], python, python_from_os)
     # Rows on another OS than defaults.os get an OS suffix: the well-known names stay on the default OS.
     # A matrix without defaults.os names no default, so no row has one.
     default_os = defaults.get("os")
     os_suffix = "" if default_os in (None, os_name) else f"-{os_name}"
-    base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts)
+    base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts,
+                                         compat["architectures"][settings.arch])
     specs = []
     for flavor in flavors:
-        with_toolkit = is_gpu and compat["flavors"][flavor].get("cuda_toolkit", False)
+        flavor_facts = compat["flavors"][flavor]
+        with_toolkit = is_gpu and flavor_facts.get("cuda_toolkit", False)
         prefix = f"{torch}-cuda{cuda}-cudnn{cudnn}" if is_gpu else f"{torch}-cpu"
         specs.append(ImageSpec(
             tag=f"{prefix}-{flavor}{os_suffix}", torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn,
             python=python, os=os_name, flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
             python_from_os=python_from_os, torchvision=torchvision,
             numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]), index_url=_index_url(wheel),
-            system_packages=system_packages, flavor_packages=tuple(compat["flavors"][flavor].get("packages") or ()),
+            os_family=os_facts["family"], arch=settings.arch, **os_packages,
+            flavor_packages=tuple(flavor_facts.get("packages") or ()),
+            builds_extensions=bool(flavor_facts.get("builds_extensions")),
             cuda_toolkit=toolkit.get("version") if with_toolkit else None,
             cuda_toolkit_packages=tuple(toolkit.get("packages", ())) if with_toolkit else (),
             cuda_home=toolkit.get("home") if with_toolkit else None, remove_from_base=remove_from_base,
@@ -308,12 +315,13 @@ def _base_kind(row: _Row, is_gpu: bool, cuda: str, os_name: str, cuda_facts, fai
     return kind
 
 
-def _base_image(compat: dict, kind: str, os_facts: dict, os_name: str, cuda: str, cuda_facts) -> tuple[str, tuple[str, ...]]:
+def _base_image(compat: dict, kind: str, os_facts: dict, os_name: str, cuda: str, cuda_facts,
+                arch_facts: dict) -> tuple[str, tuple[str, ...]]:
     """The image FROM uses, and the files of it that the wheels replace."""
     if kind == "os":
         return os_facts["image"], ()
     facts = compat["bases"][kind]
-    values = {"cuda": cuda, "cuda_full": cuda_facts["full"], "os": os_name}
+    values = {"cuda": cuda, "cuda_full": cuda_facts["full"], "os": os_name, "cuda_target": arch_facts["cuda_target"]}
     return facts["image"].format(**values), tuple(path.format(**values) for path in facts.get("remove", ()))
 
 
@@ -333,9 +341,27 @@ def _toolkit(row: _Row, flavors: list[str], compat: dict, torch: str, cuda: str,
     return {"version": version, "home": home, "packages": packages}
 
 
-def _system_packages(facts: dict, python: str, python_from_os: bool) -> tuple[str, ...]:
-    headers = [name.format(python=python) for name in facts.get("python_dev", ())] if python_from_os else []
-    return tuple(facts.get("packages", ())) + tuple(headers)
+def _os_packages(family: dict, python: str, python_from_os: bool) -> dict[str, tuple[str, ...]]:
+    """The OS packages of each Dockerfile stage, named as the OS's family names them."""
+    def named(key: str) -> tuple[str, ...]:
+        return tuple(name.format(python=python) for name in family.get(key, ()))
+
+    own_python = python_from_os
+    return {
+        "python_packages": named("certificates") + (named("python") if own_python else ()),
+        "venv_packages": named("python_venv") if own_python else (),
+        "download_packages": () if own_python else named("certificates") + named("download"),
+        "system_packages": named("compiler") + (named("python_dev") if own_python else ()),
+    }
+
+
+def _arch(row: _Row, architectures: dict, fail) -> str:
+    arch = row.get("arch", "x86_64")
+    if not isinstance(arch, str) or arch not in architectures:
+        fail("arch", f"'arch' must be one of {', '.join(architectures)} (the machines torchimages/compat.yaml "
+                     f"describes), got {brief(arch)}")
+        return "x86_64"
+    return arch
 
 
 def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:

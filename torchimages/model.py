@@ -34,8 +34,14 @@ class ImageSpec:
     numpy: str | None = None  # the NumPy release installed beside torch
     index_url: str = ""  # where pip finds this torch build: PyPI when its own wheel is it, else download.pytorch.org
     glibc: str = ""  # the OS's glibc: which manylinux wheels it runs
-    system_packages: tuple[str, ...] = ()  # apt packages every flavor shares (compiler, Python headers)
-    flavor_packages: tuple[str, ...] = ()  # apt packages this flavor adds on top
+    os_family: str = "apt"  # the OS's package manager: templates/os/<os_family>.j2 installs packages with it
+    arch: str = "x86_64"  # the machine the image is for
+    python_packages: tuple[str, ...] = ()  # OS packages the Python stage installs (certificates, the OS's Python)
+    venv_packages: tuple[str, ...] = ()  # ... and what `python -m venv` needs from the OS
+    download_packages: tuple[str, ...] = ()  # ... and what fetches python-build-standalone (when not the OS's)
+    system_packages: tuple[str, ...] = ()  # OS packages every flavor shares (compiler, Python headers)
+    flavor_packages: tuple[str, ...] = ()  # OS packages this flavor adds on top
+    builds_extensions: bool = False  # the flavor is for building torch extensions (compiler, nvcc on GPU rows)
     cuda_toolkit: str | None = None  # devel GPU rows: the cuda-toolkit version whose nvcc and headers they get
     cuda_toolkit_packages: tuple[str, ...] = ()  # ... as pip requirements (nvcc, crt, nvvm, cccl)
     cuda_home: str | None = None  # devel GPU rows: the toolkit's folder inside site-packages (nvidia/cu13)
@@ -74,7 +80,8 @@ class ImageSpec:
         values = dict(data)
         values["user"] = User(**values["user"]) if values.get("user") else None
         values["arch_list"] = tuple(values.get("arch_list") or ())
-        for name in ("aliases", "system_packages", "flavor_packages", "remove_from_base", "cuda_toolkit_packages"):
+        for name in ("aliases", "system_packages", "flavor_packages", "remove_from_base", "cuda_toolkit_packages",
+                     "python_packages", "venv_packages", "download_packages"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 

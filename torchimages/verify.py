@@ -182,7 +182,7 @@ def _plan(docker_client: docker.DockerClient, spec: ImageSpec, options: VerifyOp
         raise InputError([Problem("--timeout", 0, "--timeout must be at least 1 second")])
     image = options.image or local_name(spec)
     image_id = _image_id(docker_client, image, pull=bool(options.image), progress=progress, tag=spec.tag)
-    timeout = options.timeout or (DEVEL_TIMEOUT_S if spec.flavor == "devel" else RUNTIME_TIMEOUT_S)
+    timeout = options.timeout or (DEVEL_TIMEOUT_S if spec.builds_extensions else RUNTIME_TIMEOUT_S)
     return Plan(spec, image, image_id, gpus, shm_size, timeout)
 
 
@@ -268,7 +268,7 @@ def run_probe(container, arguments: list[str], user: str, timeout: int) -> dict:
 
 def probe_arguments(spec: ImageSpec) -> list[str]:
     arguments = []
-    if spec.flavor == "devel":
+    if spec.builds_extensions:
         arguments.append("--devel")
         if spec.is_gpu:
             arguments += ["--cuda-extension", f"--arch-list={';'.join(spec.arch_list)}"]

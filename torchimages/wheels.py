@@ -21,12 +21,12 @@ def requirements(spec: ImageSpec) -> list[str]:
     return packages + list(spec.cuda_toolkit_packages)
 
 
-def platform_tags(glibc: str) -> list[str]:
-    """Every manylinux tag a glibc runs: pip matches --platform exactly, and one wheel set mixes several
-    (nvidia-cudnn-cu13 is manylinux_2_27 only, torch manylinux_2_28)."""
+def platform_tags(glibc: str, machine: str = "x86_64") -> list[str]:
+    """Every manylinux tag a glibc runs on a machine: pip matches --platform exactly, and one wheel set mixes
+    several (nvidia-cudnn-cu13 is manylinux_2_27 only, torch manylinux_2_28)."""
     newest = int(glibc.split(".")[1])
-    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(newest, OLDEST_MANYLINUX_MINOR - 1, -1)]
-    return tags + ["manylinux2014_x86_64", "linux_x86_64"]
+    tags = [f"manylinux_2_{minor}_{machine}" for minor in range(newest, OLDEST_MANYLINUX_MINOR - 1, -1)]
+    return tags + [f"manylinux2014_{machine}", f"linux_{machine}"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Download:
     dest: Path
     python: str
     glibc: str
+    machine: str  # the rows' arch: the manylinux platform suffix
     index: str
     index_url: str
     requirements: tuple[str, ...]
@@ -51,14 +52,15 @@ def plan_downloads(specs: list[ImageSpec], wheelhouse: Path) -> list[Download]:
     for dest, rows in grouped.items():
         wanted = list(dict.fromkeys(r for spec in rows for r in requirements(spec)))
         glibc = min((spec.glibc for spec in rows if spec.glibc), key=lambda v: tuple(map(int, v.split("."))), default="2.28")
-        downloads.append(Download(dest, rows[0].python, glibc, rows[0].wheel_index, rows[0].index_url, tuple(wanted)))
+        downloads.append(Download(dest, rows[0].python, glibc, rows[0].arch, rows[0].wheel_index, rows[0].index_url,
+                                  tuple(wanted)))
     return downloads
 
 
 def download_command(download: Download, index_url: str | None, extra_index_url: str | None) -> list[str]:
     command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(download.dest),
                "--only-binary=:all:", "--python-version", download.python, "--implementation", "cp"]
-    for platform in platform_tags(download.glibc):
+    for platform in platform_tags(download.glibc, download.machine):
         command += ["--platform", platform]
     command += ["--index-url", index_url or download.index_url]
     command += ["--extra-index-url", extra_index_url or PYPI]

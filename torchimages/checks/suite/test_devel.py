@@ -1,4 +1,4 @@
-"""devel: devel images compile torch extensions (nvcc equal to torch's CUDA and a CUDA extension for the row's
+"""devel: images whose flavor builds extensions (devel) compile torch extensions (nvcc equal to torch's CUDA and a CUDA extension for the row's
 whole arch list on GPU rows, without a GPU; a C++ extension on CPU rows); running the CUDA kernel needs a GPU.
 Runtime images carry no nvcc."""
 import pytest
@@ -7,8 +7,8 @@ pytestmark = pytest.mark.check("devel")
 
 
 def test_runtime_image_has_no_nvcc(main, spec):
-    if spec.flavor == "devel":
-        pytest.skip("devel image: nvcc belongs here")
+    if spec.builds_extensions:
+        pytest.skip(f"{spec.flavor} image: nvcc belongs here")
     nvcc = main["tools"]["nvcc"]
     assert not nvcc["path"], (
         f"runtime image contains nvcc ({nvcc['path']}): it adds gigabytes; build runtime images FROM the -base or "
@@ -16,8 +16,8 @@ def test_runtime_image_has_no_nvcc(main, spec):
 
 
 def test_compiler_is_present(main, spec):
-    if spec.flavor != "devel":
-        pytest.skip("runtime image: no compiler expected")
+    if not spec.builds_extensions:
+        pytest.skip(f"{spec.flavor} image: no compiler toolchain expected")
     compiler = main["tools"]["cxx"]
     assert compiler["path"] and compiler.get("ok"), (
         f"devel image has no working C++ compiler (c++/g++: {compiler.get('error') or compiler['path'] or 'not found'}): "
@@ -25,8 +25,8 @@ def test_compiler_is_present(main, spec):
 
 
 def test_nvcc_matches_torch_cuda(main, torch_facts, spec):
-    if spec.flavor != "devel" or not spec.is_gpu:
-        pytest.skip("only GPU devel images need nvcc")
+    if not spec.builds_extensions or not spec.is_gpu:
+        pytest.skip("only GPU images for building extensions (devel) need nvcc")
     nvcc = main["tools"]["nvcc"]
     assert nvcc["path"], (
         f"devel image has no nvcc (CUDA_HOME={nvcc.get('cuda_home') or 'unset'}, none on PATH), but torch is built for "
@@ -38,8 +38,8 @@ def test_nvcc_matches_torch_cuda(main, torch_facts, spec):
 
 
 def test_extension_compiles_and_links(main, torch_facts, spec):
-    if spec.flavor != "devel":
-        pytest.skip("runtime image: extensions are built in the devel image")
+    if not spec.builds_extensions:
+        pytest.skip(f"{spec.flavor} image: extensions are built in the devel image")
     result = main["extension"]
     what = f"a CUDA torch extension for arch list {';'.join(spec.arch_list)}" if spec.is_gpu else "a C++ torch extension"
     assert result.get("compiled") and result.get("cpu_ok"), (
@@ -49,8 +49,8 @@ def test_extension_compiles_and_links(main, torch_facts, spec):
 
 
 def test_cuda_extension_runs_on_the_gpu(main, spec, devices):
-    if spec.flavor != "devel":
-        pytest.skip("runtime image: extensions are built in the devel image")
+    if not spec.builds_extensions:
+        pytest.skip(f"{spec.flavor} image: extensions are built in the devel image")
     result = main["extension"]
     assert result.get("cuda_ran") and result.get("cuda_ok"), (
         f"the CUDA extension built for {';'.join(spec.arch_list)} did not run correctly on {devices[0]['name']}: "
