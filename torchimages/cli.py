@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _at_least(minimum: int):
     def check(value: int) -> None:
         if value < minimum:
-            raise ValueError(f"must be at least {minimum}, got {value}")
+            raise ValueError(f"must be {'0 or more' if minimum == 0 else f'at least {minimum}'}, got {value}")
     return check
 
 
