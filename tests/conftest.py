@@ -27,6 +27,30 @@ def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -
     return result
 
 
+def run_cli_in_process(*args: str, env: dict | None = None, **_subprocess_only) -> subprocess.CompletedProcess:
+    """build.py's main() in this process, for the many fast input tests (an interpreter start costs more than the
+    command). Output and exit code as run_cli gives them; an exception that escapes main() is printed as the
+    traceback a user would see, so `"Traceback" not in stderr` means the same here."""
+    import io
+    import os
+    import traceback
+    from contextlib import redirect_stderr, redirect_stdout
+    from unittest import mock
+
+    from torchimages.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env or {}), redirect_stdout(stdout), redirect_stderr(stderr):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:  # argparse's usage errors
+            code = stop.code if isinstance(stop.code, int) else 1
+        except Exception:  # noqa: BLE001 - shown as the traceback a user would see
+            traceback.print_exc(file=stderr)
+            code = 1
+    return subprocess.CompletedProcess(["build.py", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -23,6 +23,7 @@ import re
 import resource
 import socket
 import subprocess
+from unittest import mock
 import sys
 import tempfile
 import textwrap
@@ -38,7 +39,7 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError, User
 from torchimages.render import render_files
 
-from .conftest import ROOT
+from .conftest import ROOT, run_cli_in_process
 
 MATRIX_TEXT = (ROOT / "matrix.yaml").read_text()
 BASE_DOCUMENT = yaml.safe_load(MATRIX_TEXT)  # plain dicts and lists: the starting point of every mutation
@@ -55,9 +56,14 @@ NO_ENGINE = "unix:///nonexistent/torchimages-test/docker.sock"
 
 # ----------------------------------------------------------------------------------------------- running build.py
 
-def run_bounded(*args: str, env: dict | None = None, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
-    """build.py as a user runs it (conftest.run_cli), plus a memory cap and a hang guard. DOCKER_HOST points at
-    nothing unless the caller says otherwise, so no command can reach a real engine by accident."""
+def run_bounded(*args: str, env: dict | None = None, timeout: float = HANG_GUARD_S,
+                isolated: bool = False) -> subprocess.CompletedProcess:
+    """build.py as a user runs it. DOCKER_HOST points at nothing unless the caller says otherwise, so no command can
+    reach a real engine by accident. isolated: in its own process with a memory cap and a hang guard, for inputs
+    built to exhaust memory or hang; else in this process (fast)."""
+    if not isolated:
+        return run_cli_in_process(*args, env={"DOCKER_HOST": NO_ENGINE, **(env or {})})
+
     def cap_memory():
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
@@ -385,7 +391,7 @@ def test_commands_keep_the_contract_on_any_input(invocation):
         if command[0] == "catalog":
             command = [*command, "--catalog", str(scratch / "catalog")]
         before = outside_state(scratch)
-        result = run_bounded(*in_scratch(scratch, *command))
+        result = run_bounded(*in_scratch(scratch, *command), isolated=True)
         after = outside_state(scratch)
     assert_contract(result)
     assert before == after, f"build.py {command} changed files outside its scratch folder"
@@ -529,7 +535,7 @@ def billion_laughs(levels: int = 12, width: int = 10) -> str:
 
 def test_yaml_alias_bomb_is_refused(tmp_path):
     scratch = make_scratch(tmp_path, billion_laughs())
-    result = run_bounded(*in_scratch(scratch, "list"))
+    result = run_bounded(*in_scratch(scratch, "list"), isolated=True)
     assert_contract(result, 2)
     assert str(scratch / "matrix.yaml") in result.stderr
 
@@ -543,7 +549,7 @@ def test_yaml_alias_bomb_is_refused_by_the_loader(tmp_path):
 
 def test_matrix_from_dev_zero_is_refused():
     result = run_bounded("--matrix", "/dev/zero", "--images", "/nonexistent/images", "--reports", "/nonexistent/reports",
-                         "list")
+                         "list", isolated=True)
     assert_contract(result, 2)
     assert "/dev/zero" in result.stderr
 
@@ -553,7 +559,7 @@ def test_matrix_that_is_a_fifo_is_refused(tmp_path):
     scratch = make_scratch(tmp_path)
     fifo = scratch / "matrix.fifo"
     os.mkfifo(fifo)
-    result = run_bounded(*in_scratch(scratch, "list", matrix=fifo))
+    result = run_bounded(*in_scratch(scratch, "list", matrix=fifo), isolated=True)
     assert_contract(result, 2)
     assert str(fifo) in result.stderr
 
@@ -589,7 +595,9 @@ def test_engine_that_accepts_and_never_answers_is_an_error_not_a_hang():
     engine = SilentEngine(folder)
     try:
         scratch = make_scratch(folder)
-        result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME), env={"DOCKER_HOST": f"unix://{engine.path}"})
+        # In this process, with the ping's bound cut to a second: the product's 10 s is the same code path.
+        with mock.patch("torchimages.engine.PING_TIMEOUT_S", 1):
+            result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME), env={"DOCKER_HOST": f"unix://{engine.path}"})
     finally:
         engine.close()
     assert_contract(result, 1, 2)
@@ -600,7 +608,7 @@ def test_engine_that_accepts_and_never_answers_is_an_error_not_a_hang():
 
 def test_rich_markup_in_a_matrix_value_is_printed_as_written(tmp_path):
     scratch = make_scratch(tmp_path, MATRIX_TEXT.replace("torch: 2.13.0", "torch: '[/]'"))
-    result = run_bounded(*in_scratch(scratch, "list"))
+    result = run_bounded(*in_scratch(scratch, "list"), isolated=True)
     assert_contract(result, 2)
     assert "[/]" in result.stderr
 
@@ -614,7 +622,7 @@ def test_rich_markup_in_a_selector_is_printed_as_written(tmp_path):
 
 def test_matrix_that_is_not_utf8_is_refused_naming_its_line(tmp_path):
     scratch = make_scratch(tmp_path, MATRIX_TEXT.encode().replace(b"debian12", b"debian\xff12"))
-    result = run_bounded(*in_scratch(scratch, "list"))
+    result = run_bounded(*in_scratch(scratch, "list"), isolated=True)
     assert_contract(result, 2)
     line = MATRIX_TEXT[:MATRIX_TEXT.index("debian12")].count("\n") + 1
     assert f"{scratch / 'matrix.yaml'}:{line}:" in result.stderr

@@ -19,9 +19,9 @@ import docker
 import docker.errors
 import docker.utils
 
-from .files import atomic_write_json, read_json
+from .files import atomic_write_json
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
-from .reporting import utc_timestamp
+from .reporting import read_row_report, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -361,12 +361,25 @@ def _with_log_tail(error: str, log_path: Path) -> str:
     return error + ("\n" + "\n".join(tail) if tail else "")
 
 
+@dataclass
+class BuildReportEntry(BuildResult):
+    """An entry of reports/build-report.json: a row's last result, and how long its last real build took."""
+
+    last_build_duration: float = 0.0
+
+
+def read_report(path: Path) -> dict[str, dict]:
+    """reports/build-report.json as tag -> entry (empty when there is none); a damaged one is an InputError."""
+    return read_row_report(path, BuildReportEntry, "build report",
+                           "delete it: it only records past builds (shard plans then weigh every row the same)")
+
+
 def write_report(reports_dir: Path, results: list[BuildResult]) -> Path:
     """Merge this run into reports/build-report.json, keeping entries of images not built this time.
 
     `last_build_duration` survives skipped runs: shard planning weighs rows by their real build time."""
     path = reports_dir / "build-report.json"
-    entries = {entry["tag"]: entry for entry in read_json(path, {"images": []})["images"]}
+    entries = read_report(path)
     for result in results:
         previous = entries.get(result.tag, {})
         last_build = result.duration if result.status == "built" else previous.get("last_build_duration", 0.0)

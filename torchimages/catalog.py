@@ -10,19 +10,31 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import atomic_write, atomic_write_json
+from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project
 from .registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
-from .reporting import utc_timestamp
+from .reporting import (
+    TAG,
+    Shape,
+    markdown_cell,
+    markdown_code,
+    markdown_link,
+    require_schema,
+    utc_timestamp,
+)
 
 CATALOG_NAME = "catalog.json"
 README_NAME = "README.md"
 SCHEMA = 1
+# What an SBOM path may hold: sbom/<pinned tag>.cdx.json is what publish writes; nothing that needs quoting or escaping.
+SBOM_PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+SBOM_RULE = "must be a relative path inside the catalog folder, like sbom/<pinned tag>.cdx.json"
 
 
 @dataclass
@@ -59,7 +71,8 @@ class CatalogEntry:
 
     @classmethod
     def from_json(cls, data: dict) -> CatalogEntry:
-        values = dict(data)
+        """The entry from data of the right shape (see check_entry)."""
+        values = {item.name: data[item.name] for item in dataclasses.fields(cls) if item.name in data}
         values["pinned"] = [PinnedTag(**pinned) for pinned in values["pinned"]]
         return cls(**values)
 
@@ -83,21 +96,74 @@ def catalog_file(catalog_dir: Path) -> Path:
 
 
 def load_catalog(path: Path) -> Catalog:
-    """The catalog at path (empty when there is none yet); a damaged one is an InputError saying how to recover."""
+    """The catalog at path (empty when there is none yet); a damaged one is an InputError naming every bad entry
+    and saying how to recover."""
     recover = f"restore it with `git checkout -- {path}`, or delete it to start an empty catalog"
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
+    require_folder(path.parent, "the catalog folder (--catalog DIR)")
+    document = read_json_document(path, recover, default=None)
+    if document is None:
         return Catalog()
-    except json.JSONDecodeError as error:
-        raise InputError([Problem(str(path), error.lineno, f"not valid JSON ({error.msg}): {recover}")]) from None
-    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
-        raise InputError([Problem(str(path), 1, f"not a torchimages catalog of schema {SCHEMA}: {recover}")])
-    try:
-        images = {tag: CatalogEntry.from_json(entry) for tag, entry in document.get("images", {}).items()}
-    except (TypeError, KeyError) as error:
-        raise InputError([Problem(str(path), 1, f"an entry does not have the catalog's fields ({error}): {recover}")]) from None
+    require_schema(document, SCHEMA, path, "a torchimages catalog", recover)
+    shape = Shape("catalog")
+    if (shape.document(document, dict) and shape.fits(document.get("updated_at", ""), str, ("updated_at",))
+            and shape.fits(document.get("images"), dict, ("images",))):
+        for tag, entry in document["images"].items():
+            if shape.fits(entry, CatalogEntry, ("images", tag)):
+                check_entry(shape, path.parent, tag, entry)
+    shape.raise_if_wrong(path, recover)
+    images = {tag: CatalogEntry.from_json(entry) for tag, entry in document["images"].items()}
     return Catalog(images, document.get("updated_at", ""))
+
+
+def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
+    """What is wrong with one catalog entry of the right types: names that go into pull commands and Markdown, and
+    SBOM paths that files are copied to and deleted by."""
+    keys = ("images", tag)
+    if not TAG.fullmatch(tag):
+        shape.wrong(keys, "is not a Docker tag")
+    if entry["tag"] != tag:
+        shape.wrong((*keys, "tag"), f"must repeat the entry's name, not {brief(entry['tag'])}")
+    if not _is_repository(entry["repository"]):
+        shape.wrong((*keys, "repository"), f"must be HOST[:PORT]/REPO, not {brief(entry['repository'])}")
+    for index, name in enumerate(entry["floating"]):
+        if not TAG.fullmatch(name):
+            shape.wrong((*keys, "floating", index), f"must be a Docker tag, not {brief(name)}")
+    if not entry["pinned"]:
+        shape.wrong((*keys, "pinned"), "is empty: an entry names at least the pinned tag of its digest")
+    for index, pinned in enumerate(entry["pinned"]):
+        if not TAG.fullmatch(pinned["tag"]):
+            shape.wrong((*keys, "pinned", index, "tag"), f"must be a Docker tag, not {brief(pinned['tag'])}")
+        if not is_sbom_path(folder, pinned["sbom"]):
+            shape.wrong((*keys, "pinned", index, "sbom"), f"{SBOM_RULE}, not {brief(pinned['sbom'])}")
+    if not is_sbom_path(folder, entry["sbom"]):
+        shape.wrong((*keys, "sbom"), f"{SBOM_RULE}, not {brief(entry['sbom'])}")
+
+
+def is_sbom_path(folder: Path, relative: str) -> bool:
+    """Whether relative names a file inside folder (as inside() decides) and holds nothing a link must escape."""
+    if not SBOM_PATH.fullmatch(relative):
+        return False
+    try:
+        inside(folder, relative, "")
+    except InputError:
+        return False
+    return True
+
+
+def _is_repository(name: str) -> bool:
+    """Whether name is a registry repository publish could have pushed to (HOST[:PORT]/REPO)."""
+    try:
+        parse_registry(name)
+    except InputError:
+        return False
+    return True
+
+
+def require_folder(folder: Path, what: str) -> None:
+    """Refuse a file where a folder belongs: read, it would pass for an empty folder; written to, it breaks the
+    write half-way. A folder that does not exist yet is fine: writing makes it."""
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise InputError([Problem(str(folder), 0, f"a file where {what} belongs: name a folder, or move the file away")])
 
 
 def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, download_size: int, checks: dict,
@@ -140,7 +206,7 @@ def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> Non
         entry.pinned = [pinned for pinned in entry.pinned if pinned.tag not in removed]
         entry.updated_at = utc_timestamp()
         for pinned in gone:
-            (catalog_dir / pinned.sbom).unlink(missing_ok=True)
+            inside(catalog_dir, pinned.sbom, str(catalog_file(catalog_dir))).unlink(missing_ok=True)
 
 
 def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:
@@ -176,22 +242,27 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in entries:
-        lines.append("| " + " | ".join([
-            entry.tag + (f" (deprecated: {entry.deprecated})" if entry.deprecated else ""),
-            entry.versions.get("torch", ""), entry.versions.get("cuda", ""), entry.versions.get("cudnn", "-"),
-            entry.versions.get("python", ""), entry.versions.get("os", ""),
+        deprecated = f" (deprecated: {entry.deprecated})" if entry.deprecated else ""
+        text = [
+            entry.tag + deprecated, entry.versions.get("torch", ""), entry.versions.get("cuda", ""),
+            entry.versions.get("cudnn", "-"), entry.versions.get("python", ""), entry.versions.get("os", ""),
             f"{human_size(entry.size)} ({human_size(entry.download_size)})", checks_text(entry.checks),
-            entry.published_at[:10], f"`docker pull {entry.pull_pinned()}`", f"`docker pull {entry.pull_digest()}`",
-            f"[CycloneDX]({catalog_link}/{entry.sbom})",
+            entry.published_at[:10],
+        ]
+        lines.append("| " + " | ".join([
+            *map(markdown_cell, text), markdown_code(f"docker pull {entry.pull_pinned()}"),
+            markdown_code(f"docker pull {entry.pull_digest()}"), markdown_link("CycloneDX", f"{catalog_link}/{entry.sbom}"),
         ]) + " |")
     lines += ["", "## Floating tags", "", "| floating tag | points to | pinned as |", "|---|---|---|"]
     for entry in entries:
         for name in entry.floating:
-            lines.append(f"| `{entry.repository}:{name}` | `{entry.digest}` | `{entry.pinned[0].tag}` |")
+            lines.append(f"| {markdown_code(f'{entry.repository}:{name}')} | {markdown_code(entry.digest)} | "
+                         f"{markdown_code(entry.pinned[0].tag)} |")
     older = [(entry, pinned) for entry in entries for pinned in entry.pinned[1:]]
     if older:
         lines += ["", "## Older pinned tags (kept until pruned)", "", "| pinned tag | digest | published |", "|---|---|---|"]
-        lines += [f"| `{entry.repository}:{pinned.tag}` | `{pinned.digest}` | {pinned.date} |" for entry, pinned in older]
+        lines += [f"| {markdown_code(f'{entry.repository}:{pinned.tag}')} | {markdown_code(pinned.digest)} | "
+                  f"{markdown_cell(pinned.date)} |" for entry, pinned in older]
     return "\n".join(lines) + "\n"
 
 
@@ -240,6 +311,13 @@ def catalog_dir(project: Project, args) -> Path:
     return args.catalog or default_dir(project)
 
 
+def current_page(readme_path: Path) -> str | None:
+    """images/README.md as it is now (None when there is none): a regular UTF-8 file, or an InputError."""
+    if not os.path.lexists(readme_path):
+        return None
+    return read_text(readme_path, "delete it; `python build.py catalog` writes it again")
+
+
 def cmd_catalog(project: Project, args) -> int:
     folder = catalog_dir(project, args)
     catalog = load_catalog(catalog_file(folder))
@@ -252,8 +330,9 @@ def cmd_catalog(project: Project, args) -> int:
         return EXIT_FAILED if mismatches else EXIT_OK
     page = readme(catalog, sbom_prefix(folder, project.images))
     readme_path = project.images / README_NAME
+    require_folder(project.images, "the images folder (--images DIR)")
+    current = current_page(readme_path)
     if args.check:
-        current = readme_path.read_text() if readme_path.exists() else ""
         if current != page:
             print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
             return EXIT_FAILED
@@ -263,7 +342,7 @@ def cmd_catalog(project: Project, args) -> int:
         print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
     else:
         print(page, end="")
-    if not readme_path.exists() or readme_path.read_text() != page:
+    if current != page:
         atomic_write(readme_path, page)
         print(f"wrote {readme_path}", file=sys.stderr)
     return EXIT_OK

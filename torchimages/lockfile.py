@@ -4,17 +4,24 @@ Kept apart from the `lock` command so that rendering can read pins without the e
 """
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .files import atomic_write_json
-from .model import InputError, Problem
+from .files import atomic_write_json, brief, read_json_document
+from .reporting import DIGEST, DIGEST_RULE, Shape, require_schema
 
 LOCK_NAME = "bases.lock.json"
 SCHEMA = 1
 LOCAL_ONLY_NOTE = ("no registry digest: the engine's copy was made locally (e.g. by debootstrap), so it is pinned "
                    "by image id; this pin holds on this engine only")
+SOURCES = ("registry", "local-copy", "local-only")
+# A conservative Docker reference, [host[:port]/]name[:tag]: the key is written into Dockerfiles, so no whitespace,
+# quotes or anything else a reference cannot hold gets through.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(rf"(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                        r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?")
+MAX_IMAGE_NAME = 255
 
 
 @dataclass(frozen=True)
@@ -44,19 +51,36 @@ def repository_of(image: str) -> str:
 
 
 def read_lock(path: Path) -> dict[str, LockedBase]:
+    """The pins in path (none when there is no lock yet); anything damaged is an InputError naming every bad entry."""
     recover = f"restore it with `git checkout -- {path}`, or delete it and run `python build.py lock`"
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
+    document = read_json_document(path, recover, default=None)
+    if document is None:
         return {}
-    except json.JSONDecodeError as error:
-        raise InputError([Problem(str(path), error.lineno, f"not valid JSON ({error.msg}): {recover}")]) from None
-    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
-        raise InputError([Problem(str(path), 1, f"not a lock file of schema {SCHEMA}: {recover}")])
-    try:
-        return {image: LockedBase(**entry) for image, entry in document.get("bases", {}).items()}
-    except TypeError as error:
-        raise InputError([Problem(str(path), 1, f"an entry does not have the lock's fields ({error}): {recover}")]) from None
+    require_schema(document, SCHEMA, path, "a lock file", recover)
+    shape = Shape("lock")
+    if shape.document(document, dict) and shape.fits(document.get("bases"), dict, ("bases",)):
+        for image, entry in document["bases"].items():
+            if not IMAGE_NAME.fullmatch(image) or len(image) > MAX_IMAGE_NAME:
+                shape.wrong(("bases", image), "is not a base image name such as debian:bookworm or "
+                                              "nvidia/cuda:13.0.2-base-ubuntu24.04")
+            if shape.fits(entry, LockedBase, ("bases", image)):
+                check_entry(shape, image, entry)
+    shape.raise_if_wrong(path, recover)
+    return {image: LockedBase(**entry) for image, entry in document["bases"].items()}
+
+
+def check_entry(shape: Shape, image: str, entry: dict) -> None:
+    """What is wrong with one lock entry of the right types: what renders into a Dockerfile must be a digest."""
+    keys = ("bases", image)
+    if entry["image"] != image:
+        shape.wrong((*keys, "image"), f"must repeat the entry's name, not {brief(entry['image'])}")
+    for name in ("digest", "image_id"):
+        if entry[name] is not None and not DIGEST.fullmatch(entry[name]):
+            shape.wrong((*keys, name), f"must be {DIGEST_RULE}, not {brief(entry[name])}")
+    if entry["digest"] is None and entry["image_id"] is None:
+        shape.wrong(keys, "pins nothing: it has neither a digest nor an image id")
+    if entry["source"] not in SOURCES:
+        shape.wrong((*keys, "source"), f"must be one of {', '.join(SOURCES)}, not {brief(entry['source'])}")
 
 
 def write_lock(path: Path, bases: dict[str, LockedBase]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -28,12 +29,12 @@ from . import render as render_stage
 from . import verify as verify_stage
 from .buildargs import add_build_arguments, run_builds
 from .display import stderr_console
-from .files import atomic_write, atomic_write_json, read_json
-from .lockfile import LOCK_NAME
+from .files import atomic_write, atomic_write_json, brief, inside, read_json_document
+from .lockfile import LOCK_NAME, LockedBase
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import RegistryClient, RegistryError
-from .reporting import markdown_cell, utc_timestamp
+from .reporting import Shape, markdown_cell, markdown_code, utc_timestamp
 
 SUMMARY_JSON = "nightly-summary.json"
 SUMMARY_MARKDOWN = "nightly-summary.md"
@@ -85,7 +86,17 @@ class Summary:
         return {**asdict(self), "exit_code": self.exit_code, "nothing_to_do": self.nothing_to_do}
 
     @classmethod
-    def from_json(cls, data: dict) -> Summary:
+    def from_json(cls, data, path: Path, tags: set[str]) -> Summary:
+        """The summary a `nightly` run wrote to path, every row it names one of tags (the matrix's); an InputError
+        names each part of the wrong shape and each unknown row."""
+        shape = Shape("summary")
+        # A list, not a generator, in all(): every part is checked, so that every problem is reported.
+        if shape.document(data, cls) and all([shape.fits(data.get(name, []), list[item], (name,))
+                                              for name, item in SUMMARY_ITEMS.items()]):
+            for part, tag in named_rows(data):
+                if tag not in tags and not (part == "failed" and tag == REGISTRY_ROW):
+                    shape.wrong((part,), f"names row {brief(tag)}, which is not a tag of the matrix")
+        shape.raise_if_wrong(path, SHARD_FIX)
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def fail(self, tag: str, stage: str, error: str) -> None:
@@ -127,9 +138,11 @@ def merge_summaries(parts: list[Summary]) -> Summary:
 
 
 def markdown(summary: Summary) -> str:
-    """The summary as a GitHub step summary (readable as plain text too)."""
-    title = f"# Nightly images: {len(summary.rows)} rows" + (f" ({summary.shard})" if summary.shard else "")
-    lines = [title, "", f"Registry `{summary.registry}`; started {summary.started_at}; took {summary.duration_s:.1f} s.", ""]
+    """The summary as a GitHub step summary (readable as plain text too). Every value is escaped or quoted as code:
+    a summary may come from an uploaded shard, and nothing in it may add links or break a table."""
+    title = f"# Nightly images: {len(summary.rows)} rows" + (f" ({markdown_cell(summary.shard)})" if summary.shard else "")
+    lines = [title, "", f"Registry {markdown_code(summary.registry)}; started {markdown_cell(summary.started_at)}; "
+                        f"took {summary.duration_s:.1f} s.", ""]
     if summary.nothing_to_do:
         lines += [f"**Nothing to do**: all {len(summary.rows)} rows are unchanged, verified and already published.", ""]
     counts = [
@@ -138,35 +151,39 @@ def markdown(summary: Summary) -> str:
         ("already published", summary.unchanged), ("failed", sorted({f["tag"] for f in summary.failed})),
     ]
     lines += ["| | rows | which |", "|---|---|---|"]
-    lines += [f"| {label} | {len(tags)} | {', '.join(f'`{t}`' for t in tags)} |" for label, tags in counts]
+    lines += [f"| {label} | {len(tags)} | {', '.join(map(markdown_code, tags))} |" for label, tags in counts]
     if summary.failed:
         lines += ["", "## Failures", ""]
-        lines += [f"- `{f['tag']}` ({f['stage']}): {markdown_cell(f['error'])}" for f in summary.failed]
+        lines += [f"- {markdown_code(f['tag'])} ({markdown_cell(f['stage'])}): {markdown_cell(f['error'])}"
+                  for f in summary.failed]
     if summary.published:
         lines += ["", "## Published", "", "| row | pinned tag | digest |", "|---|---|---|"]
-        lines += [f"| `{p['tag']}` | `{p['pinned']}` | `{p['digest']}` |" for p in summary.published]
+        lines += [f"| {markdown_code(p['tag'])} | {markdown_code(p['pinned'])} | {markdown_code(p['digest'])} |"
+                  for p in summary.published]
     if summary.size_changes:
         lines += ["", "## Size changes against the last catalog", "", "| row | before | after | change |", "|---|---|---|---|"]
         lines += [_size_row(change) for change in summary.size_changes]
     for heading, tags in (("New tags", summary.new_tags), ("Moved floating tags", summary.moved_tags),
                           ("Removed tags", summary.removed_tags)):
         if tags:
-            lines += ["", f"## {heading}", "", ", ".join(f"`{tag}`" for tag in sorted(tags))]
+            lines += ["", f"## {heading}", "", ", ".join(map(markdown_code, sorted(tags)))]
     if summary.bases_changed or summary.bases_unresolved:
         lines += ["", "## Base images", ""]
-        lines += [f"- `{c['image']}` moved {c['before'] or '(new)'} -> {c['after']}: rebuilds {', '.join(c['rows'])}"
+        lines += [f"- {markdown_code(c['image'])} moved {markdown_cell(c['before'] or '(new)')} -> "
+                  f"{markdown_cell(c['after'])}: rebuilds {markdown_cell(', '.join(c['rows']))}"
                   for c in summary.bases_changed]
-        lines += [f"- `{image}` unresolved: {markdown_cell(why)}" for image, why in sorted(summary.bases_unresolved.items())]
+        lines += [f"- {markdown_code(image)} unresolved: {markdown_cell(why)}"
+                  for image, why in sorted(summary.bases_unresolved.items())]
     if summary.notes:
         lines += ["", "## Notes", ""] + [f"- {markdown_cell(note)}" for note in summary.notes]
-    lines += ["", f"Render check: {summary.render}."]
+    lines += ["", f"Render check: {markdown_cell(summary.render)}."]
     return "\n".join(lines) + "\n"
 
 
 def _size_row(change: dict) -> str:
     before, after = change["before"], change["after"]
     delta = "new" if before is None else f"{(after - before) / 1e6:+.1f} MB"
-    return (f"| `{change['tag']}` | {catalog_stage.human_size(before) if before is not None else '-'} | "
+    return (f"| {markdown_code(change['tag'])} | {catalog_stage.human_size(before) if before is not None else '-'} | "
             f"{catalog_stage.human_size(after)} | {delta} |")
 
 
@@ -350,75 +367,179 @@ def cmd_nightly(project: Project, args) -> int:
 
 # ------------------------------------------------------------------------------------------------------ report merge
 
+SHARD_FIX = ("merge the results exactly as the shard's `nightly --shard` run uploaded them, or run that shard again "
+             "and merge its new results")
+ROW_REPORTS = {"build-report.json": build_stage.read_report,
+               publish_stage.PUBLISH_REPORT: publish_stage.read_publish_report}
+
+
+@dataclass(frozen=True)
+class Published:
+    tag: str
+    pinned: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class SizeChange:
+    tag: str
+    before: int | None
+    after: int
+
+
+# The parts of a summary that are lists of objects, with the shape of each object.
+SUMMARY_ITEMS = {"failed": Failure, "published": Published, "size_changes": SizeChange,
+                 "bases_changed": lock_stage.BaseChange}
+
+
+def named_rows(data: dict) -> list[tuple[str, str]]:
+    """(part, row) for every row a summary of the right shape names: its rows, and the rows each result lists."""
+    named = [(part, tag) for part in ("rows", "built", "skipped", "verified", "already_verified", "unchanged")
+             for tag in data.get(part, [])]
+    return named + [(part, item["tag"]) for part in ("published", "failed", "size_changes") for item in data.get(part, [])]
+
+
+@dataclass
+class ShardResults:
+    """What one `nightly --shard` runner uploaded, read and checked before anything is merged."""
+
+    folder: Path
+    summary: Summary
+    reports: dict[str, dict[str, dict]]  # report file name -> tag -> entry, the shard's own rows only
+    row_files: list[str]  # regular files under reports/<row>/, relative to reports/
+    catalog: dict[str, catalog_stage.CatalogEntry]  # the shard's own rows only
+    sboms: list[str]  # their SBOM files the shard has, relative to catalog/
+    bases: dict[str, LockedBase]
+    has_lock: bool
+
+
 def merge_reports(project: Project, shard_dirs: list[Path], catalog_dir: Path) -> Summary:
     """Join the shards' results into project's reports, catalog and lock file; return the merged summary.
 
     Each shard dir holds what a `nightly --shard` runner uploaded: reports/, catalog/ and bases.lock.json. A shard
-    speaks only for its own rows (the rows of its summary), whatever older entries its files carry.
+    speaks only for its own rows (the rows of its summary, which must be tags of the matrix), whatever older entries
+    its files carry. Everything is read and checked before the first write: bad results change nothing.
     """
-    missing = [folder for folder in shard_dirs if not (folder / "reports" / SUMMARY_JSON).is_file()]
-    if missing:
-        raise InputError([Problem(str(folder), 0, f"not a shard's results: it must hold reports/{SUMMARY_JSON} (and "
-                                                  "catalog/, bases.lock.json) as `nightly --shard` wrote them")
-                          for folder in missing])
-    parts = {folder: Summary.from_json(read_json(folder / "reports" / SUMMARY_JSON)) for folder in shard_dirs}
-    _check_disjoint(parts)
     specs = project.load().specs
-    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
+    shards = read_shards(shard_dirs, {spec.tag for spec in specs})
+    catalog_stage.require_folder(project.reports, "the reports folder (--reports DIR)")
+    catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
+    catalog_path = catalog_stage.catalog_file(catalog_dir)
+    catalog = catalog_stage.load_catalog(catalog_path)
     lock_path = lock_stage.lock_path(project)
     bases = lock_stage.read_lock(lock_path)
-    shard_locks = [folder / LOCK_NAME for folder in shard_dirs if (folder / LOCK_NAME).is_file()]
-    for folder, part in parts.items():
-        rows = set(part.rows)
-        for name in ("build-report.json", publish_stage.PUBLISH_REPORT):
-            _merge_row_report(folder / "reports" / name, project.reports / name, rows)
-        for tag in sorted(rows):
-            if (folder / "reports" / tag).is_dir():
-                shutil.copytree(folder / "reports" / tag, project.reports / tag, dirs_exist_ok=True)
-        _take_catalog_rows(catalog, folder / "catalog", catalog_dir, rows)
-        shard_bases = lock_stage.read_lock(folder / LOCK_NAME)
-        bases.update({spec.base_image: shard_bases[spec.base_image] for spec in specs
-                      if spec.tag in rows and spec.base_image in shard_bases})
+    reports = {name: read(project.reports / name) for name, read in ROW_REPORTS.items()}
+    for shard in shards:
+        for name, entries in shard.reports.items():
+            reports[name].update(entries)
+        for relative in shard.row_files:  # names read from disk, under a row folder inside() checked
+            _copy(shard.folder / "reports" / relative, project.reports / relative)
+        for sbom in shard.sboms:
+            _copy(shard.folder / "catalog" / sbom, inside(catalog_dir, sbom, str(catalog_path)))
+        catalog.images.update(shard.catalog)
+        rows = set(shard.summary.rows)
+        bases.update({spec.base_image: shard.bases[spec.base_image] for spec in specs
+                      if spec.tag in rows and spec.base_image in shard.bases})
+    for name, entries in reports.items():
+        if any(shard.reports[name] for shard in shards):
+            atomic_write_json(project.reports / name, {"images": [entries[tag] for tag in sorted(entries)]})
     catalog_stage.save(catalog, catalog_dir, project.images)
-    if shard_locks:
+    if any(shard.has_lock for shard in shards):
         lock_stage.write_lock(lock_path, bases)
-    return merge_summaries(list(parts.values()))
+    return merge_summaries([shard.summary for shard in shards])
 
 
-def _check_disjoint(parts: dict[Path, Summary]) -> None:
-    owner: dict[str, Path] = {}
-    problems = []
-    for folder, part in parts.items():
-        for tag in part.rows:
-            if tag in owner:
-                problems.append(Problem(str(folder), 0, f"row {tag} was also run by {owner[tag]}: shards must not "
-                                                        "overlap (make them from one `plan`)"))
-            owner.setdefault(tag, folder)
+def read_shards(shard_dirs: list[Path], tags: set[str]) -> list[ShardResults]:
+    """Every shard's results, or one InputError with the problems of all of them."""
+    shards, problems = [], []
+    for folder in shard_dirs:
+        try:
+            shards.append(read_shard(folder, tags))
+        except InputError as error:
+            problems += error.problems
     if problems:
         raise InputError(problems)
+    _check_disjoint(shards)
+    return shards
 
 
-def _merge_row_report(source: Path, target: Path, rows: set[str]) -> None:
-    """Copy the entries of rows from a shard's {"images": [...]} report into the merged one."""
-    taken = [entry for entry in read_json(source, {"images": []})["images"] if entry["tag"] in rows]
-    if not taken:
-        return
-    entries = {entry["tag"]: entry for entry in read_json(target, {"images": []})["images"]}
-    entries.update({entry["tag"]: entry for entry in taken})
-    atomic_write_json(target, {"images": [entries[tag] for tag in sorted(entries)]})
+def read_shard(folder: Path, tags: set[str]) -> ShardResults:
+    summary_path = folder / "reports" / SUMMARY_JSON
+    if not os.path.lexists(summary_path):
+        raise InputError([Problem(str(folder), 0, f"not a shard's results: it must hold reports/{SUMMARY_JSON} (and "
+                                                  "catalog/, bases.lock.json) as `nightly --shard` wrote them")])
+    summary = Summary.from_json(read_json_document(summary_path, SHARD_FIX), summary_path, tags)
+    rows = set(summary.rows)
+    problems: list[Problem] = []
+    reports = {name: {tag: entry for tag, entry in _read_noting(read, folder / "reports" / name, {}, problems).items()
+                      if tag in rows}
+               for name, read in ROW_REPORTS.items()}
+    catalog_path = catalog_stage.catalog_file(folder / "catalog")
+    shard_catalog = _read_noting(catalog_stage.load_catalog, catalog_path, catalog_stage.Catalog(), problems)
+    entries = {tag: entry for tag, entry in shard_catalog.images.items() if tag in rows}
+    sboms = [pinned.sbom for entry in entries.values() for pinned in entry.pinned
+             if _is_regular_file(inside(folder / "catalog", pinned.sbom, str(catalog_path)), problems)]
+    bases = _read_noting(lock_stage.read_lock, folder / LOCK_NAME, {}, problems)
+    row_files = [file for row in sorted(rows) for file in _row_files(folder / "reports", row, problems)]
+    if problems:
+        raise InputError(problems)
+    return ShardResults(folder, summary, reports, row_files, entries, sboms, bases, os.path.lexists(folder / LOCK_NAME))
 
 
-def _take_catalog_rows(catalog: catalog_stage.Catalog, shard_catalog_dir: Path, catalog_dir: Path,
-                       rows: set[str]) -> None:
-    shard_catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(shard_catalog_dir))
-    for tag in sorted(rows & set(shard_catalog.images)):
-        entry = shard_catalog.images[tag]
-        for pinned in entry.pinned:
-            source = shard_catalog_dir / pinned.sbom
-            if source.is_file():
-                (catalog_dir / pinned.sbom).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, catalog_dir / pinned.sbom)
-        catalog.images[tag] = entry
+def _read_noting(read, path: Path, nothing, problems: list[Problem]):
+    """read(path), or nothing with its problems noted: one run reports every damaged file of a shard."""
+    try:
+        return read(path)
+    except InputError as error:
+        problems.extend(error.problems)
+        return nothing
+
+
+def _row_files(reports_dir: Path, row: str, problems: list[Problem]) -> list[str]:
+    """The files under reports_dir/<row>/, relative to reports_dir. A link, pipe or device there is a problem:
+    copying it could read far outside the shard's folder, or never end."""
+    top = inside(reports_dir, row, str(reports_dir / SUMMARY_JSON))
+    if not os.path.lexists(top):
+        return []
+    if not stat.S_ISDIR(top.lstat().st_mode):
+        problems.append(Problem(str(top), 0, f"not a folder, as a row's reports are: {SHARD_FIX}"))
+        return []
+    files = []
+    for folder, subfolders, names in os.walk(top):  # linked folders are listed, not entered: flagged below
+        for path in (Path(folder) / name for name in subfolders + names):
+            if not stat.S_ISDIR(path.lstat().st_mode) and _is_regular_file(path, problems):
+                files.append(path.relative_to(reports_dir).as_posix())
+    return files
+
+
+def _is_regular_file(path: Path, problems: list[Problem]) -> bool:
+    """Whether path is a regular file. Nothing there is simply not one; a link, pipe, device or folder there is also
+    noted as a problem."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        problems.append(Problem(str(path), 0, f"not a regular file (a link, pipe, device or folder): {SHARD_FIX}"))
+    return stat.S_ISREG(mode)
+
+
+def _copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def _check_disjoint(shards: list[ShardResults]) -> None:
+    owner: dict[str, Path] = {}
+    problems = []
+    for shard in shards:
+        for tag in shard.summary.rows:
+            if tag in owner:
+                problems.append(Problem(str(shard.folder), 0, f"row {tag} was also run by {owner[tag]}: shards must not "
+                                                              "overlap (make them from one `plan`)"))
+            owner.setdefault(tag, shard.folder)
+    if problems:
+        raise InputError(problems)
 
 
 def cmd_report_merge(project: Project, args) -> int:

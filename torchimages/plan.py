@@ -12,11 +12,15 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .files import read_json
+from .builder import read_report
+from .files import brief, read_json_document
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_OK, Project, add_selectors
+from .reporting import Shape
 
-SHARD_PATTERN = re.compile(r"(\d+)/(\d+)")
+# Up to 18 digits: any count that long is refused by check_shard_count with the real maximum, and int() of a
+# longer run of digits is slow or refused by Python itself.
+SHARD_PATTERN = re.compile(r"([0-9]{1,18})/([0-9]{1,18})")
 
 
 @dataclass(frozen=True)
@@ -35,24 +39,23 @@ def parse_shard(text: str) -> tuple[int, int]:
     """'2/3' -> (2, 3)."""
     match = SHARD_PATTERN.fullmatch(text or "")
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
-        raise InputError([Problem("--shard", 0, f"--shard {text!r} must be i/n with 1 <= i <= n, e.g. 2/3")])
+        raise InputError([Problem("--shard", 0, f"--shard {brief(text)} must be i/n with 1 <= i <= n, e.g. 2/3")])
     return int(match.group(1)), int(match.group(2))
 
 
-def check_shard_count(count: int) -> int:
+def check_shard_count(count: int, rows: int) -> None:
+    """Refuse a count that cannot make shards of rows: a shard beyond the row count could only be empty (and a huge count
+    would only allocate empty shards)."""
     if count < 1:
         raise InputError([Problem("--shards", 0, f"--shards must be at least 1, got {count}")])
-    return count
+    if count > rows:
+        raise InputError([Problem("--shards", 0, f"{count} shards for {rows} selected rows: use at most {rows} shards "
+                                                 "(N of --shards N, n of --shard i/n); more could only be empty")])
 
 
 def past_durations(report_path: Path) -> dict[str, float]:
     """tag -> seconds of its last real build (skipped and failed builds say nothing about build time)."""
-    try:
-        report = read_json(report_path, {"images": []})
-    except json.JSONDecodeError as error:
-        raise InputError([Problem(str(report_path), error.lineno, f"not valid JSON ({error.msg}): delete it, "
-                                                                  "plans then weigh every row the same")]) from None
-    durations = {entry["tag"]: float(entry.get("last_build_duration") or 0) for entry in report.get("images", [])}
+    durations = {tag: entry.get("last_build_duration", 0.0) for tag, entry in read_report(report_path).items()}
     return {tag: seconds for tag, seconds in durations.items() if seconds > 0}
 
 
@@ -73,6 +76,7 @@ def balance(tags: list[str], durations: dict[str, float], count: int) -> list[Sh
 
 
 def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Shard]:
+    check_shard_count(count, len(specs))
     return balance([spec.tag for spec in specs], past_durations(reports_dir / "build-report.json"), count)
 
 
@@ -87,25 +91,38 @@ def github_matrix(shards: list[Shard]) -> str:
     return json.dumps({"include": include}, separators=(",", ":"))
 
 
+@dataclass(frozen=True)
+class PlannedShard:
+    """One shard of a plan file, as `plan --format json` writes it (the parts `nightly --plan` reads)."""
+
+    shard: str
+    tags: list[str]
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    shards: list[PlannedShard]
+
+
 def shard_from_plan_file(path: Path, index: int, count: int, specs: list[ImageSpec]) -> list[ImageSpec]:
     """The rows a plan file (from `plan --format json`) gives shard index/count; it must cover specs exactly."""
-    try:
-        document = json.loads(path.read_text())
-        shards = {entry["shard"]: entry["tags"] for entry in document["shards"]}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
-        raise InputError([Problem(str(path), 0, f"--plan {path} is not a plan from `python build.py plan --format "
-                                                f"json` ({error})")]) from None
+    check_shard_count(count, len(specs))
+    fix = f"make it again with `python build.py plan --shards {count} --format json`"
+    document = read_json_document(path, fix)
+    shape = Shape("plan")
+    shape.document(document, PlanFile)
+    shape.raise_if_wrong(path, fix)
+    shards = {entry["shard"]: entry["tags"] for entry in document["shards"]}
     planned = [tag for tags in shards.values() for tag in tags]
     by_tag = {spec.tag: spec for spec in specs}
     if sorted(planned) != sorted(by_tag) or len(shards) != count:
         raise InputError([Problem(str(path), 0, f"--plan {path} was made for other rows or another shard count than "
-                                                f"these {len(specs)} rows in {count} shards: make it again with "
-                                                f"`python build.py plan --shards {count} --format json`")])
+                                                f"these {len(specs)} rows in {count} shards: {fix}")])
     return [by_tag[tag] for tag in shards.get(f"{index}/{count}", [])]
 
 
 def cmd_plan(project: Project, args) -> int:
-    shards = make_plan(project.select(args.selectors), project.reports, check_shard_count(args.shards))
+    shards = make_plan(project.select(args.selectors), project.reports, args.shards)
     print(github_matrix(shards) if args.format == "github" else json.dumps(plan_document(shards), indent=2))
     return EXIT_OK
 

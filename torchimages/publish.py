@@ -8,7 +8,6 @@ and promotion never rebuilds.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
@@ -24,7 +23,7 @@ from . import catalog as catalog_stage
 from . import engine
 from . import sbom as sbom_stage
 from .builder import local_name
-from .files import atomic_write_json, read_json
+from .files import atomic_write_json, read_json_document
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import (
@@ -37,7 +36,7 @@ from .registry import (
     parse_registry,
     with_retries,
 )
-from .reporting import utc_timestamp
+from .reporting import DIGEST, DIGEST_RULE, Shape, read_row_report, utc_timestamp
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
@@ -50,13 +49,33 @@ def verify_report_path(reports_dir: Path, tag: str) -> Path:
     return reports_dir / tag / "verify.json"
 
 
+@dataclass(frozen=True)
+class CheckVerdict:
+    status: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The parts of reports/<tag>/verify.json publishing reads: the shape that file must have."""
+
+    image_id: str
+    passed: bool
+    checks: dict[str, CheckVerdict]
+    finished_at: str = ""
+
+
 def read_verify_report(path: Path) -> dict | None:
     """reports/<tag>/verify.json, None when the image was never verified; a damaged one is an InputError."""
-    try:
-        return read_json(path)
-    except json.JSONDecodeError as error:
-        raise InputError([Problem(str(path), error.lineno, f"damaged verification report ({error.msg}): verify "
-                                                           f"again with `python build.py test {path.parent.name}`")]) from None
+    fix = f"verify again with `python build.py test {path.parent.name}`"
+    report = read_json_document(path, fix, default=None)
+    if report is None:
+        return None
+    shape = Shape("verification report")
+    if shape.document(report, VerifyReport) and not DIGEST.fullmatch(report["image_id"]):
+        shape.wrong(("image_id",), f"must be {DIGEST_RULE}")
+    shape.raise_if_wrong(path, fix)
+    return report
 
 
 def verification_refusal(spec: ImageSpec, image: dict | None, report: dict | None, report_path: Path) -> str | None:
@@ -322,6 +341,9 @@ class PruneResult:
 def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir: Path, images_dir: Path,
           log: Callable[[str], None]) -> PruneResult:
     """Delete each row's dated tags beyond the `retention` newest, and forget them (and their SBOMs) in the catalog."""
+    # Read and check before anything is deleted: a damaged catalog stops the run with the registry untouched.
+    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
+    catalog_stage.require_folder(images_dir, "the images folder (--images DIR)")
     tag_digests = registry.tag_digests(registry.tags())
     plan = prune_plan(rows, tag_digests, retention)
     for name, kept in sorted(plan.kept_shared.items()):
@@ -335,7 +357,6 @@ def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir
     finally:
         # Also after a failure part-way: the catalog must not list tags that are gone.
         if result.removed:
-            catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
             catalog_stage.forget_pinned(catalog, set(result.removed), catalog_dir)
             catalog_stage.save(catalog, catalog_dir, images_dir)
     result.removed.sort()
@@ -399,10 +420,16 @@ def parse_retention(value: int) -> int:
     return value
 
 
+def read_publish_report(path: Path) -> dict[str, dict]:
+    """reports/publish-report.json as tag -> entry (empty when there is none); a damaged one is an InputError."""
+    return read_row_report(path, PublishResult, "publish report",
+                           "delete it: it only records past publish runs, the registry and catalog hold the truth")
+
+
 def write_publish_report(reports_dir: Path, results: list[PublishResult]) -> Path:
     """Merge this run into reports/publish-report.json, keeping entries of rows not published this time."""
     path = reports_dir / PUBLISH_REPORT
-    entries = {entry["tag"]: entry for entry in read_json(path, {"images": []})["images"]}
+    entries = read_publish_report(path)
     entries.update({result.tag: asdict(result) for result in results})
     atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
     return path
