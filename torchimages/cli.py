@@ -14,7 +14,7 @@ from . import catalog, engine, lock, nightly, plan, publish, verify
 from . import render as render_stage
 from . import wheels as wheel_sources
 from .buildargs import add_build_arguments, add_source_arguments, run_builds
-from .display import build_summary
+from .display import ConsoleProgress, build_summary
 from .files import brief
 from .model import ImageSpec, InputError, Problem, parse_size
 from .project import (
@@ -94,6 +94,21 @@ def cmd_build(project: Project, args) -> int:
     return EXIT_FAILED if any(r.status in ("failed", "cancelled") for r in results) else EXIT_OK
 
 
+def cmd_test(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    options = verify.VerifyOptions(reports_dir=project.reports, gpus=args.gpus, shm_size=args.shm_size, image=args.image,
+                            timeout=args.timeout, matrix_specs=tuple(project.load().specs))
+    docker_client = engine.client()
+    with ConsoleProgress(errors()) as progress:
+        results = verify.verify_images(docker_client, specs, options, progress)
+    out = console()
+    for result in results:
+        out.print(verify.checks_table(result))
+    out.print(f"reports: {project.reports}/<tag>/verify.json, junit.xml; summary: {project.reports / 'verify-summary.md'}",
+              markup=False, highlight=False)
+    return EXIT_OK if all(result.passed for result in results) else EXIT_FAILED
+
+
 def show_build_results(results: list[build_stage.BuildResult]) -> None:
     console().print(build_summary(results))
     for result in results:
@@ -115,7 +130,7 @@ def cmd_images(project: Project, args) -> int:
     show_build_results(results)
     ready = [spec for spec, result in zip(specs, results) if result.status in ("built", "skipped")]
     options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs))
-    with verify.ConsoleProgress(errors()) as progress:
+    with ConsoleProgress(errors()) as progress:
         verified = verify.verify_images(docker_client, ready, options, progress) if ready else []
     for outcome in verified:
         console().print(verify.checks_table(outcome))
@@ -167,7 +182,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
     main_job.set_defaults(handler=cmd_images)
-    for stage in (verify, publish, catalog, lock, plan, nightly):
+    testing = commands.add_parser(
+        "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, PyTorch's smoke test, "
+                     "torchrun, derived images, hygiene)",
+        description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
+                    "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime).")
+    add_selectors(testing)
+    testing.add_argument("--image", metavar="REF",
+                         help="check this image (e.g. an official pytorch/pytorch one) against the one selected row")
+    testing.add_argument("--gpus", metavar="all|none|N|device=0,1",
+                         help="GPUs for the container (default: all for GPU rows, none for CPU rows)")
+    testing.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default: the row's shm_size)")
+    testing.add_argument("--timeout", type=int, metavar="S",
+                         help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
+    testing.set_defaults(handler=cmd_test)
+
+    for stage in (publish, catalog, lock, plan, nightly):
         stage.add_commands(commands)
     return parser
 

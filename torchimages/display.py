@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import verify
 from .builder import BuildResult, Progress
 
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
@@ -94,3 +95,30 @@ def build_summary(results: list[BuildResult]) -> Table:
         table.add_row(result.tag, Text(result.status, STATUS_STYLE[result.status]), size, f"{result.duration:.1f}s",
                       result.log)
     return table
+
+
+class ConsoleProgress(verify.Progress):
+    """Verification progress: a rich status line on a terminal, plain lines in CI logs."""
+
+    def __init__(self, console_):
+        self.console = console_
+        self.status = console_.status("") if console_.is_terminal else None
+
+    def __enter__(self):
+        if self.status:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status:
+            self.status.__exit__(*exc)
+
+    def stage(self, tag: str, text: str) -> None:
+        if self.status:
+            self.status.update(f"{tag}: {text}")
+        else:
+            self.console.print(f"{tag}: {text}", markup=False, highlight=False)
+
+    def finished(self, result: verify.VerifyResult) -> None:
+        verdict = "passed" if result.passed else "FAILED"
+        self.console.print(f"{result.tag}: {verdict} ({result.duration:.1f}s)", markup=False, highlight=False)

@@ -1,0 +1,138 @@
+"""Verification, step 2: one container per image, the probe copied in and run once per identity, facts out."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+import docker.errors
+
+from .. import engine
+from ..checks import downstream
+from ..model import ImageSpec
+from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
+
+PROBE_SOURCE = CHECKS_DIR / "probe.py"
+PROBE_PATH = "/tmp/torchimages-probe.py"
+# OpenShift-style arbitrary uid: unknown to /etc/passwd, so Docker gives it group 0.
+ARBITRARY_UID = "12345"
+# With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
+CONTAINER_HOSTNAME = "torchimages-verify"
+SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user
+
+
+def container_name(spec: ImageSpec) -> str:
+    """Chosen before creating it, so that a Ctrl-C during the create call can still find and remove it."""
+    return f"torchimages-verify-{spec.tag}-{secrets.token_hex(4)}"
+
+
+def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, reports: str):
+    """Created apart from started: a container that fails to start still exists and must be removed.
+
+    Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are."""
+    return docker_client.containers.create(
+        plan.image_id, name=name,
+        # Keep the container alive without the image's entrypoint; removal with force kills it at once.
+        entrypoint=["sleep", "infinity"], command=[],
+        labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
+        shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(), network_mode="none", detach=True,
+        hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
+    )
+
+
+def copy_probe(container) -> None:
+    """The probe and the downstream wheel into /tmp, readable by every uid the probe runs as."""
+    files = {os.path.basename(PROBE_PATH): (PROBE_SOURCE.read_bytes(), 0o755),
+             f"{os.path.basename(downstream.CONTAINER_DIR)}/{downstream.WHEEL}": (downstream.wheel_bytes(), 0o644)}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        folder = tarfile.TarInfo(os.path.basename(downstream.CONTAINER_DIR))
+        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+        archive.addfile(folder)
+        for name, (payload, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(payload), mode, int(time.time())
+            archive.addfile(info, io.BytesIO(payload))
+    container.put_archive(os.path.dirname(PROBE_PATH), buffer.getvalue())
+
+
+def probe_command(arguments: list[str], timeout: int) -> list[str]:
+    """docker exec has no timeout: the probe runs under the container's own `timeout`, with the image's Python."""
+    script = (
+        'py=$(command -v python || command -v python3) || { echo "no python or python3 on PATH" >&2; exit 127; }; '
+        f'if command -v timeout >/dev/null; then exec timeout -s KILL {timeout} "$py" {PROBE_PATH} "$@"; '
+        f'else exec "$py" {PROBE_PATH} "$@"; fi'
+    )
+    return ["sh", "-c", script, "probe", *arguments]
+
+
+def run_probe(container, arguments: list[str], user: str, timeout: int) -> dict:
+    """One probe run -> its JSON facts, or {"probe_error": why} with the end of its stderr."""
+    try:
+        exit_code, (stdout, stderr) = container.exec_run(probe_command(arguments, timeout), user=user, demux=True)
+    except docker.errors.APIError as error:  # the container died under it (OOM killed, removed)
+        return {"probe_error": f"the probe could not run: {engine.explain_start_error(error)}", "stderr_tail": ""}
+    output, log = (stdout or b"").decode(errors="replace"), (stderr or b"").decode(errors="replace")
+    lines = [line for line in output.splitlines() if line.strip()]
+    if exit_code == 0 and lines:
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            pass
+    why = f"timed out after {timeout}s" if exit_code == 137 else f"exited with {exit_code}"
+    return {"probe_error": f"the probe {why} without facts", "stderr_tail": log[-3000:]}
+
+
+def probe_arguments(spec: ImageSpec) -> list[str]:
+    arguments = []
+    if spec.builds_extensions:
+        arguments.append("--devel")
+        if spec.is_gpu:
+            arguments += ["--cuda-extension", f"--arch-list={';'.join(spec.arch_list)}"]
+    return arguments
+
+
+def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, reports: str) -> dict:
+    """The three probe runs and the derived image's build side by side, plus the image's static facts."""
+    pool = ThreadPoolExecutor(max_workers=4)
+    wheel = f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"
+    try:
+        runs = {
+            "main": pool.submit(run_probe, container, probe_arguments(plan.spec), "", plan.timeout),
+            "files": pool.submit(run_probe, container, ["--part", "files"], "0", SIDE_PROBE_TIMEOUT_S),
+            "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel],
+                                  ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),
+            "downstream": pool.submit(downstream.derived_image_facts, docker_client, plan.image_id,
+                                      {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
+        }
+        facts = {part: run.result() for part, run in runs.items()}
+    finally:
+        # On Ctrl-C do not wait for the probes: removing the container (the caller's finally) ends them. The
+        # derived image's build finishes in its thread, which the interpreter joins at exit, and removes its image.
+        pool.shutdown(wait=False, cancel_futures=True)
+    facts["image"] = image_facts(docker_client, plan.image_id)
+    return facts
+
+
+def image_facts(docker_client: docker.DockerClient, image_id: str) -> dict:
+    inspected = docker_client.api.inspect_image(image_id)
+    config = inspected.get("Config") or {}
+    history = docker_client.api.history(image_id)
+    return {
+        "id": inspected["Id"], "repo_tags": inspected.get("RepoTags") or [], "size": inspected.get("Size", 0),
+        "labels": config.get("Labels") or {}, "env": config.get("Env") or [], "user": config.get("User") or "",
+        "entrypoint": config.get("Entrypoint") or [], "cmd": config.get("Cmd") or [],
+        "history": [entry.get("CreatedBy", "") for entry in history],
+    }
+
+
+def remove_container(docker_client: docker.DockerClient, name: str) -> None:
+    try:
+        docker_client.api.remove_container(name, force=True)
+    except docker.errors.NotFound:
+        pass

@@ -1,0 +1,163 @@
+"""Verification, step 1: what to verify and how, decided and checked before any container starts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+
+from .. import engine
+from ..builder import local_name
+from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
+
+CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "smoke", "distributed",
+          "downstream", "hygiene")
+GPU_CHECKS = ("gpu", "driver", "cudnn", "multi-gpu")
+VERIFY_LABEL = f"{LABEL_PREFIX}.verify"
+CHECKS_DIR = Path(__file__).resolve().parent.parent / "checks"
+SUITE = CHECKS_DIR / "suite"
+RUNTIME_TIMEOUT_S = 300  # the smoke test's compiles, cold inductor cache, on a loaded 2-core machine
+DEVEL_TIMEOUT_S = 600  # compiling a torch extension takes minutes on small machines
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What --gpus asked for: all, none, a count, or a device list."""
+
+    text: str
+    count: int = 0  # -1: all GPUs
+    device_ids: tuple[str, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        return self.count != 0 or bool(self.device_ids)
+
+    @property
+    def expected_count(self) -> int | None:
+        """How many GPUs torch must see; None for 'all', which only the container can tell."""
+        if self.device_ids:
+            return len(self.device_ids)
+        return self.count if self.count > 0 else None
+
+    def device_requests(self) -> list[docker.types.DeviceRequest]:
+        if not self.wanted:
+            return []
+        if self.device_ids:
+            return [docker.types.DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]])]
+        return [docker.types.DeviceRequest(count=self.count, capabilities=[["gpu"]])]
+
+    def to_json(self) -> dict:
+        return {"text": self.text, "wanted": self.wanted, "expected_count": self.expected_count,
+                "device_ids": list(self.device_ids)}
+
+
+def parse_gpus(text: str) -> GpuRequest:
+    """--gpus all | none | N | device=0,1 (Docker's own syntax)."""
+    value = text.strip()
+    if value in ("all", "none"):
+        return GpuRequest(value, -1 if value == "all" else 0)
+    if value.isdigit():
+        return GpuRequest(value, int(value))
+    if value.startswith("device="):
+        devices = tuple(d.strip() for d in value.removeprefix("device=").split(",") if d.strip())
+        if devices:
+            return GpuRequest(value, device_ids=devices)
+    raise InputError([Problem("--gpus", 0, f"--gpus {text!r} is not all, none, a number or device=0,1")])
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    reports_dir: Path
+    gpus: str | None = None  # None: all for GPU rows, none for CPU rows
+    shm_size: str | None = None  # None: the row's shm_size
+    image: str | None = None  # check this image instead of the row's own (exactly one row)
+    timeout: int | None = None  # seconds for the main probe; None: by flavor
+    matrix_specs: tuple[ImageSpec, ...] = ()  # every row, to name the ones covering a GPU that is not covered
+    suite: Path = SUITE
+
+
+@dataclass
+class VerifyResult:
+    tag: str
+    image: str
+    image_id: str
+    passed: bool
+    checks: dict[str, dict]
+    report_dir: Path
+    duration: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One image to verify, decided before any container starts."""
+
+    spec: ImageSpec
+    image: str
+    image_id: str
+    gpus: GpuRequest
+    shm_size: str
+    timeout: int
+
+
+class Progress:
+    """Receives verification events; the CLI shows them with rich."""
+
+    def stage(self, tag: str, text: str) -> None: ...
+    def finished(self, result: VerifyResult) -> None: ...
+
+
+# ---------------------------------------------------------------- planning (input checks before anything starts)
+
+def plan_all(docker_client: docker.DockerClient, specs: list[ImageSpec], options: VerifyOptions,
+             progress: Progress) -> list[Plan]:
+    if options.image and len(specs) != 1:
+        tags = ", ".join(spec.tag for spec in specs)
+        raise InputError([Problem("--image", 0, f"--image checks one image against one row, but the selectors "
+                                                f"chose {len(specs)}: {tags}; name exactly one tag")])
+    problems: list[Problem] = []
+    plans = []
+    for spec in specs:
+        try:
+            plans.append(_plan(docker_client, spec, options, progress))
+        except InputError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise InputError(problems)
+    if any(plan.gpus.wanted for plan in plans) and not engine.has_gpu_runtime(docker_client):
+        wanting = ", ".join(plan.spec.tag for plan in plans if plan.gpus.wanted)
+        raise InputError([Problem("--gpus", 0, f"{engine.GPU_RUNTIME_HINT} (GPUs were requested for {wanting})")])
+    return plans
+
+
+def _plan(docker_client: docker.DockerClient, spec: ImageSpec, options: VerifyOptions, progress: Progress) -> Plan:
+    gpus = parse_gpus(options.gpus or ("all" if spec.is_gpu else "none"))
+    shm_size = options.shm_size or spec.shm_size
+    try:
+        parse_size(shm_size)
+    except ValueError as error:
+        raise InputError([Problem("--shm-size", 0, str(error))]) from None
+    if options.timeout is not None and options.timeout < 1:
+        raise InputError([Problem("--timeout", 0, "--timeout must be at least 1 second")])
+    image = options.image or local_name(spec)
+    image_id = _image_id(docker_client, image, pull=bool(options.image), progress=progress, tag=spec.tag)
+    timeout = options.timeout or (DEVEL_TIMEOUT_S if spec.builds_extensions else RUNTIME_TIMEOUT_S)
+    return Plan(spec, image, image_id, gpus, shm_size, timeout)
+
+
+def _image_id(docker_client: docker.DockerClient, image: str, pull: bool, progress: Progress, tag: str) -> str:
+    try:
+        return docker_client.api.inspect_image(image)["Id"]
+    except docker.errors.ImageNotFound:
+        if not pull:
+            raise InputError([Problem(image, 0, f"image {image} is not on the engine: build it with "
+                                                f"`python build.py build {tag}`, or check another with --image")]) from None
+    progress.stage(tag, f"pulling {image}")
+    try:
+        docker_client.images.pull(image)
+        return docker_client.api.inspect_image(image)["Id"]
+    except docker.errors.APIError as error:
+        raise InputError([Problem(image, 0, f"image {image} is not on the engine and could not be pulled "
+                                            f"({engine.explain_start_error(error)})")]) from None

@@ -1,0 +1,75 @@
+"""Verification, step 3: the pytest-testinfra check suite against the container, every check given a status."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import docker.errors
+
+from .. import engine
+from ..model import InputError, Problem
+from .container import ARBITRARY_UID
+from .plan import CHECKS, Plan, VerifyOptions
+
+SUITE_TIMEOUT_S = 300
+
+
+def expectations(plan: Plan, options: VerifyOptions, host_gpu_runtime: bool, container_id: str) -> dict:
+    """What the checks compare against: the row, how the container was run, and which rows cover which GPUs."""
+    rows = options.matrix_specs or (plan.spec,)
+    return {
+        "tag": plan.spec.tag, "image": plan.image, "image_id": plan.image_id, "container_id": container_id,
+        "spec": plan.spec.to_json(), "gpus": plan.gpus.to_json(), "host_gpu_runtime": host_gpu_runtime,
+        "shm_size": plan.shm_size, "arbitrary_uid": int(ARBITRARY_UID),
+        "arch_rows": {row.tag: list(row.arch_list) for row in rows if row.is_gpu},
+    }
+
+
+def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir: Path, expect_path: Path,
+              facts_path: Path) -> dict[str, dict]:
+    """pytest + testinfra against the container; returns {check: {status, message, tests}}."""
+    with tempfile.TemporaryDirectory(prefix="torchimages-verify-") as scratch:
+        results_path = Path(scratch) / "checks.json"
+        command = [
+            sys.executable, "-m", "pytest", str(options.suite), f"--hosts=docker://{container_id}",
+            "-p", "torchimages.checkplugin", f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}",
+            f"--check-results={results_path}", f"--junitxml={(report_dir / 'junit.xml').resolve()}",
+            # The suite's own pytest.ini: no project's configuration or conftest applies, in a checkout or installed.
+            "-c", str(options.suite / "pytest.ini"), "--rootdir", str(options.suite), "--confcutdir", str(options.suite),
+            "-o", f"junit_suite_name={plan.spec.tag}", "-q", "--tb=short", "-rfs", "--color=no",
+        ]
+        with open(report_dir / "pytest.log", "w", encoding="utf-8") as log:
+            try:
+                exit_code = subprocess.run(command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT,
+                                           timeout=SUITE_TIMEOUT_S).returncode
+            except subprocess.TimeoutExpired:
+                log.write(f"\nthe check suite did not finish in {SUITE_TIMEOUT_S}s\n")
+                exit_code = 124
+        reported = json.loads(results_path.read_text()) if results_path.exists() else {}
+    return complete_checks(reported, exit_code, report_dir / "pytest.log")
+
+
+def complete_checks(reported: dict[str, dict], exit_code: int, log_path: Path) -> dict[str, dict]:
+    """Every check gets a status: one no test reported on failed, so a broken suite can never look green."""
+    if exit_code not in (0, 1):  # usage error, internal error or interrupted: nothing it said can be trusted
+        last = (log_path.read_text(errors="replace").strip().splitlines() or [""])[-1]
+        why = f"the check suite could not run (pytest exit {exit_code}: {last.strip()}); see {log_path}"
+        return {name: {"status": "failed", "message": why, "tests": []} for name in CHECKS}
+    missing = {"status": "failed", "message": f"no test reported on this check; see {log_path}", "tests": []}
+    return {name: reported.get(name, missing) for name in CHECKS}
+
+
+def failed_start_checks(error: docker.errors.APIError) -> dict[str, dict]:
+    """A container that cannot start: a driver refusal is the driver check's failure, anything else every check's."""
+    message = engine.explain_start_error(error)
+    if message == engine.GPU_RUNTIME_HINT:
+        raise InputError([Problem("--gpus", 0, message)])
+    if "unsatisfied condition: cuda>=" in str(error):
+        skipped = {"status": "skipped", "message": "not run: the container could not start (see driver)", "tests": []}
+        return {name: ({"status": "failed", "message": message, "tests": []} if name == "driver" else skipped)
+                for name in CHECKS}
+    return {name: {"status": "failed", "message": f"the container could not start: {message}", "tests": []}
+            for name in CHECKS}
