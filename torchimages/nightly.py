@@ -28,7 +28,7 @@ from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
 from .buildargs import add_build_arguments, run_builds
-from .display import stderr_console
+from .display import ConsoleProgress, stderr_console
 from .files import atomic_write, atomic_write_json, brief, inside, read_json_document
 from .lockfile import LOCK_NAME, LockedBase
 from .model import ImageSpec, InputError, Problem
@@ -292,7 +292,7 @@ class Nightly:
                 to_verify.append(spec)
             except InputError as error:
                 self.summary.fail(spec.tag, "verify", str(error))
-        with verify_stage.ConsoleProgress(stderr_console()) as progress:
+        with ConsoleProgress(stderr_console()) as progress:
             results = verify_stage.verify_images(client, to_verify, options, progress) if to_verify else []
         for result in results:
             if result.passed:
