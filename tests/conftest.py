@@ -51,6 +51,29 @@ def run_cli_in_process(*args: str, env: dict | None = None, **_subprocess_only) 
     return subprocess.CompletedProcess(["build.py", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
+def wait_until(condition, what: str, timeout_s: float = 120):
+    """Synchronise on an event (a container exists, a process runs), not on a guess of how long it takes: poll the
+    condition until it holds; fail naming what never happened. The bound only catches hangs."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s} s")
+        time.sleep(0.1)
+    return result
+
+
+@pytest.fixture
+def engine_without_gpus(docker_client):
+    """For tests of what happens on an engine that cannot give containers GPUs: skipped, saying so, on a GPU host."""
+    from torchimages import engine
+
+    if engine.has_gpu_runtime(docker_client):
+        pytest.skip("this engine has the NVIDIA runtime: the no-GPU behaviour cannot be seen here")
+    return docker_client
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +52,7 @@ from torchimages.verify import (
     verify_images,
 )
 
-from .conftest import ROOT, interruptible, run_cli
+from .conftest import ROOT, interruptible, run_cli, wait_until
 
 BROKEN = ROOT / "tests" / "data" / "broken"
 RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
@@ -429,7 +428,8 @@ def test_too_little_shm_fails_shm_through_the_api(baseline, images, tmp_path, do
 
 
 @pytest.mark.engine
-def test_gpus_all_without_nvidia_runtime_fails_at_once(images, tmp_path, docker_client):
+def test_gpus_all_without_nvidia_runtime_fails_at_once(images, tmp_path, engine_without_gpus):
+    docker_client = engine_without_gpus
     result = run_cli("--reports", str(tmp_path), "test", RUNTIME, "--gpus", "all")
     assert result.returncode == 2
     assert engine.GPU_RUNTIME_HINT in one_line(result.stderr)
@@ -442,11 +442,11 @@ def test_ctrl_c_removes_the_container(images, tmp_path, docker_client):
     # The devel image: its probe compiles a torch extension, so the run is surely still going at Ctrl-C.
     process = interruptible([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", DEVEL],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not containers_left(docker_client, tmp_path) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert containers_left(docker_client, tmp_path), "the verification never started a container"
-    time.sleep(1.5)  # into the probe
+    wait_until(lambda: process.poll() is not None or containers_left(docker_client, tmp_path),
+               "the verification starting its container")
+    assert process.poll() is None, "the verification ended before its container ran"
+    name = containers_left(docker_client, tmp_path)[0]
+    wait_until(lambda: "torchimages-probe" in str(docker_client.api.top(name)), "the probe running in the container")
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr

@@ -15,7 +15,6 @@ from . import render as render_stage
 from . import wheels as wheel_sources
 from .buildargs import add_build_arguments, add_source_arguments, run_builds
 from .display import ConsoleProgress, build_summary
-from .files import brief
 from .model import ImageSpec, InputError, Problem, parse_size
 from .project import (
     EXIT_BAD_INPUT,
