@@ -10,30 +10,21 @@ Needs a running engine (`make engine`, `source .engine/env`) and the image built
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
+
+from timing import timed_verification  # noqa: E402 (bench/ is the script's folder, so on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 15.0
 
 
 def one_run(tag: str, reports: Path) -> dict:
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "--reports", str(reports), "test", tag, "--gpus", "none"],
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"build.py test failed to run (exit {done.returncode}):\n{done.stderr}")
-    report = json.loads((reports / tag / "verify.json").read_text())
-    facts = json.loads((reports / tag / "facts.json").read_text())
+    wall, report, facts = timed_verification(tag, reports)
     main = facts["main"]
     return {
         "wall": wall, "stages": report["stage_seconds"], "passed": report["passed"],
