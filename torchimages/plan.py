@@ -15,7 +15,6 @@ from pathlib import Path
 from .builder import read_report
 from .files import brief, read_json_document
 from .model import ImageSpec, InputError, Problem
-from .project import EXIT_OK, Project, add_selectors
 from .reporting import Shape
 
 # Up to 18 digits: any count that long is refused by check_shard_count with the real maximum, and int() of a
@@ -119,18 +118,3 @@ def shard_from_plan_file(path: Path, index: int, count: int, specs: list[ImageSp
         raise InputError([Problem(str(path), 0, f"--plan {path} was made for other rows or another shard count than "
                                                 f"these {len(specs)} rows in {count} shards: {fix}")])
     return [by_tag[tag] for tag in shards.get(f"{index}/{count}", [])]
-
-
-def cmd_plan(project: Project, args) -> int:
-    shards = make_plan(project.select(args.selectors), project.reports, args.shards)
-    print(github_matrix(shards) if args.format == "github" else json.dumps(plan_document(shards), indent=2))
-    return EXIT_OK
-
-
-def add_commands(commands) -> None:
-    planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
-    add_selectors(planning)
-    planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
-    planning.add_argument("--format", choices=("github", "json"), default="json",
-                          help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
-    planning.set_defaults(handler=cmd_plan)

@@ -1,7 +1,6 @@
-"""The thin command line over the pipeline: matrix -> render -> build -> verify -> publish."""
+"""Commands over the matrix and its images: list, render, wheels, build, images (the main job), test."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -9,25 +8,14 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from . import builder as build_stage
-from . import catalog, engine, lock, nightly, plan, publish, verify
-from . import render as render_stage
-from . import wheels as wheel_sources
-from .buildargs import add_build_arguments, add_source_arguments, run_builds
-from .display import ConsoleProgress, build_summary
-from .model import ImageSpec, InputError, Problem, parse_size
-from .project import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    ROOT,
-    Project,
-    add_selectors,
-    console,
-    errors,
-)
-from .registry import parse_registry
+from .. import builder as build_stage
+from .. import catalog, engine, verify
+from .. import render as render_stage
+from .. import wheels as wheel_sources
+from ..buildargs import add_build_arguments, add_source_arguments, run_builds
+from ..display import ConsoleProgress, build_summary
+from ..model import ImageSpec
+from ..project import EXIT_FAILED, EXIT_OK, Project, add_selectors, console, errors
 
 
 def cmd_list(project: Project, args) -> int:
@@ -149,14 +137,8 @@ def default_selection(project: Project, docker_client) -> list[ImageSpec]:
     return cpu_rows
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="build.py", description=__doc__)
-    parser.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="the version matrix (default: %(default)s)")
-    parser.add_argument("--templates", type=Path, default=ROOT / "templates", help=argparse.SUPPRESS)
-    parser.add_argument("--images", type=Path, default=ROOT / "images", help="rendered Dockerfiles (default: %(default)s)")
-    parser.add_argument("--reports", type=Path, default=ROOT / "reports", help="logs and reports (default: %(default)s)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def register(commands) -> None:
+    """list, render, wheels, build, images, test: the matrix, its images and their verification."""
     listing = commands.add_parser("list", help="print every tag with its versions")
     add_selectors(listing)
     listing.add_argument("--format", choices=("table", "json"), default="table")
@@ -195,71 +177,3 @@ def build_parser() -> argparse.ArgumentParser:
     testing.add_argument("--timeout", type=int, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
     testing.set_defaults(handler=cmd_test)
-
-    for stage in (publish, catalog, lock, plan, nightly):
-        stage.add_commands(commands)
-    return parser
-
-
-def _at_least(minimum: int):
-    def check(value: int) -> None:
-        if value < minimum:
-            raise ValueError(f"must be {'0 or more' if minimum == 0 else f'at least {minimum}'}, got {value}")
-    return check
-
-
-# Flags whose values can be wrong in ways argparse does not see: checked together, before the matrix is read or any
-# engine or registry is called, so one run names every problem. name in args -> (flag, check raising on bad values)
-FLAG_CHECKS = {
-    "gpus": ("--gpus", verify.parse_gpus),
-    "shm_size": ("--shm-size", parse_size),
-    "timeout": ("--timeout", _at_least(1)),
-    "jobs": ("--jobs", _at_least(1)),
-    "retries": ("--retries", _at_least(0)),
-    "retention": ("--retention", _at_least(1)),
-    "shards": ("--shards", _at_least(1)),
-    "shard": ("--shard", plan.parse_shard),
-    "registry": ("--registry", parse_registry),
-}
-
-
-def flag_problems(args: argparse.Namespace) -> list[Problem]:
-    problems = []
-    for name, (flag, check) in FLAG_CHECKS.items():
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        try:
-            check(value)
-        except InputError as error:
-            problems += error.problems
-        except ValueError as error:
-            problems.append(Problem(flag, 0, f"{flag} {error}"))
-    return problems
-
-
-def check_flags(project: Project, args: argparse.Namespace) -> None:
-    """Bad flags are reported with the matrix's own problems, all in one run."""
-    problems = flag_problems(args)
-    if not problems:
-        return
-    try:
-        project.load()
-    except InputError as error:
-        problems += error.problems
-    raise InputError(problems)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    project = Project(args.matrix, args.templates, args.images, args.reports)
-    try:
-        check_flags(project, args)
-        return args.handler(project, args)
-    except InputError as error:
-        for problem in error.problems:
-            errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        errors().print("interrupted")
-        return EXIT_INTERRUPTED
