@@ -213,6 +213,23 @@ def test_dataloader_errors_are_reduced_to_their_cause():
     assert last_error_line(error) == "RuntimeError: unable to allocate shared memory(shm): No space left on device (28)"
 
 
+def test_facts_of_another_probe_version_are_a_probe_error():
+    """The checks read the fields of the probe this package ships: older facts are refused, not misread."""
+    from torchimages.checks.probe import PROBE_VERSION
+    from torchimages.verify import run_probe
+
+    class Container:
+        def __init__(self, version):
+            self.version = version
+
+        def exec_run(self, command, user, demux):
+            return 0, (json.dumps({"probe_version": self.version, "python": {}}).encode() + b"\n", b"")
+
+    assert run_probe(Container(PROBE_VERSION), [], "", 10)["probe_version"] == PROBE_VERSION
+    stale = run_probe(Container(PROBE_VERSION - 1), [], "", 10)
+    assert "version" in stale["probe_error"] and "reinstall" in stale["probe_error"]
+
+
 def test_gpus_option_follows_dockers_syntax():
     assert parse_gpus("all").count == -1 and parse_gpus("all").expected_count is None
     assert not parse_gpus("none").wanted and parse_gpus("none").device_requests() == []

@@ -14,6 +14,7 @@ import docker.errors
 
 from .. import engine
 from ..checks import downstream
+from ..checks.probe import PROBE_VERSION
 from ..model import ImageSpec
 from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
 
@@ -81,11 +82,20 @@ def run_probe(container, arguments: list[str], user: str, timeout: int) -> dict:
     lines = [line for line in output.splitlines() if line.strip()]
     if exit_code == 0 and lines:
         try:
-            return json.loads(lines[-1])
+            facts = json.loads(lines[-1])
         except ValueError:
-            pass
+            facts = None
+        if isinstance(facts, dict):
+            return facts if facts.get("probe_version") == PROBE_VERSION else _version_mismatch(facts)
     why = f"timed out after {timeout}s" if exit_code == 137 else f"exited with {exit_code}"
     return {"probe_error": f"the probe {why} without facts", "stderr_tail": log[-3000:]}
+
+
+def _version_mismatch(facts: dict) -> dict:
+    """The checks read the facts of the probe this package ships: facts of another version mean other fields."""
+    return {"probe_error": f"the probe reported facts of version {facts.get('probe_version')!r}, but these checks read "
+                           f"version {PROBE_VERSION}: reinstall torchimages so that probe and checks match",
+            "stderr_tail": ""}
 
 
 def probe_arguments(spec: ImageSpec) -> list[str]:
