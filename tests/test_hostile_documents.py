@@ -334,11 +334,13 @@ WRONG_BUILD_REPORTS = [
     ({"images": [{"tag": ROW, "status": "built", "duration": -1}]}, "duration must be a number from 0"),
 ]
 WRONG_PLANS = [
-    ({}, "does not have the plan's fields ('shards' is missing)"),
-    ({"shards": 5}, "shards must be a list, not 5"),
-    ({"shards": [{"shard": 1, "tags": []}]}, "shard must be a string, not 1"),
-    ({"shards": [{"shard": "1/2", "tags": ROW}]}, "tags must be a list"),
-    ({"shards": [{"shard": "1/2", "tags": [None]}]}, "must be a string, not null"),
+    ({}, "not a plan from `python build.py plan --format json` of schema 1 (it has no schema)"),
+    ({"schema": 2, "shards": []}, "of schema 1 (its schema is 2)"),
+    ({"schema": 1}, "does not have the plan's fields ('shards' is missing)"),
+    ({"schema": 1, "shards": 5}, "shards must be a list, not 5"),
+    ({"schema": 1, "shards": [{"shard": 1, "tags": []}]}, "shard must be a string, not 1"),
+    ({"schema": 1, "shards": [{"shard": "1/2", "tags": ROW}]}, "tags must be a list"),
+    ({"schema": 1, "shards": [{"shard": "1/2", "tags": [None]}]}, "must be a string, not null"),
 ]
 WRONG_SUMMARIES = [  # changes to a valid summary; None removes a field
     ({"rows": None}, "does not have the summary's fields ('rows' is missing)"),

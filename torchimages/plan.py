@@ -15,7 +15,7 @@ from pathlib import Path
 from .builder import read_report
 from .files import brief, read_json_document
 from .model import ImageSpec, InputError, Problem
-from .reporting import Shape
+from .reporting import Shape, require_schema
 
 # Up to 18 digits: any count that long is refused by check_shard_count with the real maximum, and int() of a
 # longer run of digits is slow or refused by Python itself.
@@ -79,8 +79,12 @@ def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Sha
     return balance([spec.tag for spec in specs], past_durations(reports_dir / "build-report.json"), count)
 
 
+PLAN_SCHEMA = 1
+
+
 def plan_document(shards: list[Shard]) -> dict:
-    return {"shards": [{**asdict(shard), "shard": shard.name, "tags": list(shard.tags)} for shard in shards]}
+    return {"schema": PLAN_SCHEMA,
+            "shards": [{**asdict(shard), "shard": shard.name, "tags": list(shard.tags)} for shard in shards]}
 
 
 def github_matrix(shards: list[Shard]) -> str:
@@ -108,6 +112,7 @@ def shard_from_plan_file(path: Path, index: int, count: int, specs: list[ImageSp
     check_shard_count(count, len(specs))
     fix = f"make it again with `python build.py plan --shards {count} --format json`"
     document = read_json_document(path, fix)
+    require_schema(document, PLAN_SCHEMA, path, "a plan from `python build.py plan --format json`", fix)
     shape = Shape("plan")
     shape.document(document, PlanFile)
     shape.raise_if_wrong(path, fix)
