@@ -377,7 +377,7 @@ def cli_invocations(draw):
     return matrix_text, command.split()
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None, report_multiple_bugs=False,
+@settings(max_examples=15, deadline=None, derandomize=True, database=None, report_multiple_bugs=False,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(invocation=cli_invocations())
 @example(invocation=(MATRIX_TEXT, ["plan", "--shards", "3", "--format", "github"]))
