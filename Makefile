@@ -19,10 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 engine: setup
-	$(PYTHON) -m torchimages.localengine up
+	$(PYTHON) -m devtools.localengine up
 
 engine-down:
-	$(PYTHON) -m torchimages.localengine down
+	$(PYTHON) -m devtools.localengine down
 
 render: setup
 	$(PYTHON) build.py render

@@ -90,7 +90,7 @@ def engine_env():
     """A real Docker engine (started by the project when none answers); exports DOCKER_HOST for the CLI."""
     import os
 
-    from torchimages.localengine import ensure_engine
+    from devtools.localengine import ensure_engine
 
     info = ensure_engine()
     os.environ["DOCKER_HOST"] = info.docker_host

@@ -11,8 +11,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from torchimages import localengine
-from torchimages.localengine import EngineInfo, ensure_engine, read_env
+from devtools import localengine
+from devtools.localengine import EngineInfo, ensure_engine, read_env
 
 pytestmark = pytest.mark.engine
 

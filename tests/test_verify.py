@@ -338,7 +338,7 @@ def one_line(text: str) -> str:
 @pytest.fixture(scope="module")
 def images(request):
     """The real CPU images (built by the session fixture when missing); skipped only when no engine can run."""
-    from torchimages.localengine import EngineError
+    from devtools.localengine import EngineError
 
     try:
         request.getfixturevalue("engine_env")

@@ -1,8 +1,8 @@
 """A private Docker engine and registry on this machine, so images can be built, verified and pushed without one.
 
-    python -m torchimages.localengine up     # start (or reuse) dockerd + registry, seed base images, print env lines
-    python -m torchimages.localengine env    # print the env lines of a running engine
-    python -m torchimages.localengine down   # stop what `up` started (data and caches stay, so the next `up` is fast)
+    python -m devtools.localengine up     # start (or reuse) dockerd + registry, seed base images, print env lines
+    python -m devtools.localengine env    # print the env lines of a running engine
+    python -m devtools.localengine down   # stop what `up` started (data and caches stay, so the next `up` is fast)
 
 `up` prints shell lines for `DOCKER_HOST` and `TORCHIMAGES_REGISTRY` on stdout and also writes them to `.engine/env`;
 progress goes to stderr. No container registry needs to be reachable: base images are built with debootstrap from the
@@ -34,7 +34,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .files import atomic_write
+from torchimages.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 STATE = REPO / ".engine"
@@ -81,7 +81,9 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
 # Debian package -> the program we need from it.
-PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap"}
+# skopeo: publishing talks to registries through it (torchimages/registry.py).
+PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap",
+            "skopeo": "skopeo"}
 REGISTRY_BIN = "/usr/bin/docker-registry"
 DEFAULT_REGISTRY_PORT = 5000
 ENGINE_START_S = 60
@@ -315,7 +317,7 @@ def _ensure_registry() -> tuple[str, int]:
     if pid is not None:
         _log(f"registry pid {pid} does not answer; restarting it")
         _stop(pid)
-    _ensure_tools(["docker-registry"])
+    _ensure_tools(["docker-registry", "skopeo"])
     port = _free_port(port)
     _write_registry_config(port)
     _log(f"starting the registry on 127.0.0.1:{port} (storage {REGISTRY_DATA}, log {REGISTRY_LOG})")
@@ -498,7 +500,7 @@ def _run_logged(command: list[str], log: Path, environment: dict[str, str] | Non
 def _require_root(what: str) -> None:
     if os.geteuid() == 0:
         return
-    raise EngineError(f"{what} needs root. Run `sudo {sys.executable} -m torchimages.localengine up` (or "
+    raise EngineError(f"{what} needs root. Run `sudo {sys.executable} -m devtools.localengine up` (or "
                       "`sudo make engine`), or point DOCKER_HOST at an engine you may use, e.g. "
                       "`export DOCKER_HOST=unix:///var/run/docker.sock` as a member of the docker group.")
 
@@ -552,7 +554,7 @@ def _log(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchimages.localengine",
+    parser = argparse.ArgumentParser(prog="python -m devtools.localengine",
                                      description="A private Docker engine and registry for building and testing.")
     parser.add_argument("command", choices=("up", "down", "env"),
                         help="up: start or reuse and print env lines; down: stop; env: print env lines if up")
@@ -581,7 +583,7 @@ def _cmd_down() -> int:
 def _cmd_env() -> int:
     info = read_env()
     if info is None:
-        _log("no engine is up; start one with `python -m torchimages.localengine up` (or `make engine`)")
+        _log("no engine is up; start one with `python -m devtools.localengine up` (or `make engine`)")
         return 1
     print("\n".join(info.env_lines()))
     return 0
