@@ -32,6 +32,7 @@ render-check: setup
 
 lint: setup
 	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)

@@ -20,6 +20,7 @@ import docker.errors
 import docker.utils
 
 from .files import atomic_write_json
+from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .reporting import read_row_report, utc_timestamp
 
@@ -66,6 +67,12 @@ def local_name(spec: ImageSpec) -> str:
     return f"{spec.repository}:{spec.tag}"
 
 
+def cache_name(spec: ImageSpec) -> str:
+    """Where `nightly` puts a row's last published image on an engine that has none of the row's layers (a fresh
+    runner): the build takes layers from it."""
+    return f"{local_name(spec)}.published"
+
+
 def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     """Wheels for one row live in <wheelhouse>/<index>-py<python>/ (`build.py wheels` fills it)."""
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
@@ -96,7 +103,7 @@ class BuildContext:
     files: dict[str, Path]  # path in the context -> file on the host
     extra: dict[str, bytes]  # generated context entries
     input_hash: str
-    base_image_id: str
+    base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -109,7 +116,16 @@ def base_reference(spec: ImageSpec, images_dir: Path) -> str:
     return match.group(1) if match else spec.base_image
 
 
-def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) -> BuildContext:
+def base_identity(reference: str, engine_image_id: str | None, locked_image_id: str | None) -> str | None:
+    """What identifies the base's bits in the input hash, the same on every runner: a lock-pinned image@digest names
+    them itself; a base pinned by image id only (local-only, built on the engine) is the engine's image id, or the
+    lock's when the engine does not have it (a fresh runner). None when nothing identifies the base."""
+    if "@sha256:" in reference:
+        return reference
+    return engine_image_id or locked_image_id
+
+
+def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, base_image_id: str) -> BuildContext:
     folder = options.images_dir / spec.tag
     files = {path.name: path for path in sorted(folder.iterdir()) if path.is_file()}
     wheels = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
@@ -127,7 +143,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_image_id: str) ->
         digest.update(name.encode() + hashlib.sha256(content).digest())
     visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
     digest.update(json.dumps(visible_args, sort_keys=True).encode())
-    digest.update(base_image_id.encode())
+    digest.update(base_identity.encode())
     return BuildContext(files, extra, digest.hexdigest()[:32], base_image_id)
 
 
@@ -180,6 +196,13 @@ class Builder:
         self._step_images: list[str] = []
         self._lock = threading.Lock()
 
+    def input_hash(self, spec: ImageSpec) -> str | None:
+        """The input hash of spec as it would be built now, also on an engine without its base (nothing pulled);
+        None when nothing identifies the base. An InputError for a missing Dockerfile or a damaged lock."""
+        base = base_reference(spec, self.options.images_dir)
+        identity = base_identity(base, self._image_id(base), self._locked_image_id(spec))
+        return build_context(spec, self.options, identity, "").input_hash if identity else None
+
     def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
         """Decide quickly whether an image must be built; returns (context, None) or (None, skipped/failed result)."""
         try:
@@ -188,7 +211,8 @@ class Builder:
             if base_id is None and not self.options.pull:
                 return None, BuildResult(spec.tag, "failed", error=f"base image {base} is not on the engine: "
                                          "`docker pull` it, build with --pull, or run `make engine` (seeds the CPU bases)")
-            context = build_context(spec, self.options, base_id or "")
+            identity = base_identity(base, base_id, self._locked_image_id(spec)) or base
+            context = build_context(spec, self.options, identity, base_id or "")
         except InputError as error:
             return None, BuildResult(spec.tag, "failed", error=str(error))
         if not (self.options.force or self.options.no_cache):
@@ -279,6 +303,7 @@ class Builder:
         stream = api.build(
             fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options),
             labels=runtime_labels(context.input_hash, context.base_image_id),
+            cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
         )
         image_id = ""
@@ -334,6 +359,16 @@ class Builder:
             self.client.api.remove_container(container_id, force=True)
         except docker.errors.APIError:
             pass  # already gone, or removed by the engine itself (rm/forcerm)
+
+    def _cache_sources(self, spec: ImageSpec) -> list[str] | None:
+        # Only when there is such an image: given any cache source, the engine's classic builder takes its own cached
+        # layers only where they are parents of a source, so flavors sharing a build stage would stop sharing it.
+        return [cache_name(spec)] if self._inspect(cache_name(spec)) else None
+
+    def _locked_image_id(self, spec: ImageSpec) -> str | None:
+        # bases.lock.json sits beside the matrix, which (as images/) is the project's root.
+        locked = read_lock(self.options.images_dir.parent / LOCK_NAME).get(spec.base_image)
+        return locked.image_id if locked else None
 
     def _image_id(self, reference: str) -> str | None:
         inspected = self._inspect(reference)

@@ -15,10 +15,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .builder import INPUT_HASH_LABEL
 from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project
-from .registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+from .registry import (
+    RegistryClient,
+    RegistryError,
+    RetryPolicy,
+    access_from_args,
+    add_access_arguments,
+    parse_registry,
+)
 from .reporting import (
     TAG,
     Shape,
@@ -62,6 +70,10 @@ class CatalogEntry:
     published_at: str  # when `digest` was first published
     updated_at: str
     deprecated: str | None = None
+    # Entries written before these fields existed lack them; an entry without an input hash is never taken as current.
+    input_hash: str = ""  # the builder's hash of everything the image was built from (its label too)
+    platform: str = ""  # os/architecture[/variant], e.g. linux/amd64
+    verified_on: dict = field(default_factory=dict)  # host kind (cpu-only | gpu), GPU models, driver, checks ran/skipped
 
     def pull_pinned(self) -> str:
         return f"{self.repository}:{self.pinned[0].tag}"
@@ -167,7 +179,7 @@ def require_folder(folder: Path, what: str) -> None:
 
 
 def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, download_size: int, checks: dict,
-               pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None) -> CatalogEntry:
+               pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None, verified_on: dict) -> CatalogEntry:
     """The catalog entry for spec published as repository@digest, carrying over the older pinned tags."""
     same_digest = previous is not None and previous.digest == digest and previous.repository == repository
     older = [p for p in (previous.pinned if previous and previous.repository == repository else []) if p.tag != pinned.tag]
@@ -176,8 +188,21 @@ def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, downl
         floating=[spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
         checks=checks, scan=scan if scan is not None else (previous.scan if previous else {"status": "not run"}),
         sbom=pinned.sbom, published_at=previous.published_at if same_digest else utc_timestamp(), updated_at=utc_timestamp(),
-        deprecated=spec.deprecated,
+        deprecated=spec.deprecated, input_hash=(image.get("Config", {}).get("Labels") or {}).get(INPUT_HASH_LABEL, ""),
+        platform=platform_of(image), verified_on=verified_on,
     )
+
+
+def platform_of(image: dict) -> str:
+    """The engine's image as an OCI platform: linux/amd64, linux/arm64/v8."""
+    parts = [image.get("Os", ""), image.get("Architecture", ""), image.get("Variant", "")]
+    return "/".join(part for part in parts if part)
+
+
+def matches_spec(entry: CatalogEntry, spec: ImageSpec) -> bool:
+    """Whether the entry says what publishing spec now would: same tags, versions and deprecation."""
+    return (entry.floating == [spec.tag, *spec.aliases] and entry.versions == versions(spec)
+            and entry.deprecated == spec.deprecated)
 
 
 def versions(spec: ImageSpec) -> dict[str, str]:
@@ -283,12 +308,12 @@ def human_size(size: int) -> str:
 
 # ------------------------------------------------------------------------------------------------- registry check
 
-def registry_mismatches(catalog: Catalog, log) -> list[str]:
+def registry_mismatches(catalog: Catalog, args, log) -> list[str]:
     """Every catalog tag the registry does not resolve to the catalog's digest."""
     problems = []
     for entry in (catalog.images[tag] for tag in sorted(catalog.images)):
         registry = parse_registry(entry.repository, flag=f"catalog entry {entry.tag}")
-        client = RegistryClient(registry, RetryPolicy(retries=1), log)
+        client = RegistryClient(registry, access_from_args(args, registry), RetryPolicy(retries=1), log)
         expected = {name: entry.digest for name in entry.floating} | {pinned.tag: pinned.digest for pinned in entry.pinned}
         for name, digest in sorted(expected.items()):
             try:
@@ -322,7 +347,7 @@ def cmd_catalog(project: Project, args) -> int:
     folder = catalog_dir(project, args)
     catalog = load_catalog(catalog_file(folder))
     if args.check_registry:
-        mismatches = registry_mismatches(catalog, lambda message: print(message, file=sys.stderr))
+        mismatches = registry_mismatches(catalog, args, lambda message: print(message, file=sys.stderr))
         for problem in mismatches:
             print(problem, file=sys.stderr)
         print(f"{len(catalog.images)} catalog entries checked against the registry: "
@@ -354,5 +379,6 @@ def add_commands(commands) -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 if images/README.md is stale; write nothing")
     parser.add_argument("--check-registry", action="store_true",
                         help="exit 1 unless every catalog tag resolves to the catalog's digest on its registry")
+    add_access_arguments(parser)
     add_catalog_argument(parser)
     parser.set_defaults(handler=cmd_catalog)

@@ -4,11 +4,13 @@ A base that came from a registry is pinned by its manifest digest (the registry'
 otherwise the one the engine's copy was pulled as). A base that only exists on this engine (debian:bookworm built
 by debootstrap has no registry digest) is pinned by image id, and the lock says so. When the registry has a newer
 digest than the engine's copy, refreshing pulls it: the builder hashes the base's image id into each row's inputs,
-so exactly the rows on a moved base rebuild.
+so exactly the rows on a moved base rebuild. `nightly` resolves without pulling: a fresh runner pulls a base only for
+the rows it builds.
 """
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,15 @@ from . import engine
 from .lockfile import LOCAL_ONLY_NOTE, LockedBase, read_lock, write_lock
 from .model import ImageSpec
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
+from .registry import (
+    Registry,
+    RegistryAccess,
+    RegistryClient,
+    RegistryError,
+    RetryPolicy,
+    image_registry,
+    registry_access,
+)
 from .reporting import utc_timestamp
 
 
@@ -46,12 +57,15 @@ def changes(before: dict[str, LockedBase], after: dict[str, LockedBase], specs: 
 
 
 class Resolver:
-    """Resolves bases on one engine; pulls a base whose registry digest is newer than the engine's copy if asked."""
+    """Resolves bases on one engine; pulls a base whose registry digest is newer than the engine's copy if asked.
+    Registry digests are read with skopeo, logging in and trusting CAs as publishing does (see registry.py)."""
 
-    def __init__(self, docker_client: docker.DockerClient, pull: bool, log=lambda message: None):
+    def __init__(self, docker_client: docker.DockerClient, pull: bool, log=lambda message: None,
+                 access=registry_access):
         self.client = docker_client
         self.pull = pull
         self.log = log
+        self.access: Callable[[Registry], RegistryAccess] = access
 
     def resolve(self, image: str) -> LockedBase:
         """The lock entry for image; UnresolvedBase when neither the engine nor a registry knows it."""
@@ -65,7 +79,8 @@ class Resolver:
                 self.log(f"{image}: pulling {remote}")
                 self.client.images.pull(image)
                 local = self._inspect(image)
-            return LockedBase(image, remote, local["Id"] if local else None, "registry", "", now)
+            engine_copy = local["Id"] if local is not None and remote in _digests(local) else None
+            return LockedBase(image, remote, engine_copy, "registry", "", now)
         if local is not None:
             return LockedBase(image, _digests(local)[0], local["Id"], "local-copy",
                               f"registry not reachable ({reason}): pinned the digest the engine's copy was pulled as", now)
@@ -73,10 +88,13 @@ class Resolver:
                              f"`docker pull {image}` where the registry is reachable, or `make engine` for seeded bases")
 
     def _registry_digest(self, image: str) -> tuple[str | None, str]:
+        registry, reference = image_registry(image)
+        client = RegistryClient(registry, self.access(registry), RetryPolicy(retries=1), self.log)
         try:
-            return self.client.images.get_registry_data(image).id, ""
-        except docker.errors.APIError as error:
-            return None, engine.explain_start_error(error)
+            digest = client.digest_of(reference)
+        except RegistryError as error:
+            return None, str(error)
+        return (digest, "") if digest else (None, f"{registry.name} has no {reference}")
 
     def _inspect(self, image: str) -> dict | None:
         try:
@@ -86,7 +104,8 @@ class Resolver:
 
 
 def _same_pin(first: LockedBase, second: LockedBase) -> bool:
-    return (first.digest, first.image_id, first.source) == (second.digest, second.image_id, second.source)
+    """The same bits from the same kind of source (an engine without a copy of the base does not move its pin)."""
+    return (first.pin, first.source) == (second.pin, second.source)
 
 
 def _digests(image: dict) -> list[str]:

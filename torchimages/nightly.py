@@ -5,6 +5,12 @@ results of the shards a CI matrix ran.
 Every stage reuses what the last run left: unchanged rows are not rebuilt, an image whose last verification passed
 for its exact id is not verified again, and a digest already published is not pushed again. So a second run with
 nothing new does nothing, quickly, and says so.
+
+That holds on a CI runner whose engine starts empty too: a row whose input hash (as the builder computes it from the
+rendered files, the build inputs and the lock's base pin) is the one its catalog entry records, and whose tags the
+registry still resolves to the catalog's digest, is published and verified already: nothing is pulled, built or
+verified for it. A row that changed pulls its last published image first, so that its build takes that image's
+layers instead of starting from nothing.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from . import plan as plan_stage
 from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
-from .buildargs import add_build_arguments, run_builds
+from .buildargs import add_build_arguments, build_options, run_builds
 from .display import ConsoleProgress, stderr_console
 from .files import atomic_write, atomic_write_json, brief, inside, read_json_document
 from .lockfile import LOCK_NAME, LockedBase
@@ -208,6 +214,7 @@ class Nightly:
         self.log = log
         self.options = publish_stage.publish_options(project, args)
         self.retention = publish_stage.parse_retention(args.retention)
+        self.registry = RegistryClient(self.options.registry, self.options.access, self.options.retry, log)
         self.matrix = project.load()
         selected = matrix_stage.select(self.matrix.specs, args.selectors, str(project.matrix))
         self.specs = shard_rows(project, selected, args)
@@ -222,9 +229,11 @@ class Nightly:
             client = engine.client()
             self.refresh_lock(client)
             self.rerender_for_moved_bases()
-            buildable = self.build()
+            current = self.published_already(client, before)
+            changed = [spec for spec in self.specs if spec not in current]
+            buildable = self.build(client, self.prepare_engine(client, changed, before)) if changed else []
             passed = self.verify(client, buildable)
-            if self.publish(client, passed):
+            if self.publish(client, passed) or current:
                 self.prune()
             self.summary.size_changes = size_changes(before, catalog_stage.load_catalog(catalog_path),
                                                      self.summary.rows)
@@ -246,7 +255,8 @@ class Nightly:
         path = lock_stage.lock_path(self.project)
         current = lock_stage.read_lock(path)
         try:
-            refreshed = lock_stage.refresh(lock_stage.Resolver(client, pull=True, log=self.log), self.specs, current,
+            # No pull: a fresh runner pulls a base only for the rows it builds (prepare_engine).
+            refreshed = lock_stage.refresh(lock_stage.Resolver(client, pull=False, log=self.log), self.specs, current,
                                            everything=False)
         except docker.errors.APIError as error:
             self.summary.notes.append(f"base refresh failed, building on the bases the engine has: {error}")
@@ -262,11 +272,71 @@ class Nightly:
         if changed:
             self.summary.render += f"; re-rendered {len(changed)} files for moved base pins (commit them with the lock)"
 
-    def build(self) -> list[ImageSpec]:
-        results = run_builds(self.project, self.specs, self.args)
+    def published_already(self, client, catalog: catalog_stage.Catalog) -> list[ImageSpec]:
+        """The rows whose current inputs are published and verified, decided from the catalog and the registry alone
+        (an empty engine decides the same): nothing is done for them."""
+        builder = build_stage.Builder(client, build_options(self.project, self.args))
+        current = []
+        for spec in self.specs:
+            entry = catalog.images.get(spec.tag)
+            if entry is None or not entry.input_hash or self.args.force or self.args.no_cache:
+                continue
+            try:
+                unchanged = (entry.repository == self.options.registry.name and catalog_stage.matches_spec(entry, spec)
+                             and builder.input_hash(spec) == entry.input_hash)
+                tags = [*entry.floating, entry.pinned[0].tag]
+                if unchanged and self.registry.tag_digests(tags) == dict.fromkeys(tags, entry.digest):
+                    current.append(spec)
+            except (InputError, RegistryError) as error:
+                self.log(f"{spec.tag}: not taken as published ({error}); running it")
+        if current:
+            self.summary.skipped += [spec.tag for spec in current]
+            self.summary.already_verified += [spec.tag for spec in current]
+            self.summary.unchanged += [spec.tag for spec in current]
+            self.summary.notes.append(
+                f"published already with today's inputs (the catalog's input hash is this run's and the registry's "
+                f"tags name the catalog's digest), so nothing was pulled, built or verified: "
+                f"{', '.join(spec.tag for spec in current)}")
+        return current
+
+    def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
+        """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a
+        row's image) the row's last published image for its layers. Returns the specs that can be built."""
+        ready = []
+        for spec in specs:
+            try:
+                self.pull_base(client, spec)
+                ready.append(spec)
+            except (docker.errors.APIError, InputError) as error:
+                self.summary.fail(spec.tag, "build", f"could not pull its base: {error}")
+        first_flavors = {spec.matrix_line: spec for spec in reversed(ready)}.values()
+        for spec in first_flavors:  # later flavors share the first one's fresh layers (see Builder.build_all)
+            self.pull_last_published(client, spec, catalog.images.get(spec.tag))
+        return ready
+
+    def pull_base(self, client, spec: ImageSpec) -> None:
+        reference = build_stage.base_reference(spec, self.project.images)
+        if "@sha256:" in reference and not _has_image(client, reference):
+            self.log(f"{spec.tag}: pulling its base {reference}")
+            client.images.pull(reference)
+
+    def pull_last_published(self, client, spec: ImageSpec, entry: catalog_stage.CatalogEntry | None) -> None:
+        if entry is None or entry.repository != self.options.registry.name or _has_image(client, build_stage.local_name(spec)):
+            return
+        self.log(f"{spec.tag}: copying its last published image {entry.pull_digest()} in for its layers")
+        try:
+            self.registry.pull(entry.digest, build_stage.cache_name(spec), self.options.daemon_host)
+        except RegistryError as error:
+            self.summary.notes.append(f"{spec.tag}: built without the layers of its last published image ({error})")
+
+    def build(self, client, specs: list[ImageSpec]) -> list[ImageSpec]:
+        try:
+            results = run_builds(self.project, specs, self.args)
+        finally:
+            _remove_images(client, [build_stage.cache_name(spec) for spec in specs])
         build_stage.write_report(self.project.reports, results)
         by_tag = {result.tag: result for result in results}
-        for spec in self.specs:
+        for spec in specs:
             result = by_tag[spec.tag]
             if result.status == "built":
                 self.summary.built.append(spec.tag)
@@ -275,7 +345,7 @@ class Nightly:
             else:
                 self.summary.fail(spec.tag, "build", f"{result.status}: {result.error.splitlines()[0] if result.error else ''}"
                                                      f" (log: {result.log})")
-        return [spec for spec in self.specs if by_tag[spec.tag].status in ("built", "skipped")]
+        return [spec for spec in specs if by_tag[spec.tag].status in ("built", "skipped")]
 
     def verify(self, client, specs: list[ImageSpec]) -> list[ImageSpec]:
         """Verify the images whose last verification was not a pass for their exact id; return those that passed."""
@@ -330,14 +400,29 @@ class Nightly:
         return any(result.status in ("published", "unchanged") for result in results)
 
     def prune(self) -> None:
-        registry = RegistryClient(self.options.registry, self.options.retry, self.log)
         try:
-            pruned = publish_stage.prune(registry, self.summary.rows, self.retention, self.options.catalog_dir,
+            pruned = publish_stage.prune(self.registry, self.summary.rows, self.retention, self.options.catalog_dir,
                                          self.project.images, self.log)
         except RegistryError as error:
             self.summary.fail(REGISTRY_ROW, "prune", str(error))
             return
         self.summary.removed_tags = pruned.removed
+
+
+def _has_image(client, reference: str) -> bool:
+    try:
+        client.api.inspect_image(reference)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _remove_images(client, references: list[str]) -> None:
+    for reference in references:
+        try:
+            client.api.remove_image(reference)
+        except docker.errors.ImageNotFound:
+            pass
 
 
 def write_summary(reports_dir: Path, summary: Summary) -> str:

@@ -1,13 +1,15 @@
 """Stage 5: push verified images by digest (pinned <tag>-<YYYYMMDD>, floating <tag>, aliases); prune old dated tags.
 
 The registry is the source of truth for what is published: a row is unchanged when its floating tag, its aliases
-and one of its dated tags already name the digest this very image was pushed as. Only the pinned tag is pushed from
-the engine; the floating tag and aliases are copies of its manifest, so they can only ever name a verified digest,
-and promotion never rebuilds.
+and one of its dated tags already name a manifest of this very image (its config digest is the image id). Only the
+pinned tag is pushed from the engine; the floating tag and aliases are copies of its manifest by digest, so they can
+only ever name a verified digest, and promotion never rebuilds. Every registry operation goes through skopeo
+(registry.py), which logs in and trusts CAs the way Docker does.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections import Counter
@@ -29,10 +31,12 @@ from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import (
     Manifest,
     Registry,
+    RegistryAccess,
     RegistryClient,
     RegistryError,
     RetryPolicy,
-    is_transient,
+    access_from_args,
+    add_access_arguments,
     parse_registry,
     with_retries,
 )
@@ -124,13 +128,9 @@ def pinned_date(pinned: str) -> str:
     return datetime.strptime(match.group(1), "%Y%m%d").strftime("%Y-%m-%d") if match else ""
 
 
-def known_digest(image: dict, repository: str) -> str | None:
-    """The digest this image was pushed to repository as (the engine remembers it while a local tag names it)."""
-    for reference in image.get("RepoDigests") or []:
-        name, _, digest = reference.partition("@")
-        if name == repository:
-            return digest
-    return None
+def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Manifest]) -> str | None:
+    """The newest dated tag whose manifest is this image (a manifest's config digest is the image id), if any."""
+    return next((name for name in pinned_names if name in manifests and manifests[name].config_digest == image_id), None)
 
 
 def check_counts(report: dict) -> dict:
@@ -142,6 +142,32 @@ def check_counts(report: dict) -> dict:
         "skipped_checks": {name: check.get("message", "") for name, check in sorted(checks.items())
                            if check.get("status") == "skipped"},
         "verified_at": report.get("finished_at", ""),
+    }
+
+
+def facts_path(reports_dir: Path, tag: str) -> Path:
+    return reports_dir / tag / "facts.json"
+
+
+def read_facts(path: Path) -> dict:
+    """reports/<tag>/facts.json as the verification left it (empty when there is none)."""
+    facts = read_json_document(path, f"verify again with `python build.py test {path.parent.name}`", default={})
+    return facts if isinstance(facts, dict) else {}
+
+
+def verified_on(report: dict, facts: dict) -> dict:
+    """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
+    which checks ran there and which were skipped."""
+    checks = report.get("checks") or {}
+    gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
+    devices = gpu.get("devices") if isinstance(gpu.get("devices"), list) else []
+    on_gpu = checks.get("gpu", {}).get("status") == "passed"
+    return {
+        "host": "gpu" if on_gpu else "cpu-only",
+        "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
+        "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
+        "ran": sorted(name for name, check in checks.items() if check.get("status") == "passed"),
+        "skipped": sorted(name for name, check in checks.items() if check.get("status") == "skipped"),
     }
 
 
@@ -175,10 +201,12 @@ def prune_plan(rows: list[str], tag_digests: dict[str, str], retention: int) -> 
 @dataclass(frozen=True)
 class PublishOptions:
     registry: Registry
+    access: RegistryAccess
     reports_dir: Path
     catalog_dir: Path
     images_dir: Path
     date: str  # YYYYMMDD of new pinned tags
+    daemon_host: str | None = None  # the engine skopeo pushes from ($DOCKER_HOST; None: the default socket)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
 
@@ -201,12 +229,13 @@ class Publisher:
         self.client = docker_client
         self.options = options
         self.log = log
-        self.registry = RegistryClient(options.registry, options.retry, log)
+        self.registry = RegistryClient(options.registry, options.access, options.retry, log)
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
         catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
         reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
+        facts = {spec.tag: read_facts(facts_path(self.options.reports_dir, spec.tag)) for spec in specs}
         try:
             self.registry.ping()
             all_tags = self.registry.tags()
@@ -217,20 +246,20 @@ class Publisher:
             if results and results[-1].status == "failed" and not self.registry.answers():
                 results.append(PublishResult(spec.tag, "failed", message="not attempted: the registry stopped answering"))
                 continue
-            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag])
+            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag])
             results.append(result)
             all_tags = sorted(set(all_tags) | set(result.created))
         return results
 
     def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                         report: dict | None) -> PublishResult:
+                         report: dict | None, facts: dict) -> PublishResult:
         try:
-            return self._publish_one(spec, catalog, all_tags, report)
+            return self._publish_one(spec, catalog, all_tags, report, facts)
         except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
             return PublishResult(spec.tag, "failed", message=f"{error} (nothing recorded for {spec.tag})")
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                     report: dict | None) -> PublishResult:
+                     report: dict | None, facts: dict) -> PublishResult:
         image = self._inspect(local_name(spec))
         refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
         if refusal:
@@ -238,12 +267,14 @@ class Publisher:
 
         targets = [spec.tag, *spec.aliases]
         pinned_names = dated_tags(spec.tag, all_tags)
-        current = self.registry.tag_digests(targets + pinned_names)
-        digest = known_digest(image, self.options.registry.name)
-        pinned = next((name for name in pinned_names if digest and current.get(name) == digest), None)
+        manifests = self.registry.tag_manifests(targets + pinned_names)
+        current = {name: manifest.digest for name, manifest in manifests.items()}
+        pinned = published_as(image["Id"], pinned_names, manifests)
+        digest = current[pinned] if pinned else ""
+        on_record = verified_on(report, facts)
         if pinned and all(current.get(name) == digest for name in targets):
             unchanged = PublishResult(spec.tag, "unchanged", digest, pinned, message="already published")
-            self._record(spec, catalog, image, report, self.registry.manifest(digest), None, unchanged)
+            self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged)
             return unchanged
 
         scan = sbom_stage.scan_image(local_name(spec), self.options.allowlist)
@@ -262,50 +293,31 @@ class Publisher:
                 self._promote(name, manifest)
                 (result.moved if name in current else result.created).append(name)
         result.digest, result.pinned = digest, pinned
-        self._record(spec, catalog, image, report, manifest, scan.summary(), result, inventory)
+        self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, inventory)
         return result
 
     def _push(self, image_id: str, tag: str, pinned: str) -> str:
         """Push image_id as repository:pinned; return the manifest digest, as the registry confirms it."""
         repository = self.options.registry.name
         self.log(f"{tag}: pushing {repository}:{pinned}")
-        self.client.api.tag(image_id, repository, pinned)
-        try:
-            pushed = with_retries(lambda: self._push_once(repository, pinned), self.options.retry,
-                                  lambda message, delay: self.log(f"{tag}: {message}; retrying in {delay:g} s"))
-            # A local tag in the repository keeps the pushed digest in the image's RepoDigests, which is how the next
-            # run knows this image is published; it moves with each publish, where dated local tags would pile up.
-            self.client.api.tag(image_id, repository, tag)
-        finally:
-            self.client.api.remove_image(f"{repository}:{pinned}", noprune=True)
+        pushed = with_retries(lambda: self.registry.push(image_id, pinned, self.options.daemon_host), self.options.retry,
+                              lambda message, delay: self.log(f"{tag}: {message}; retrying in {delay:g} s"))
         confirmed = self.registry.digest_of(pinned)
         if confirmed != pushed:
             raise RegistryError(f"{repository}:{pinned}: the push reported {pushed} but the registry has {confirmed}",
                                 transient=False)
         return pushed
 
-    def _push_once(self, repository: str, tag: str) -> str:
-        digest = ""
-        try:
-            for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
-                if "error" in event:
-                    message = event["error"].strip()
-                    raise RegistryError(f"push of {repository}:{tag} failed: {message}", transient=is_transient(message))
-                digest = (event.get("aux") or {}).get("Digest", digest)
-        except docker.errors.APIError as error:
-            raise RegistryError(f"push of {repository}:{tag} failed: {error}", transient=is_transient(str(error))) from None
-        if not digest:
-            raise RegistryError(f"push of {repository}:{tag} reported no digest", transient=True)
-        return digest
-
     def _promote(self, name: str, manifest: Manifest) -> None:
-        stored = self.registry.put_manifest(name, manifest)
-        if stored and stored != manifest.digest:
-            raise RegistryError(f"{name}: the registry stored {stored}, not the verified {manifest.digest}", transient=False)
+        self.registry.copy_tag(manifest.digest, name)
+        stored = self.registry.digest_of(name)
+        if stored != manifest.digest:
+            raise RegistryError(f"{name}: the registry has {stored}, not the verified {manifest.digest}", transient=False)
         self.log(f"{self.options.registry.name}:{name} -> {manifest.digest}")
 
-    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: dict, manifest: Manifest,
-                scan: dict | None, result: PublishResult, inventory: sbom_stage.Inventory | None = None) -> None:
+    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: dict, on_record: dict,
+                manifest: Manifest, scan: dict | None, result: PublishResult,
+                inventory: sbom_stage.Inventory | None = None) -> None:
         """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
         folder = self.options.catalog_dir
         sbom_file = sbom_stage.sbom_path(folder, result.pinned)
@@ -317,7 +329,8 @@ class Publisher:
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)
         entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
-                                         manifest.download_size(), check_counts(report), pinned, previous, scan)
+                                         manifest.download_size(), check_counts(report), pinned, previous, scan,
+                                         on_record)
         if previous is not None and catalog_stage.same_entry(previous, entry):
             return
         catalog.images[spec.tag] = entry
@@ -375,6 +388,7 @@ def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retries", type=int, default=RetryPolicy.retries,
                         help="tries again after a transient registry error, backing off 1 s, 2 s, 4 s... "
                              "(default: %(default)s)")
+    add_access_arguments(parser)
     catalog_stage.add_catalog_argument(parser)
 
 
@@ -395,11 +409,13 @@ def publish_options(project: Project, args) -> PublishOptions:
     allowlist_path = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
     if args.allowlist and not args.allowlist.is_file():
         raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
+    registry = parse_registry(args.registry)
     return PublishOptions(
-        registry=parse_registry(args.registry), reports_dir=project.reports,
+        registry=registry, access=access_from_args(args, registry), reports_dir=project.reports,
         catalog_dir=catalog_stage.catalog_dir(project, args), images_dir=project.images,
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
         retry=retry_policy(args), allowlist=sbom_stage.load_allowlist(allowlist_path),
+        daemon_host=os.environ.get("DOCKER_HOST"),
     )
 
 
@@ -459,7 +475,8 @@ def cmd_publish(project: Project, args) -> int:
 def cmd_prune(project: Project, args) -> int:
     specs = project.select(args.selectors)
     retention = parse_retention(args.retention)
-    registry = RegistryClient(parse_registry(args.registry), retry_policy(args), log)
+    address = parse_registry(args.registry)
+    registry = RegistryClient(address, access_from_args(args, address), retry_policy(args), log)
     try:
         registry.ping()
         result = prune(registry, [spec.tag for spec in specs], retention, catalog_stage.catalog_dir(project, args),
