@@ -57,7 +57,7 @@ def test_readme_tells_what_to_pull_and_where_floating_tags_point():
     assert f"`docker pull {REPOSITORY}@{DIGEST_NEW}`" in page
     assert f"| `{REPOSITORY}:latest` | `{DIGEST_NEW}` | `{tag}-20260102` |" in page
     assert f"| `{REPOSITORY}:{tag}-20260101` | `{DIGEST_OLD}` | 2026-01-01 |" in page
-    assert "7.4 GB (3.1 GB)" in page and "6 passed, 3 skipped" in page
+    assert "6.9 GiB (2.9 GiB)" in page and "6 passed, 3 skipped" in page
     assert f"[CycloneDX](../catalog/sbom/{tag}-20260102.cdx.json)" in page
     assert "2.13.0-cpu-runtime (deprecated: use 2.14)" in page
     assert page.index("| 2.13.0-cpu-runtime ") < page.index(f"| {tag} ")  # sorted by tag

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
-from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
+from .files import (
+    atomic_write,
+    atomic_write_json,
+    brief,
+    inside,
+    read_json_document,
+    read_text,
+)
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project
 from .registry import (
@@ -30,6 +37,7 @@ from .registry import (
 from .reporting import (
     TAG,
     Shape,
+    human_size,
     markdown_cell,
     markdown_code,
     markdown_link,
@@ -297,13 +305,6 @@ def checks_text(checks: dict) -> str:
         text += f", {checks['skipped']} skipped"
     return text
 
-
-def human_size(size: int) -> str:
-    """Decimal units, as `docker images` shows sizes."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 # ------------------------------------------------------------------------------------------------- registry check

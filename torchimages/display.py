@@ -12,6 +12,7 @@ from rich.text import Text
 
 from . import verify
 from .builder import BuildResult, Progress
+from .reporting import human_size
 
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
 
@@ -91,7 +92,7 @@ def build_summary(results: list[BuildResult]) -> Table:
     for column in ("image", "status", "size", "duration", "log"):
         table.add_column(column, no_wrap=column != "log")
     for result in results:
-        size = f"{result.size / 1e6:.0f} MB" if result.size else "-"
+        size = human_size(result.size) if result.size else "-"
         table.add_row(result.tag, Text(result.status, STATUS_STYLE[result.status]), size, f"{result.duration:.1f}s",
                       result.log)
     return table

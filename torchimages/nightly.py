@@ -40,7 +40,7 @@ from .lockfile import LOCK_NAME, LockedBase
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
 from .registry import RegistryClient, RegistryError
-from .reporting import Shape, markdown_cell, markdown_code, utc_timestamp
+from .reporting import Shape, human_size, markdown_cell, markdown_code, utc_timestamp
 
 SUMMARY_JSON = "nightly-summary.json"
 SUMMARY_MARKDOWN = "nightly-summary.md"
@@ -189,8 +189,8 @@ def markdown(summary: Summary) -> str:
 def _size_row(change: dict) -> str:
     before, after = change["before"], change["after"]
     delta = "new" if before is None else f"{(after - before) / 1e6:+.1f} MB"
-    return (f"| {markdown_code(change['tag'])} | {catalog_stage.human_size(before) if before is not None else '-'} | "
-            f"{catalog_stage.human_size(after)} | {delta} |")
+    return (f"| {markdown_code(change['tag'])} | {human_size(before) if before is not None else '-'} | "
+            f"{human_size(after)} | {delta} |")
 
 
 # ------------------------------------------------------------------------------------------------------- the run

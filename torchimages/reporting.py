@@ -24,6 +24,15 @@ MAX_NESTING = 16  # none of our documents nests deeper; much deeper ones exhaust
 MAX_SHOWN = 20  # problems listed one by one; a document wrong in thousands of places gets a count after these
 
 
+def human_size(size: float) -> str:
+    """Binary units, as Docker reads sizes (--shm-size 8g is 8 GiB) and as size budgets are written: 6.9 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
 def utc_timestamp(moment: datetime | None = None) -> str:
     """2026-11-21T20:42:56Z: the one timestamp format of reports, labels and the catalog."""
     return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

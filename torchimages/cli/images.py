@@ -9,13 +9,14 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import builder as build_stage
-from .. import catalog, engine, verify
+from .. import engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..buildargs import add_build_arguments, add_source_arguments, run_builds
 from ..display import ConsoleProgress, build_summary
 from ..model import ImageSpec
 from ..project import EXIT_FAILED, EXIT_OK, Project, add_selectors, console, errors
+from ..reporting import human_size
 
 
 def cmd_list(project: Project, args) -> int:
@@ -67,8 +68,8 @@ def cmd_wheels(project: Project, args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     for folder in fetched:
-        print(f"{folder.dest}: {folder.files} files, {catalog.human_size(folder.total_bytes)}; fetched {folder.new_files} "
-              f"({catalog.human_size(folder.new_bytes)}) this time")
+        print(f"{folder.dest}: {folder.files} files, {human_size(folder.total_bytes)}; fetched {folder.new_files} "
+              f"({human_size(folder.new_bytes)}) this time")
     return EXIT_OK
 
 

@@ -7,14 +7,6 @@ from torchimages.checks.probe import decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX, ImageSpec
 
 
-def human_size(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
 def gpu_skip_reason(spec: ImageSpec, expect: dict) -> str | None:
     """Why GPU checks cannot run in this container, or None when they must."""
     if not spec.is_gpu:

@@ -8,8 +8,9 @@ import pytest
 
 from torchimages.checks.probe import SECRET_NAME, URL_CREDENTIALS
 from torchimages.model import parse_size
+from torchimages.reporting import human_size
 
-from .helpers import duplicated_libraries, human_size
+from .helpers import duplicated_libraries
 
 pytestmark = pytest.mark.check("hygiene")
 

@@ -3,8 +3,7 @@ Docker's 64 MB default."""
 import pytest
 
 from torchimages.model import parse_size
-
-from .helpers import human_size
+from torchimages.reporting import human_size
 
 pytestmark = pytest.mark.check("shm")
 
