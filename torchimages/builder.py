@@ -19,6 +19,7 @@ import docker
 import docker.errors
 import docker.utils
 
+from . import engine
 from .files import atomic_write_json
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
@@ -216,7 +217,7 @@ class Builder:
         except InputError as error:
             return None, BuildResult(spec.tag, "failed", error=str(error))
         if not (self.options.force or self.options.no_cache):
-            existing = self._inspect(local_name(spec))
+            existing = engine.inspect_image(self.client, local_name(spec))
             if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
                                          input_hash=context.input_hash, log=str(self._log_path(spec)))
@@ -345,7 +346,7 @@ class Builder:
         and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
         Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
         for image_id in reversed(self._step_images):
-            inspected = self._inspect(image_id)
+            inspected = engine.inspect_image(self.client, image_id)
             if not inspected or inspected.get("RepoTags"):
                 continue  # gone already, or a tagged image (the result, a base): `rmi ID` would untag it
             try:
@@ -363,7 +364,7 @@ class Builder:
     def _cache_sources(self, spec: ImageSpec) -> list[str] | None:
         # Only when there is such an image: given any cache source, the engine's classic builder takes its own cached
         # layers only where they are parents of a source, so flavors sharing a build stage would stop sharing it.
-        return [cache_name(spec)] if self._inspect(cache_name(spec)) else None
+        return [cache_name(spec)] if engine.inspect_image(self.client, cache_name(spec)) else None
 
     def _locked_image_id(self, spec: ImageSpec) -> str | None:
         # bases.lock.json sits beside the matrix, which (as images/) is the project's root.
@@ -371,14 +372,8 @@ class Builder:
         return locked.image_id if locked else None
 
     def _image_id(self, reference: str) -> str | None:
-        inspected = self._inspect(reference)
+        inspected = engine.inspect_image(self.client, reference)
         return inspected["Id"] if inspected else None
-
-    def _inspect(self, reference: str) -> dict | None:
-        try:
-            return self.client.api.inspect_image(reference)
-        except docker.errors.ImageNotFound:
-            return None
 
     def _log_path(self, spec: ImageSpec) -> Path:
         return self.options.reports_dir / spec.tag / "build.log"

@@ -16,14 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
-from .files import (
-    atomic_write,
-    atomic_write_json,
-    brief,
-    inside,
-    read_json_document,
-    read_text,
-)
+from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
 from .model import ImageSpec, InputError, Problem
 from .project import EXIT_FAILED, EXIT_OK, Project
 from .registry import (

@@ -33,6 +33,14 @@ def client(timeout: int = 600) -> docker.DockerClient:
     return docker_client
 
 
+def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | None:
+    """The engine's view of an image, or None when it has no such image."""
+    try:
+        return docker_client.api.inspect_image(reference)
+    except docker.errors.ImageNotFound:
+        return None
+
+
 def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
     info = docker_client.info()
     return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))

@@ -70,7 +70,7 @@ class Resolver:
     def resolve(self, image: str) -> LockedBase:
         """The lock entry for image; UnresolvedBase when neither the engine nor a registry knows it."""
         now = utc_timestamp()
-        local = self._inspect(image)
+        local = engine.inspect_image(self.client, image)
         if local is not None and not local.get("RepoDigests"):
             return LockedBase(image, None, local["Id"], "local-only", LOCAL_ONLY_NOTE, now)
         remote, reason = self._registry_digest(image)
@@ -78,7 +78,7 @@ class Resolver:
             if self.pull and (local is None or remote not in _digests(local)):
                 self.log(f"{image}: pulling {remote}")
                 self.client.images.pull(image)
-                local = self._inspect(image)
+                local = engine.inspect_image(self.client, image)
             engine_copy = local["Id"] if local is not None and remote in _digests(local) else None
             return LockedBase(image, remote, engine_copy, "registry", "", now)
         if local is not None:
@@ -95,12 +95,6 @@ class Resolver:
         except RegistryError as error:
             return None, str(error)
         return (digest, "") if digest else (None, f"{registry.name} has no {reference}")
-
-    def _inspect(self, image: str) -> dict | None:
-        try:
-            return self.client.api.inspect_image(image)
-        except docker.errors.ImageNotFound:
-            return None
 
 
 def _same_pin(first: LockedBase, second: LockedBase) -> bool:

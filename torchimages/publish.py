@@ -260,7 +260,7 @@ class Publisher:
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
                      report: dict | None, facts: dict) -> PublishResult:
-        image = self._inspect(local_name(spec))
+        image = engine.inspect_image(self.client, local_name(spec))
         refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
         if refusal:
             return PublishResult(spec.tag, "refused", message=refusal)
@@ -335,12 +335,6 @@ class Publisher:
             return
         catalog.images[spec.tag] = entry
         catalog_stage.save(catalog, folder, self.options.images_dir)
-
-    def _inspect(self, reference: str) -> dict | None:
-        try:
-            return self.client.api.inspect_image(reference)
-        except docker.errors.ImageNotFound:
-            return None
 
 
 # ----------------------------------------------------------------------------------------------------------- prune
