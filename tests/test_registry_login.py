@@ -19,6 +19,7 @@ from torchimages.lock import Resolver
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 
 from .conftest import CPU_SELECTOR, run_cli
+from .test_publish import nightly as run_nightly
 from .registry_fixtures import USER, make_certificates, start_secure_registry
 from .test_publish import DEVEL, RUNTIME, Workspace
 
@@ -275,9 +276,7 @@ def login_rows(tmp_path, secure_registry, docker_client, wheelhouse):
 
 
 def nightly(space: LoginWorkspace, wheelhouse) -> tuple[object, dict]:
-    result = space.cli("nightly", CPU_SELECTOR, "--registry", space.repository, "--catalog", str(space.catalog),
-                       "--wheelhouse", str(wheelhouse), "--certs-d", str(space.secure.certs_d))
-    return result, json.loads((space.reports / "nightly-summary.json").read_text())
+    return run_nightly(space, wheelhouse, "--certs-d", str(space.secure.certs_d))
 
 
 def test_nightly_on_a_wiped_engine_builds_nothing_for_published_rows(login_rows, docker_client, wheelhouse):
