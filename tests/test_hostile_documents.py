@@ -3,6 +3,7 @@ reads. Each goes through the real CLI (no Docker engine needed) and must be refu
 the file, no traceback, and no write or delete outside the tool's folders."""
 import hashlib
 import json
+from dataclasses import asdict
 import os
 import re
 import threading
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.files import brief
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.nightly import Summary
-from torchimages.publish import read_verify_report
+from torchimages.summary import Summary
+from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
 
 from .conftest import ROOT
 from .conftest import run_cli_in_process as run_cli
@@ -92,8 +94,7 @@ def shard(folder: Path, rows=(ROW,), **summary_changes) -> Path:
     summary = Summary("127.0.0.1:5000/ml/pytorch", "1/2", list(rows), "2026-01-02T00:00:00Z", duration_s=60.0,
                       render="images is up to date", built=list(rows)).to_json()
     write_json(folder / "reports" / "nightly-summary.json", {**summary, **summary_changes})
-    write_json(folder / "reports" / "build-report.json",
-               {"images": [{"tag": tag, "status": "built", "duration": 10.0} for tag in rows]})
+    BUILD_REPORT.write(folder / "reports", {tag: asdict(BuildReportEntry(tag, "built", duration=10.0)) for tag in rows})
     return folder
 
 
@@ -323,15 +324,17 @@ WRONG_CATALOGS = [
     (catalog_with(checks=json.loads("[" * 50 + "]" * 50)), "nests deeper than"),
 ]
 WRONG_BUILD_REPORTS = [
-    ({"images": 5}, "images must be a list, not 5"),
-    ({}, "images must be a list, not null"),
-    ({"images": [5]}, "must be an object with the build report's fields"),
-    ({"images": [{"status": "built"}]}, "does not have the build report's fields ('tag' is missing)"),
-    ({"images": [{"tag": 5, "status": "built"}]}, "tag must be a string, not 5"),
-    ({"images": [{"tag": ROW, "status": "built", "last_build_duration": "inf"}]}, "last_build_duration must be a number"),
-    ({"images": [{"tag": ROW, "status": "built", "last_build_duration": float("nan")}]}, "not nan"),
-    ({"images": [{"tag": ROW, "status": "built", "last_build_duration": 1e300}]}, "last_build_duration must be a number"),
-    ({"images": [{"tag": ROW, "status": "built", "duration": -1}]}, "duration must be a number from 0"),
+    ({"images": []}, "not a build report of schema 1 (it has no schema)"),
+    ({"schema": 2, "images": []}, "not a build report of schema 1 (its schema is 2)"),
+    ({"schema": 1, "images": 5}, "images must be a list, not 5"),
+    ({"schema": 1}, "images must be a list, not null"),
+    ({"schema": 1, "images": [5]}, "must be an object with the build report's fields"),
+    ({"schema": 1, "images": [{"status": "built"}]}, "does not have the build report's fields ('tag' is missing)"),
+    ({"schema": 1, "images": [{"tag": 5, "status": "built"}]}, "tag must be a string, not 5"),
+    ({"schema": 1, "images": [{"tag": ROW, "status": "built", "last_build_duration": "inf"}]}, "last_build_duration must be a number"),
+    ({"schema": 1, "images": [{"tag": ROW, "status": "built", "last_build_duration": float("nan")}]}, "not nan"),
+    ({"schema": 1, "images": [{"tag": ROW, "status": "built", "last_build_duration": 1e300}]}, "last_build_duration must be a number"),
+    ({"schema": 1, "images": [{"tag": ROW, "status": "built", "duration": -1}]}, "duration must be a number from 0"),
 ]
 WRONG_PLANS = [
     ({}, "not a plan from `python build.py plan --format json` of schema 1 (it has no schema)"),
@@ -343,6 +346,8 @@ WRONG_PLANS = [
     ({"schema": 1, "shards": [{"shard": "1/2", "tags": [None]}]}, "must be a string, not null"),
 ]
 WRONG_SUMMARIES = [  # changes to a valid summary; None removes a field
+    ({"schema": None}, "not a summary of `python build.py nightly` of schema 1 (it has no schema)"),
+    ({"schema": 2}, "of schema 1 (its schema is 2)"),
     ({"rows": None}, "does not have the summary's fields ('rows' is missing)"),
     ({"rows": 5}, "rows must be a list, not 5"),
     ({"rows": [5]}, "must be a string, not 5"),
@@ -376,10 +381,12 @@ def test_wrongly_shaped_documents_exit_2_saying_what_is_wrong(space, document, c
 
 
 @pytest.mark.parametrize("content", [
-    "{", "[]", '{"image_id": 5, "passed": true, "checks": {}}',
-    json.dumps({"image_id": DIGEST, "passed": "yes", "checks": {}}),
-    json.dumps({"image_id": DIGEST, "passed": True, "checks": {"gpu": 5}}),
-    json.dumps({"image_id": "sha256:short", "passed": True, "checks": {}}),
+    "{", "[]", '{"schema": 1, "image_id": 5, "passed": true, "checks": {}}',
+    json.dumps({"schema": 1, "image_id": DIGEST, "passed": "yes", "checks": {}}),
+    json.dumps({"schema": 1, "image_id": DIGEST, "passed": True, "checks": {"gpu": 5}}),
+    json.dumps({"schema": 1, "image_id": "sha256:short", "passed": True, "checks": {}}),
+    json.dumps({"image_id": DIGEST, "passed": True, "checks": {}}),  # before reports had a schema
+    json.dumps({**VerifyReport(DIGEST, True, {}).to_json(), "schema": 2}),  # a newer tool's
     "[" * 100_000 + "]" * 100_000,
 ])
 def test_damaged_verification_reports_are_input_errors(tmp_path, content):
@@ -390,6 +397,12 @@ def test_damaged_verification_reports_are_input_errors(tmp_path, content):
     with pytest.raises(InputError) as error:
         read_verify_report(path)
     assert str(path) in str(error.value) and f"python build.py test {ROW}" in str(error.value)
+
+
+def test_a_verification_report_reads_back_as_its_type_wrote_it(tmp_path):
+    report = VerifyReport(DIGEST, True, {"gpu": CheckVerdict("skipped", "CPU image")}, tag=ROW)
+    path = write_json(tmp_path / ROW / "verify.json", report.to_json())
+    assert read_verify_report(path) == report
 
 
 def test_a_verification_report_that_is_a_fifo_is_refused_without_hanging(tmp_path):

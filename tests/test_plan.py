@@ -4,11 +4,13 @@ from dataclasses import asdict
 
 import pytest
 
+from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
+from torchimages.lock import BaseChange
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.nightly import Summary, merge_summaries
 from torchimages.plan import balance, parse_shard
+from torchimages.summary import Published, Summary, merge_summaries
 
 from .conftest import ROOT, run_cli
 
@@ -31,8 +33,8 @@ def test_github_format_is_one_line_for_github_output():
 
 def test_plan_balances_by_past_build_durations(tmp_path):
     durations = {tag: (1200.0 if "devel" in tag else 400.0 if "cuda" in tag else 100.0) for tag in TAGS}
-    report = {"images": [{"tag": tag, "status": "built", "last_build_duration": seconds} for tag, seconds in durations.items()]}
-    (tmp_path / "build-report.json").write_text(json.dumps(report))
+    BUILD_REPORT.write(tmp_path, {tag: asdict(BuildReportEntry(tag, "built", last_build_duration=seconds))
+                                  for tag, seconds in durations.items()})
     plan = json.loads(run_cli("--reports", str(tmp_path), "plan", "--shards", "3", check_exit=0).stdout)["shards"]
     loads = [sum(durations[tag] for tag in shard["tags"]) for shard in plan]
     assert [shard["estimated_seconds"] for shard in plan] == loads
@@ -82,16 +84,14 @@ def catalog_entry(tag: str, digest: str) -> CatalogEntry:
 def write_shard(folder, rows: list[str], failed: bool = False) -> None:
     """What a `nightly --shard` runner uploads: reports/ (summary, build report, row folders) and catalog/."""
     summary = Summary("127.0.0.1:5000/ml/pytorch", "", rows, "2026-01-02T00:00:00Z", duration_s=60.0,
-                      render="images is up to date", built=rows, published=[{"tag": t, "pinned": f"{t}-20260102",
-                                                                             "digest": "sha256:" + t[-1] * 64} for t in rows])
+                      render="images is up to date", built=rows, published=[Published(t, f"{t}-20260102", "sha256:" + t[-1] * 64) for t in rows])
     if failed:
         summary.fail(rows[0], "verify", "checks failed: hygiene")
     (folder / "reports" / rows[0]).mkdir(parents=True)
     (folder / "reports" / rows[0] / "verify.json").write_text("{}")
     (folder / "reports" / "nightly-summary.json").write_text(json.dumps(summary.to_json()))
-    (folder / "reports" / "build-report.json").write_text(json.dumps(
-        {"images": [{"tag": t, "status": "built", "duration": 10.0} for t in rows]
-         + [{"tag": "stale-row-from-an-old-run", "status": "built", "duration": 1.0}]}))
+    BUILD_REPORT.write(folder / "reports", {t: asdict(BuildReportEntry(t, "built", duration=10.0))
+                                            for t in [*rows, "stale-row-from-an-old-run"]})
     catalog = Catalog({t: catalog_entry(t, "sha256:" + t[-1] * 64) for t in rows})
     save(catalog, folder / "catalog", folder / "images")
     for t in rows:
@@ -143,8 +143,10 @@ def test_report_merge_refuses_overlapping_or_foreign_folders(tmp_path):
 def test_merged_summary_adds_up_the_parts():
     parts = [Summary("r", "1/2", ["a"], "2026-01-02T00:00:05Z", 30.0, built=["a"]),
              Summary("r", "2/2", ["b"], "2026-01-02T00:00:01Z", 50.0, skipped=["b"], unchanged=["b"],
-                     bases_changed=[{"image": "debian:bookworm", "before": "x", "after": "y", "rows": ["b"]}])]
+                     bases_changed=[BaseChange("debian:bookworm", "x", "y", ("b",))]),
+             Summary("r", "3/3", ["c"], "2026-01-02T00:00:01Z", 10.0, built=["c"],
+                     bases_changed=[BaseChange("debian:bookworm", "x", "y", ("c",))])]
     merged = merge_summaries(parts)
-    assert (merged.rows, merged.built, merged.skipped, merged.duration_s) == (["a", "b"], ["a"], ["b"], 50.0)
+    assert (merged.rows, merged.built, merged.skipped, merged.duration_s) == (["a", "b", "c"], ["a", "c"], ["b"], 50.0)
     assert merged.started_at == "2026-01-02T00:00:01Z" and merged.exit_code == 0
-    assert asdict(merged)["bases_changed"][0]["rows"] == ["b"]
+    assert merged.bases_changed == [BaseChange("debian:bookworm", "x", "y", ("b", "c"))]

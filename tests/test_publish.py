@@ -30,6 +30,7 @@ from torchimages.publish import (
     prune_plan,
     verification_refusal,
 )
+from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
 
@@ -84,14 +85,14 @@ class Workspace:
 
     def verified(self, tag: str, image_id: str, passed: bool = True) -> None:
         """What `build.py test` writes (reports/<tag>/verify.json), as publish's input."""
-        checks = {"identity": {"status": "passed", "message": "torch 2.13.0+cpu"},
-                  "gpu": {"status": "skipped", "message": "CPU image: no GPU checks apply"},
-                  "hygiene": {"status": "passed" if passed else "failed", "message": "no secrets"}}
-        folder = self.reports / tag
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "verify.json").write_text(json.dumps({
-            "tag": tag, "image": local_name(self.specs[tag]), "image_id": image_id, "passed": passed,
-            "checks": checks, "finished_at": "2026-01-01T00:00:00Z"}))
+        checks = {"identity": CheckVerdict("passed", "torch 2.13.0+cpu"),
+                  "gpu": CheckVerdict("skipped", "CPU image: no GPU checks apply"),
+                  "hygiene": CheckVerdict("passed" if passed else "failed", "no secrets")}
+        report = VerifyReport(image_id, passed, checks, tag=tag, image=local_name(self.specs[tag]),
+                              finished_at="2026-01-01T00:00:00Z")
+        path = verify_report_path(self.reports, tag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.to_json()))
 
     def build_verified(self, docker_client, tag: str, blob_mb: int = 0) -> str:
         image_id = self.build(docker_client, tag, blob_mb)
@@ -370,13 +371,15 @@ def test_refusal_names_the_reason():
     path = Path("reports/x/verify.json")
     assert "build it first" in verification_refusal(spec, None, None, path)
     assert "never verified" in verification_refusal(spec, image, None, path)
-    assert "rebuilt since" in verification_refusal(spec, image, {"image_id": "sha256:bbb", "passed": True}, path)
-    assert verification_refusal(spec, image, {"image_id": "sha256:aaa", "passed": True}, path) is None
+    assert "rebuilt since" in verification_refusal(spec, image, VerifyReport("sha256:bbb", True, {}), path)
+    assert verification_refusal(spec, image, VerifyReport("sha256:aaa", True, {}), path) is None
+    failed = VerifyReport("sha256:aaa", False, {"hygiene": CheckVerdict("failed"), "gpu": CheckVerdict("skipped")})
+    assert "its verification failed (hygiene)" in verification_refusal(spec, image, failed, path)
     gpu_spec = dataclasses.replace(spec, cuda="13.0", cudnn=9)
-    skipped_gpu = {"image_id": "sha256:aaa", "passed": True, "checks": {"gpu": {"status": "skipped", "message": "--gpus none"}}}
+    skipped_gpu = VerifyReport("sha256:aaa", True, {"gpu": CheckVerdict("skipped", "--gpus none")})
     assert "GPU checks did not run (--gpus none)" in verification_refusal(gpu_spec, image, skipped_gpu, path)
     stale = {"Id": "sha256:aaa", "Config": {"Labels": {SPEC_HASH_LABEL: "0" * 16}}}
-    assert "another version of its matrix row" in verification_refusal(spec, stale, {"image_id": "sha256:aaa", "passed": True}, path)
+    assert "another version of its matrix row" in verification_refusal(spec, stale, VerifyReport("sha256:aaa", True, {}), path)
 
 
 # ------------------------------------------------------------------------------------------------------------ lock

@@ -20,10 +20,9 @@ import docker.errors
 import docker.utils
 
 from . import engine
-from .files import atomic_write_json
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
-from .reporting import read_row_report, utc_timestamp
+from .reporting import RowReport, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -398,21 +397,17 @@ class BuildReportEntry(BuildResult):
     last_build_duration: float = 0.0
 
 
-def read_report(path: Path) -> dict[str, dict]:
-    """reports/build-report.json as tag -> entry (empty when there is none); a damaged one is an InputError."""
-    return read_row_report(path, BuildReportEntry, "build report",
-                           "delete it: it only records past builds (shard plans then weigh every row the same)")
+BUILD_REPORT = RowReport("build-report.json", BuildReportEntry, "build report",
+                         "delete it: it only records past builds (shard plans then weigh every row the same)")
 
 
 def write_report(reports_dir: Path, results: list[BuildResult]) -> Path:
     """Merge this run into reports/build-report.json, keeping entries of images not built this time.
 
     `last_build_duration` survives skipped runs: shard planning weighs rows by their real build time."""
-    path = reports_dir / "build-report.json"
-    entries = read_report(path)
+    entries = BUILD_REPORT.read(reports_dir)
     for result in results:
         previous = entries.get(result.tag, {})
         last_build = result.duration if result.status == "built" else previous.get("last_build_duration", 0.0)
         entries[result.tag] = {**asdict(result), "last_build_duration": last_build}
-    atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
-    return path
+    return BUILD_REPORT.write(reports_dir, entries)

@@ -6,25 +6,22 @@ catalog plus the rows that were completely published, never half a row.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import re
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
 from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
 from .model import ImageSpec, InputError, Problem
-from .project import EXIT_FAILED, EXIT_OK, Project
+from .project import Project
 from .registry import (
+    AccessSettings,
     RegistryClient,
     RegistryError,
     RetryPolicy,
-    access_from_args,
-    add_access_arguments,
     parse_registry,
 )
 from .reporting import (
@@ -302,12 +299,12 @@ def checks_text(checks: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------- registry check
 
-def registry_mismatches(catalog: Catalog, args, log) -> list[str]:
+def registry_mismatches(catalog: Catalog, settings: AccessSettings, log: Callable[[str], None]) -> list[str]:
     """Every catalog tag the registry does not resolve to the catalog's digest."""
     problems = []
     for entry in (catalog.images[tag] for tag in sorted(catalog.images)):
         registry = parse_registry(entry.repository, flag=f"catalog entry {entry.tag}")
-        client = RegistryClient(registry, access_from_args(args, registry), RetryPolicy(retries=1), log)
+        client = RegistryClient(registry, settings.access(registry), RetryPolicy(retries=1), log)
         expected = {name: entry.digest for name in entry.floating} | {pinned.tag: pinned.digest for pinned in entry.pinned}
         for name, digest in sorted(expected.items()):
             try:
@@ -319,60 +316,8 @@ def registry_mismatches(catalog: Catalog, args, log) -> list[str]:
     return problems
 
 
-# ------------------------------------------------------------------------------------------------------------- CLI
-
-def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--catalog", type=Path, metavar="DIR",
-                        help="folder of catalog.json and the SBOMs (default: catalog/ beside the images folder)")
-
-
-def catalog_dir(project: Project, args) -> Path:
-    return args.catalog or default_dir(project)
-
-
 def current_page(readme_path: Path) -> str | None:
     """images/README.md as it is now (None when there is none): a regular UTF-8 file, or an InputError."""
     if not os.path.lexists(readme_path):
         return None
     return read_text(readme_path, "delete it; `python build.py catalog` writes it again")
-
-
-def cmd_catalog(project: Project, args) -> int:
-    folder = catalog_dir(project, args)
-    catalog = load_catalog(catalog_file(folder))
-    if args.check_registry:
-        mismatches = registry_mismatches(catalog, args, lambda message: print(message, file=sys.stderr))
-        for problem in mismatches:
-            print(problem, file=sys.stderr)
-        print(f"{len(catalog.images)} catalog entries checked against the registry: "
-              f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
-        return EXIT_FAILED if mismatches else EXIT_OK
-    page = readme(catalog, sbom_prefix(folder, project.images))
-    readme_path = project.images / README_NAME
-    require_folder(project.images, "the images folder (--images DIR)")
-    current = current_page(readme_path)
-    if args.check:
-        if current != page:
-            print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"{readme_path} is up to date")
-        return EXIT_OK
-    if args.format == "json":
-        print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
-    else:
-        print(page, end="")
-    if current != page:
-        atomic_write(readme_path, page)
-        print(f"wrote {readme_path}", file=sys.stderr)
-    return EXIT_OK
-
-
-def add_commands(commands) -> None:
-    parser = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
-    parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
-    parser.add_argument("--check", action="store_true", help="exit 1 if images/README.md is stale; write nothing")
-    parser.add_argument("--check-registry", action="store_true",
-                        help="exit 1 unless every catalog tag resolves to the catalog's digest on its registry")
-    add_access_arguments(parser)
-    add_catalog_argument(parser)
-    parser.set_defaults(handler=cmd_catalog)

@@ -9,7 +9,6 @@ the rows it builds.
 """
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,9 @@ import docker
 import docker.errors
 
 from . import engine
-from .lockfile import LOCAL_ONLY_NOTE, LockedBase, read_lock, write_lock
+from .lockfile import LOCAL_ONLY_NOTE, LockedBase
 from .model import ImageSpec
-from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
+from .project import Project
 from .registry import (
     Registry,
     RegistryAccess,
@@ -133,36 +132,3 @@ def refresh(resolver: Resolver, specs: list[ImageSpec], current: dict[str, Locke
     kept = {} if everything else {image: base for image, base in current.items() if image not in resolved}
     bases = {**kept, **{image: current[image] for image in unresolved if image in current}, **resolved}
     return Refresh(bases, changes(current, resolved, specs), unresolved)
-
-
-# ------------------------------------------------------------------------------------------------------------- CLI
-
-def cmd_lock(project: Project, args) -> int:
-    specs = project.select(args.selectors)
-    path = lock_path(project)
-    current = read_lock(path)
-    resolver = Resolver(engine.client(), pull=not args.check, log=lambda m: print(m, file=sys.stderr))
-    result = refresh(resolver, specs, current, everything=not args.selectors)
-    for image in sorted({spec.base_image for spec in specs}):
-        base = result.bases.get(image)
-        if image in result.unresolved:
-            print(f"unresolved  {image}: {result.unresolved[image]}")
-        else:
-            print(f"{base.source:11} {image} -> {base.pin}" + (f"  ({base.note})" if base.note else ""))
-    for change in result.changes:
-        print(f"{'new' if not change.before else 'moved'}: {change.image} {change.before or '-'} -> {change.after}; "
-              f"rows on it: {', '.join(change.rows)}")
-    if args.check:
-        stale = bool(result.changes) or set(result.bases) != set(current)
-        print(f"{path} is {'stale: run `python build.py lock`' if stale else 'up to date'}")
-        return EXIT_FAILED if stale or result.unresolved else EXIT_OK
-    write_lock(path, result.bases)
-    print(f"wrote {path} ({len(result.bases)} bases, {len(result.changes)} changed)")
-    return EXIT_FAILED if result.unresolved else EXIT_OK
-
-
-def add_commands(commands) -> None:
-    locking = commands.add_parser("lock", help="pin every base image to a digest in bases.lock.json")
-    add_selectors(locking, default="the bases of every row")
-    locking.add_argument("--check", action="store_true", help="exit 1 if a base moved since the lock; write nothing")
-    locking.set_defaults(handler=cmd_lock)

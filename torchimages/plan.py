@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .builder import read_report
+from .builder import BUILD_REPORT
 from .files import brief, read_json_document
 from .model import ImageSpec, InputError, Problem
 from .reporting import Shape, require_schema
@@ -52,9 +52,9 @@ def check_shard_count(count: int, rows: int) -> None:
                                                  "(N of --shards N, n of --shard i/n); more could only be empty")])
 
 
-def past_durations(report_path: Path) -> dict[str, float]:
+def past_durations(reports_dir: Path) -> dict[str, float]:
     """tag -> seconds of its last real build (skipped and failed builds say nothing about build time)."""
-    durations = {tag: entry.get("last_build_duration", 0.0) for tag, entry in read_report(report_path).items()}
+    durations = {tag: entry.get("last_build_duration", 0.0) for tag, entry in BUILD_REPORT.read(reports_dir).items()}
     return {tag: seconds for tag, seconds in durations.items() if seconds > 0}
 
 
@@ -76,7 +76,7 @@ def balance(tags: list[str], durations: dict[str, float], count: int) -> list[Sh
 
 def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Shard]:
     check_shard_count(count, len(specs))
-    return balance([spec.tag for spec in specs], past_durations(reports_dir / "build-report.json"), count)
+    return balance([spec.tag for spec in specs], past_durations(reports_dir), count)
 
 
 PLAN_SCHEMA = 1

@@ -1,11 +1,8 @@
 """Where a run reads and writes, and the exit codes every command shares."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.console import Console
 
 from . import matrix as matrix_stage
 from . import render as render_stage
@@ -38,19 +35,3 @@ class Project:
         """Dockerfiles as the matrix and the base pins (bases.lock.json, when present) say."""
         pinned = {image: base.reference for image, base in read_lock(self.lock_file).items()}
         return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository, pinned)
-
-
-def console() -> Console:
-    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read. Text is never read
-    as markup: values from files (a `[/]` in a message) print as they are."""
-    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty(), markup=False)
-
-
-def errors() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 220, markup=False)
-
-
-def add_selectors(parser, required: bool = False, default: str = "every row") -> None:
-    """The SELECTOR arguments every stage command takes: tags or shell globs."""
-    parser.add_argument("selectors", nargs="+" if required else "*", metavar="SELECTOR",
-                        help="tags or globs, e.g. '2.14.1-*-runtime'" + ("" if required else f" (default: {default})"))

@@ -8,14 +8,10 @@ only ever name a verified digest, and promotion never rebuilds. Every registry o
 """
 from __future__ import annotations
 
-import argparse
-import os
 import re
-import sys
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import docker
@@ -25,9 +21,8 @@ from . import catalog as catalog_stage
 from . import engine
 from . import sbom as sbom_stage
 from .builder import local_name
-from .files import atomic_write_json, read_json_document
-from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
-from .project import EXIT_FAILED, EXIT_OK, Project, add_selectors
+from .files import read_json_document
+from .model import LABEL_PREFIX, ImageSpec
 from .registry import (
     Manifest,
     Registry,
@@ -35,69 +30,33 @@ from .registry import (
     RegistryClient,
     RegistryError,
     RetryPolicy,
-    access_from_args,
-    add_access_arguments,
-    parse_registry,
     with_retries,
 )
-from .reporting import DIGEST, DIGEST_RULE, Shape, read_row_report, utc_timestamp
+from .reporting import RowReport, utc_timestamp
+from .verify.reports import VerifyReport, read_verify_report, verify_report_path
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
-PUBLISH_REPORT = "publish-report.json"
 
 
 # ---------------------------------------------------------------------------------------------------- pure decisions
 
-def verify_report_path(reports_dir: Path, tag: str) -> Path:
-    return reports_dir / tag / "verify.json"
-
-
-@dataclass(frozen=True)
-class CheckVerdict:
-    status: str
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """The parts of reports/<tag>/verify.json publishing reads: the shape that file must have."""
-
-    image_id: str
-    passed: bool
-    checks: dict[str, CheckVerdict]
-    finished_at: str = ""
-
-
-def read_verify_report(path: Path) -> dict | None:
-    """reports/<tag>/verify.json, None when the image was never verified; a damaged one is an InputError."""
-    fix = f"verify again with `python build.py test {path.parent.name}`"
-    report = read_json_document(path, fix, default=None)
-    if report is None:
-        return None
-    shape = Shape("verification report")
-    if shape.document(report, VerifyReport) and not DIGEST.fullmatch(report["image_id"]):
-        shape.wrong(("image_id",), f"must be {DIGEST_RULE}")
-    shape.raise_if_wrong(path, fix)
-    return report
-
-
-def verification_refusal(spec: ImageSpec, image: dict | None, report: dict | None, report_path: Path) -> str | None:
+def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyReport | None,
+                         report_path: Path) -> str | None:
     """Why this image may not be published, or None when its last verification passed for this exact image id."""
     if image is None:
         return f"no image {local_name(spec)} on the engine: build it first (`python build.py build {spec.tag}`)"
     if report is None:
         return f"never verified ({report_path} is missing): run `python build.py test {spec.tag}`"
-    if report.get("image_id") != image["Id"]:
-        return (f"the verified image {_short(report.get('image_id'))} is not the one tagged now ({_short(image['Id'])}); "
+    if report.image_id != image["Id"]:
+        return (f"the verified image {_short(report.image_id)} is not the one tagged now ({_short(image['Id'])}); "
                 f"it was rebuilt since: run `python build.py test {spec.tag}` again")
-    if report.get("passed") is not True:
-        failed = sorted(name for name, check in (report.get("checks") or {}).items() if check.get("status") == "failed")
-        return f"its verification failed ({', '.join(failed) or 'see the report'}): see {report_path}"
-    gpu_check = (report.get("checks") or {}).get("gpu", {})
-    if spec.is_gpu and gpu_check.get("status") != "passed":
-        return (f"its GPU checks did not run ({gpu_check.get('message') or 'no gpu check in the report'}): a GPU image "
-                f"is published only after `python build.py test {spec.tag} --gpus all` passes on a GPU host")
+    if not report.passed:
+        return f"its verification failed ({', '.join(report.with_status('failed')) or 'see the report'}): see {report_path}"
+    gpu_check = report.checks.get("gpu")
+    if spec.is_gpu and (gpu_check is None or gpu_check.status != "passed"):
+        return (f"its GPU checks did not run ({gpu_check.message if gpu_check else 'no gpu check in the report'}): "
+                f"a GPU image is published only after `python build.py test {spec.tag} --gpus all` passes on a GPU host")
     built_from = (image.get("Config", {}).get("Labels") or {}).get(SPEC_HASH_LABEL)
     if built_from != spec.spec_hash():
         return (f"it was built from another version of its matrix row ({SPEC_HASH_LABEL}={built_from}, the matrix "
@@ -133,15 +92,12 @@ def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Ma
     return next((name for name in pinned_names if name in manifests and manifests[name].config_digest == image_id), None)
 
 
-def check_counts(report: dict) -> dict:
+def check_counts(report: VerifyReport) -> dict:
     """Verification as the catalog shows it: counts by status, skipped checks with their reasons, when."""
-    checks = report.get("checks") or {}
-    counts = Counter(check.get("status", "unknown") for check in checks.values())
     return {
-        **{status: counts.get(status, 0) for status in ("passed", "failed", "skipped")},
-        "skipped_checks": {name: check.get("message", "") for name, check in sorted(checks.items())
-                           if check.get("status") == "skipped"},
-        "verified_at": report.get("finished_at", ""),
+        **{status: len(report.with_status(status)) for status in ("passed", "failed", "skipped")},
+        "skipped_checks": {name: report.checks[name].message for name in report.with_status("skipped")},
+        "verified_at": report.finished_at,
     }
 
 
@@ -155,19 +111,18 @@ def read_facts(path: Path) -> dict:
     return facts if isinstance(facts, dict) else {}
 
 
-def verified_on(report: dict, facts: dict) -> dict:
+def verified_on(report: VerifyReport, facts: dict) -> dict:
     """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
     which checks ran there and which were skipped."""
-    checks = report.get("checks") or {}
     gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
     devices = gpu.get("devices") if isinstance(gpu.get("devices"), list) else []
-    on_gpu = checks.get("gpu", {}).get("status") == "passed"
+    on_gpu = "gpu" in report.with_status("passed")
     return {
         "host": "gpu" if on_gpu else "cpu-only",
         "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
         "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
-        "ran": sorted(name for name, check in checks.items() if check.get("status") == "passed"),
-        "skipped": sorted(name for name, check in checks.items() if check.get("status") == "skipped"),
+        "ran": report.with_status("passed"),
+        "skipped": report.with_status("skipped"),
     }
 
 
@@ -252,14 +207,14 @@ class Publisher:
         return results
 
     def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                         report: dict | None, facts: dict) -> PublishResult:
+                         report: VerifyReport | None, facts: dict) -> PublishResult:
         try:
             return self._publish_one(spec, catalog, all_tags, report, facts)
         except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
             return PublishResult(spec.tag, "failed", message=f"{error} (nothing recorded for {spec.tag})")
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                     report: dict | None, facts: dict) -> PublishResult:
+                     report: VerifyReport | None, facts: dict) -> PublishResult:
         image = engine.inspect_image(self.client, local_name(spec))
         refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
         if refusal:
@@ -315,7 +270,7 @@ class Publisher:
             raise RegistryError(f"{name}: the registry has {stored}, not the verified {manifest.digest}", transient=False)
         self.log(f"{self.options.registry.name}:{name} -> {manifest.digest}")
 
-    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: dict, on_record: dict,
+    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: VerifyReport, on_record: dict,
                 manifest: Manifest, scan: dict | None, result: PublishResult,
                 inventory: sbom_stage.Inventory | None = None) -> None:
         """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
@@ -370,127 +325,14 @@ def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir
     return result
 
 
-# ------------------------------------------------------------------------------------------------------------- CLI
+# ---------------------------------------------------------------------------------------------------- the report
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
-                        help="where to publish, e.g. 127.0.0.1:5000/ml/pytorch")
-    parser.add_argument("--retries", type=int, default=RetryPolicy.retries,
-                        help="tries again after a transient registry error, backing off 1 s, 2 s, 4 s... "
-                             "(default: %(default)s)")
-    add_access_arguments(parser)
-    catalog_stage.add_catalog_argument(parser)
-
-
-def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
-    add_registry_arguments(parser)
-    parser.add_argument("--date", help="date in new pinned tags, YYYYMMDD (default: today, UTC)")
-    parser.add_argument("--allowlist", type=Path,
-                        help=f"vulnerability allowlist (default: {ALLOWLIST_NAME} beside the matrix)")
-
-
-def retry_policy(args) -> RetryPolicy:
-    if args.retries < 0:
-        raise InputError([Problem("--retries", 0, f"--retries must be 0 or more, got {args.retries}")])
-    return RetryPolicy(retries=args.retries)
-
-
-def publish_options(project: Project, args) -> PublishOptions:
-    allowlist_path = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
-    if args.allowlist and not args.allowlist.is_file():
-        raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
-    registry = parse_registry(args.registry)
-    return PublishOptions(
-        registry=registry, access=access_from_args(args, registry), reports_dir=project.reports,
-        catalog_dir=catalog_stage.catalog_dir(project, args), images_dir=project.images,
-        date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
-        retry=retry_policy(args), allowlist=sbom_stage.load_allowlist(allowlist_path),
-        daemon_host=os.environ.get("DOCKER_HOST"),
-    )
-
-
-def parse_date(text: str) -> str:
-    try:
-        valid = bool(re.fullmatch(r"\d{8}", text)) and bool(datetime.strptime(text, "%Y%m%d"))
-    except ValueError:
-        valid = False
-    if not valid:
-        raise InputError([Problem("--date", 0, f"--date {text!r} must be a date written YYYYMMDD, e.g. 20260131")])
-    return text
-
-
-def parse_retention(value: int) -> int:
-    if value < 1:
-        raise InputError([Problem("--retention", 0, f"--retention must be at least 1 (the newest dated tag is what "
-                                                    f"the floating tag names), got {value}")])
-    return value
-
-
-def read_publish_report(path: Path) -> dict[str, dict]:
-    """reports/publish-report.json as tag -> entry (empty when there is none); a damaged one is an InputError."""
-    return read_row_report(path, PublishResult, "publish report",
+PUBLISH_REPORT = RowReport("publish-report.json", PublishResult, "publish report",
                            "delete it: it only records past publish runs, the registry and catalog hold the truth")
 
 
 def write_publish_report(reports_dir: Path, results: list[PublishResult]) -> Path:
     """Merge this run into reports/publish-report.json, keeping entries of rows not published this time."""
-    path = reports_dir / PUBLISH_REPORT
-    entries = read_publish_report(path)
+    entries = PUBLISH_REPORT.read(reports_dir)
     entries.update({result.tag: asdict(result) for result in results})
-    atomic_write_json(path, {"images": [entries[tag] for tag in sorted(entries)]})
-    return path
-
-
-def print_results(results: list[PublishResult], repository: str) -> None:
-    for result in results:
-        if result.status in ("published", "unchanged"):
-            written = result.created + result.moved
-            tags = f"; tags written: {', '.join(written)}" if written else ""
-            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}")
-        else:
-            print(f"{result.status:9} {result.tag}: {result.message}")
-
-
-def cmd_publish(project: Project, args) -> int:
-    specs = project.select(args.selectors)
-    options = publish_options(project, args)
-    results = Publisher(engine.client(), options, log).publish_all(specs)
-    print_results(results, options.registry.name)
-    path = write_publish_report(project.reports, results)
-    counts = Counter(result.status for result in results)
-    print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
-    return EXIT_FAILED if counts["failed"] or counts["refused"] else EXIT_OK
-
-
-def cmd_prune(project: Project, args) -> int:
-    specs = project.select(args.selectors)
-    retention = parse_retention(args.retention)
-    address = parse_registry(args.registry)
-    registry = RegistryClient(address, access_from_args(args, address), retry_policy(args), log)
-    try:
-        registry.ping()
-        result = prune(registry, [spec.tag for spec in specs], retention, catalog_stage.catalog_dir(project, args),
-                       project.images, log)
-    except RegistryError as error:
-        print(f"error: {error}; nothing pruned from the catalog", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"pruned {len(result.removed)} dated tags, keeping the {args.retention} newest of each row"
-          + (": " + ", ".join(result.removed) if result.removed else ""))
-    return EXIT_OK
-
-
-def add_commands(commands) -> None:
-    publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
-    add_selectors(publishing)
-    add_publish_arguments(publishing)
-    publishing.set_defaults(handler=cmd_publish)
-
-    pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
-    add_selectors(pruning)
-    pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
-    add_registry_arguments(pruning)
-    pruning.set_defaults(handler=cmd_prune)
+    return PUBLISH_REPORT.write(reports_dir, entries)

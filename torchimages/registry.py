@@ -17,7 +17,6 @@ skopeo says is stripped of the secrets the Docker config holds for the registry.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
@@ -215,17 +214,16 @@ def _secrets(config: dict, registry: Registry) -> tuple[str, ...]:
     return tuple(value for value in found if isinstance(value, str) and len(value) >= 4)
 
 
-def add_access_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--registry-ca", type=Path, metavar="FILE",
-                        help="trust this CA for the registry's TLS certificate (besides <certs.d>/HOST:PORT/ca.crt)")
-    parser.add_argument("--certs-d", type=Path, default=DEFAULT_CERTS_D, metavar="DIR",
-                        help="Docker's per-registry CA folders: DIR/HOST:PORT/ca.crt (default: %(default)s)")
-    parser.add_argument("--insecure-registry", action="store_true",
-                        help="allow plain HTTP and unverified TLS (always allowed for a loopback registry without a CA)")
+@dataclass(frozen=True)
+class AccessSettings:
+    """How registries are reached, as the command line sets it; the same for every registry a run talks to."""
 
+    certs_d: Path = DEFAULT_CERTS_D
+    ca_file: Path | None = None
+    insecure: bool = False
 
-def access_from_args(args, registry: Registry) -> RegistryAccess:
-    return registry_access(registry, certs_d=args.certs_d, ca_file=args.registry_ca, insecure=args.insecure_registry)
+    def access(self, registry: Registry) -> RegistryAccess:
+        return registry_access(registry, certs_d=self.certs_d, ca_file=self.ca_file, insecure=self.insecure)
 
 
 # --------------------------------------------------------------------------------------------------------- retries

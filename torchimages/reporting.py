@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from .files import brief, read_json_document, read_text
+from .files import atomic_write_json, brief, read_json_document, read_text
 from .model import InputError, Problem
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # registry digests and image ids alike
@@ -218,12 +218,31 @@ def require_schema(document, schema: int, path: Path, what: str, fix: str) -> No
 
 # ------------------------------------------------------------------------------------------------ row reports
 
-def read_row_report(path: Path, entry: type, label: str, fix: str) -> dict[str, dict]:
-    """A {"images": [...]} report (build, publish) as tag -> entry, empty when there is none. Each entry must have
-    the fields of the dataclass `entry` with their types; other fields are kept as they are."""
-    document = read_json_document(path, fix, default={"images": []})
-    shape = Shape(label)
-    if shape.document(document, dict):
-        shape.fits(document.get("images"), list[entry], ("images",))
-    shape.raise_if_wrong(path, fix)
-    return {item["tag"]: item for item in document["images"]}
+@dataclass(frozen=True)
+class RowReport:
+    """A report of one entry per row, reports/<name> = {"schema": N, "images": [entry, ...]} (build, publish): each run
+    updates its rows' entries and keeps the others."""
+
+    name: str  # its file name in the reports folder
+    entry: type  # the dataclass an entry is: it has at least these fields, with these types
+    label: str  # what it is, for messages: "build report"
+    fix: str  # what to do about a damaged one
+    schema: int = 1
+
+    def read(self, reports_dir: Path) -> dict[str, dict]:
+        """tag -> entry, empty when there is no report yet; a damaged one is an InputError naming the fix."""
+        path = reports_dir / self.name
+        document = read_json_document(path, self.fix, default=None)
+        if document is None:
+            return {}
+        require_schema(document, self.schema, path, f"a {self.label}", self.fix)
+        shape = Shape(self.label)
+        if shape.document(document, dict):
+            shape.fits(document.get("images"), list[self.entry], ("images",))
+        shape.raise_if_wrong(path, self.fix)
+        return {item["tag"]: item for item in document["images"]}
+
+    def write(self, reports_dir: Path, entries: dict[str, dict]) -> Path:
+        path = reports_dir / self.name
+        atomic_write_json(path, {"schema": self.schema, "images": [entries[tag] for tag in sorted(entries)]})
+        return path

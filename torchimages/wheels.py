@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +78,15 @@ class Fetched:
 
 
 def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None = None,
-                 extra_index_url: str | None = None) -> list[Fetched]:
+                 extra_index_url: str | None = None, log: Callable[[str], None] = lambda message: None) -> list[Fetched]:
     """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
     fetched = []
     for download in plan_downloads(specs, wheelhouse):
         download.dest.mkdir(parents=True, exist_ok=True)
         before = {path.name for path in download.dest.iterdir()}
-        print(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
-              f"({download.index}) into {download.dest}", file=sys.stderr)
-        result = subprocess.run(download_command(download, index_url, extra_index_url), capture_output=True, text=True)
+        log(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
+            f"({download.index}) into {download.dest}")
+        result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True, text=True)
         if result.returncode != 0:
             raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{result.stderr.strip()[-2000:]}")
         files = sorted(path for path in download.dest.iterdir() if path.is_file())

@@ -7,13 +7,15 @@ from pathlib import Path
 
 from rich.text import Text
 
-from .. import catalog, lock, nightly, plan, publish, verify
+from .. import plan, verify
 from ..model import InputError, Problem, parse_size
-from ..project import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ROOT, Project, errors
+from ..project import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
-from . import images, publishing
+from . import images, nightly, publishing
+from .display import errors
+from .options import parse_date
 
-COMMAND_GROUPS = (images, publishing)
+COMMAND_GROUPS = (images, publishing, nightly)
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 
 
@@ -26,9 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.register(commands)
-
-    for stage in (publish, catalog, lock, nightly):
-        stage.add_commands(commands)
     return parser
 
 
@@ -51,6 +50,7 @@ FLAG_CHECKS = {
     "shards": ("--shards", _at_least(1)),
     "shard": ("--shard", plan.parse_shard),
     "registry": ("--registry", parse_registry),
+    "date": ("--date", parse_date),
 }
 
 

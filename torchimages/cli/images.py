@@ -12,11 +12,11 @@ from .. import builder as build_stage
 from .. import engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
-from ..buildargs import add_build_arguments, add_source_arguments, run_builds
-from ..display import ConsoleProgress, build_summary
 from ..model import ImageSpec
-from ..project import EXIT_FAILED, EXIT_OK, Project, add_selectors, console, errors
+from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
+from .display import ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
+from .options import add_build_arguments, add_selectors, add_source_arguments, build_options
 
 
 def cmd_list(project: Project, args) -> int:
@@ -63,7 +63,7 @@ def cmd_render(project: Project, args) -> int:
 def cmd_wheels(project: Project, args) -> int:
     specs = project.select(args.selectors)
     try:
-        fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url)
+        fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
     except wheel_sources.WheelFetchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -91,10 +91,16 @@ def cmd_test(project: Project, args) -> int:
         results = verify.verify_images(docker_client, specs, options, progress)
     out = console()
     for result in results:
-        out.print(verify.checks_table(result))
+        out.print(checks_table(result))
     out.print(f"reports: {project.reports}/<tag>/verify.json, junit.xml; summary: {project.reports / 'verify-summary.md'}",
               markup=False, highlight=False)
     return EXIT_OK if all(result.passed for result in results) else EXIT_FAILED
+
+
+def run_builds(project: Project, specs: list[ImageSpec], args) -> list[build_stage.BuildResult]:
+    options = build_options(project, args)
+    with ConsoleDisplay(errors()).building([spec.tag for spec in specs]) as progress:
+        return build_stage.Builder(engine.client(), options, progress).build_all(specs)
 
 
 def show_build_results(results: list[build_stage.BuildResult]) -> None:
@@ -112,7 +118,7 @@ def cmd_images(project: Project, args) -> int:
     if args.wheelhouse:
         missing = [spec for spec in specs if not list(build_stage.wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
         if missing:
-            wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url)
+            wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
     results = run_builds(project, specs, args)
     build_stage.write_report(project.reports, results)
     show_build_results(results)
@@ -121,7 +127,7 @@ def cmd_images(project: Project, args) -> int:
     with ConsoleProgress(errors()) as progress:
         verified = verify.verify_images(docker_client, ready, options, progress) if ready else []
     for outcome in verified:
-        console().print(verify.checks_table(outcome))
+        console().print(checks_table(outcome))
     print(f"reports: {project.reports}/<tag>/ (build.log, verify.json, junit.xml), {project.reports / 'verify-summary.md'}")
     all_built = len(ready) == len(specs)
     return EXIT_OK if all_built and all(outcome.passed for outcome in verified) else EXIT_FAILED

@@ -1,23 +1,144 @@
-"""Commands that publish and scale out: plan (CI shards). publish, prune, catalog, lock, nightly and report merge
-join this group."""
+"""Commands on the registry side: lock (pin the bases), publish, prune, catalog."""
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
 
-from .. import plan
-from ..project import EXIT_OK, Project, add_selectors
+from .. import catalog as catalog_stage
+from .. import engine
+from .. import lock as lock_stage
+from .. import publish as publish_stage
+from ..files import atomic_write
+from ..lockfile import read_lock, write_lock
+from ..project import EXIT_FAILED, EXIT_OK, Project
+from ..registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+from .display import log
+from .options import (
+    access_settings,
+    add_access_arguments,
+    add_catalog_argument,
+    add_publish_arguments,
+    add_registry_arguments,
+    add_selectors,
+    catalog_dir,
+    publish_options,
+)
 
 
-def cmd_plan(project: Project, args) -> int:
-    shards = plan.make_plan(project.select(args.selectors), project.reports, args.shards)
-    print(plan.github_matrix(shards) if args.format == "github" else json.dumps(plan.plan_document(shards), indent=2))
+def cmd_lock(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    path = lock_stage.lock_path(project)
+    current = read_lock(path)
+    resolver = lock_stage.Resolver(engine.client(), pull=not args.check, log=log)
+    result = lock_stage.refresh(resolver, specs, current, everything=not args.selectors)
+    for image in sorted({spec.base_image for spec in specs}):
+        base = result.bases.get(image)
+        if image in result.unresolved:
+            print(f"unresolved  {image}: {result.unresolved[image]}")
+        else:
+            print(f"{base.source:11} {image} -> {base.pin}" + (f"  ({base.note})" if base.note else ""))
+    for change in result.changes:
+        print(f"{'new' if not change.before else 'moved'}: {change.image} {change.before or '-'} -> {change.after}; "
+              f"rows on it: {', '.join(change.rows)}")
+    if args.check:
+        stale = bool(result.changes) or set(result.bases) != set(current)
+        print(f"{path} is {'stale: run `python build.py lock`' if stale else 'up to date'}")
+        return EXIT_FAILED if stale or result.unresolved else EXIT_OK
+    write_lock(path, result.bases)
+    print(f"wrote {path} ({len(result.bases)} bases, {len(result.changes)} changed)")
+    return EXIT_FAILED if result.unresolved else EXIT_OK
+
+
+def cmd_publish(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    options = publish_options(project, args)
+    results = publish_stage.Publisher(engine.client(), options, log).publish_all(specs)
+    print_results(results, options.registry.name)
+    path = publish_stage.write_publish_report(project.reports, results)
+    counts = Counter(result.status for result in results)
+    print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
+    return EXIT_FAILED if counts["failed"] or counts["refused"] else EXIT_OK
+
+
+def print_results(results: list[publish_stage.PublishResult], repository: str) -> None:
+    for result in results:
+        if result.status in ("published", "unchanged"):
+            written = result.created + result.moved
+            tags = f"; tags written: {', '.join(written)}" if written else ""
+            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}")
+        else:
+            print(f"{result.status:9} {result.tag}: {result.message}")
+
+
+def cmd_prune(project: Project, args) -> int:
+    specs = project.select(args.selectors)
+    address = parse_registry(args.registry)
+    registry = RegistryClient(address, access_settings(args).access(address), RetryPolicy(retries=args.retries), log)
+    try:
+        registry.ping()
+        result = publish_stage.prune(registry, [spec.tag for spec in specs], args.retention,
+                                     catalog_dir(project, args), project.images, log)
+    except RegistryError as error:
+        print(f"error: {error}; nothing pruned from the catalog", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"pruned {len(result.removed)} dated tags, keeping the {args.retention} newest of each row"
+          + (": " + ", ".join(result.removed) if result.removed else ""))
+    return EXIT_OK
+
+
+def cmd_catalog(project: Project, args) -> int:
+    folder = catalog_dir(project, args)
+    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(folder))
+    if args.check_registry:
+        mismatches = catalog_stage.registry_mismatches(catalog, access_settings(args), log)
+        for problem in mismatches:
+            print(problem, file=sys.stderr)
+        print(f"{len(catalog.images)} catalog entries checked against the registry: "
+              f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
+        return EXIT_FAILED if mismatches else EXIT_OK
+    page = catalog_stage.readme(catalog, catalog_stage.sbom_prefix(folder, project.images))
+    readme_path = project.images / catalog_stage.README_NAME
+    catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
+    current = catalog_stage.current_page(readme_path)
+    if args.check:
+        if current != page:
+            print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"{readme_path} is up to date")
+        return EXIT_OK
+    if args.format == "json":
+        print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
+    else:
+        print(page, end="")
+    if current != page:
+        atomic_write(readme_path, page)
+        print(f"wrote {readme_path}", file=sys.stderr)
     return EXIT_OK
 
 
 def register(commands) -> None:
-    planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
-    add_selectors(planning)
-    planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
-    planning.add_argument("--format", choices=("github", "json"), default="json",
-                          help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
-    planning.set_defaults(handler=cmd_plan)
+    locking = commands.add_parser("lock", help="pin every base image to a digest in bases.lock.json")
+    add_selectors(locking, default="the bases of every row")
+    locking.add_argument("--check", action="store_true", help="exit 1 if a base moved since the lock; write nothing")
+    locking.set_defaults(handler=cmd_lock)
+
+    publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
+    add_selectors(publishing)
+    add_publish_arguments(publishing)
+    publishing.set_defaults(handler=cmd_publish)
+
+    pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
+    add_selectors(pruning)
+    pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
+    add_registry_arguments(pruning)
+    pruning.set_defaults(handler=cmd_prune)
+
+    cataloging = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
+    cataloging.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    cataloging.add_argument("--check", action="store_true", help="exit 1 if images/README.md is stale; write nothing")
+    cataloging.add_argument("--check-registry", action="store_true",
+                            help="exit 1 unless every catalog tag resolves to the catalog's digest on its registry")
+    add_access_arguments(cataloging)
+    add_catalog_argument(cataloging)
+    cataloging.set_defaults(handler=cmd_catalog)

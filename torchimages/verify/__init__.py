@@ -24,12 +24,12 @@ from .plan import (
     parse_gpus,
     plan_all,
 )
-from .reports import checks_table, summary_markdown
+from .reports import summary_markdown
 from .run import verify_images
 from .suite import complete_checks
 
 __all__ = [
     "CHECKS", "DEVEL_TIMEOUT_S", "GPU_CHECKS", "PROBE_SOURCE", "RUNTIME_TIMEOUT_S", "SUITE", "VERIFY_LABEL", "GpuRequest",
-    "Plan", "Progress", "VerifyOptions", "VerifyResult", "checks_table", "complete_checks", "container_name",
+    "Plan", "Progress", "VerifyOptions", "VerifyResult", "complete_checks", "container_name",
     "copy_probe", "create_container", "parse_gpus", "plan_all", "run_probe", "summary_markdown", "verify_images",
 ]

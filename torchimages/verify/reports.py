@@ -1,30 +1,94 @@
-"""Verification, step 4: what a run leaves behind: reports/<tag>/verify.json, the summary page, the console table."""
+"""Verification, step 4: what a run leaves behind: reports/<tag>/verify.json (read back by publish) and the summary
+page."""
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 
-from rich.table import Table
-from rich.text import Text
-
-from ..reporting import markdown_cell, utc_timestamp
+from ..files import read_json_document
+from ..reporting import DIGEST, DIGEST_RULE, Shape, markdown_cell, require_schema, utc_timestamp
 from .plan import CHECKS, Plan, VerifyResult
 
 REPORT_SCHEMA = 1
+REPORT_NAME = "verify.json"
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped"}
-STATUS_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 
 
-def verify_document(result: VerifyResult, plan: Plan, started_at: datetime) -> dict:
+@dataclass(frozen=True)
+class CheckVerdict:
+    status: str  # passed | failed | skipped
+    message: str = ""
+    tests: list = field(default_factory=list)  # the pytest outcomes behind the verdict
+
+
+@dataclass(frozen=True)
+class VerifyReport:
     """reports/<tag>/verify.json: what publish reads to decide whether these exact bytes may be pushed."""
-    return {
-        "schema": REPORT_SCHEMA, "tag": result.tag, "image": result.image, "image_id": result.image_id,
-        "spec_hash": plan.spec.spec_hash(), "passed": result.passed,
-        "checks": {name: {"status": check["status"], "message": check["message"], "tests": check.get("tests", [])}
-                   for name, check in result.checks.items()},
-        "run": {"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout},
-        "started_at": utc_timestamp(started_at), "finished_at": utc_timestamp(),
-        "duration_s": result.duration, "stage_seconds": result.stage_seconds, "junit": "junit.xml", "facts": "facts.json",
-    }
+
+    image_id: str
+    passed: bool
+    checks: dict[str, CheckVerdict]
+    tag: str = ""
+    image: str = ""
+    spec_hash: str = ""
+    run: dict = field(default_factory=dict)  # gpus, shm_size, probe_timeout_s
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    stage_seconds: dict = field(default_factory=dict)
+    junit: str = "junit.xml"
+    facts: str = "facts.json"
+
+    def to_json(self) -> dict:
+        return {"schema": REPORT_SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> VerifyReport:
+        """From a document of this shape (read_verify_report checks it); fields it does not know are left out."""
+        return cls(**{**_known_fields(cls, data),
+                      "checks": {name: CheckVerdict(**_known_fields(CheckVerdict, check))
+                                 for name, check in data["checks"].items()}})
+
+    def with_status(self, status: str) -> list[str]:
+        """The names of the checks that ended with status, sorted."""
+        return sorted(name for name, check in self.checks.items() if check.status == status)
+
+
+def _known_fields(cls: type, data: dict) -> dict:
+    known = {item.name for item in fields(cls)}
+    return {name: value for name, value in data.items() if name in known}
+
+
+def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> VerifyReport:
+    return VerifyReport(
+        tag=result.tag, image=result.image, image_id=result.image_id, spec_hash=plan.spec.spec_hash(),
+        passed=result.passed,
+        checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []))
+                for name, check in result.checks.items()},
+        run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout},
+        started_at=utc_timestamp(started_at), finished_at=utc_timestamp(), duration_s=result.duration,
+        stage_seconds=result.stage_seconds,
+    )
+
+
+def verify_report_path(reports_dir: Path, tag: str) -> Path:
+    return reports_dir / tag / REPORT_NAME
+
+
+def read_verify_report(path: Path) -> VerifyReport | None:
+    """reports/<tag>/verify.json, None when the image was never verified; a damaged one, or one of another schema,
+    is an InputError."""
+    fix = f"verify again with `python build.py test {path.parent.name}`"
+    report = read_json_document(path, fix, default=None)
+    if report is None:
+        return None
+    require_schema(report, REPORT_SCHEMA, path, "a verification report", fix)
+    shape = Shape("verification report")
+    if shape.document(report, VerifyReport) and not DIGEST.fullmatch(report["image_id"]):
+        shape.wrong(("image_id",), f"must be {DIGEST_RULE}")
+    shape.raise_if_wrong(path, fix)
+    return VerifyReport.from_json(report)
 
 
 def summary_markdown(results: list[VerifyResult]) -> str:
@@ -41,14 +105,3 @@ def summary_markdown(results: list[VerifyResult]) -> str:
         if notes:
             lines += [f"## `{result.tag}`", "", *notes, ""]
     return "\n".join(lines) + "\n"
-
-
-def checks_table(result: VerifyResult) -> Table:
-    verdict = Text("passed", "green") if result.passed else Text("FAILED", "red")
-    title = Text.assemble(f"{result.tag}: ", verdict, f" ({result.duration:.1f}s, {result.image_id[:19]})")
-    table = Table(title=title, title_justify="left")
-    for column in ("check", "status", "message"):
-        table.add_column(column, no_wrap=column != "message")
-    for name, check in result.checks.items():
-        table.add_row(name, Text(check["status"], STATUS_STYLE[check["status"]]), Text(check["message"]))
-    return table

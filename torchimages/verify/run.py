@@ -13,7 +13,7 @@ from ..files import atomic_write, atomic_write_json
 from ..model import ImageSpec
 from .container import container_name, copy_probe, create_container, gather_facts, remove_container
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, plan_all
-from .reports import summary_markdown, verify_document
+from .reports import REPORT_NAME, summary_markdown, verify_report
 from .suite import expectations, failed_start_checks, run_suite
 
 
@@ -60,7 +60,7 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
         clock.stop()
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds)
-    atomic_write_json(report_dir / "verify.json", verify_document(result, plan, started_at))
+    atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json())
     progress.finished(result)
     return result
 

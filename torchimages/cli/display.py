@@ -1,24 +1,58 @@
-"""Progress and summaries on the console: a live view on a terminal, plain lines in CI logs."""
+"""What the command line shows: results on stdout, progress and errors on stderr, a live view on a terminal and
+plain lines in CI logs. Stages report through the Progress classes they define; these are their console forms."""
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import verify
-from .builder import BuildResult, Progress
-from .reporting import human_size
+from .. import verify
+from ..builder import BuildResult, Progress
+from ..reporting import human_size
 
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
+CHECK_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 
 
-def stderr_console() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False)
+def console() -> Console:
+    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read. Text is never read
+    as markup: values from files (a `[/]` in a message) print as they are."""
+    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty(), markup=False)
+
+
+def errors() -> Console:
+    """Progress, logs and errors: stderr, so that stdout stays the result (a table, JSON, a summary)."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 220, markup=False)
+
+
+def log(message: str) -> None:
+    """The log line stages report through (pushes, pulls, retries)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class ConsoleDisplay:
+    """Build and verification progress on one console, as the stages that run both (images, nightly) take it."""
+
+    def __init__(self, console_: Console):
+        self.console = console_
+
+    @contextmanager
+    def building(self, tags: list[str]) -> Iterator[Progress]:
+        if self.console.is_terminal:
+            with LiveProgress(self.console, tags) as progress:
+                yield progress
+        else:
+            yield PlainProgress(self.console)
+
+    def verifying(self) -> ConsoleProgress:
+        return ConsoleProgress(self.console)
 
 
 class PlainProgress(Progress):
@@ -123,3 +157,14 @@ class ConsoleProgress(verify.Progress):
     def finished(self, result: verify.VerifyResult) -> None:
         verdict = "passed" if result.passed else "FAILED"
         self.console.print(f"{result.tag}: {verdict} ({result.duration:.1f}s)", markup=False, highlight=False)
+
+
+def checks_table(result: verify.VerifyResult) -> Table:
+    verdict = Text("passed", "green") if result.passed else Text("FAILED", "red")
+    title = Text.assemble(f"{result.tag}: ", verdict, f" ({result.duration:.1f}s, {result.image_id[:19]})")
+    table = Table(title=title, title_justify="left")
+    for column in ("check", "status", "message"):
+        table.add_column(column, no_wrap=column != "message")
+    for name, check in result.checks.items():
+        table.add_row(name, Text(check["status"], CHECK_STYLE[check["status"]]), Text(check["message"]))
+    return table

@@ -1,0 +1,94 @@
+"""The nightly job and its CI shards: plan (split the rows), nightly (every stage, one shard or all), report merge."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import plan as plan_stage
+from ..model import ImageSpec, InputError, Problem
+from ..nightly import Nightly, NightlyOptions
+from ..project import EXIT_OK, Project
+from ..shards import merge_reports
+from ..summary import write_summary
+from .display import ConsoleDisplay, errors, log
+from .options import (
+    add_build_arguments,
+    add_catalog_argument,
+    add_publish_arguments,
+    add_selectors,
+    build_options,
+    catalog_dir,
+    publish_options,
+)
+
+
+def cmd_plan(project: Project, args) -> int:
+    shards = plan_stage.make_plan(project.select(args.selectors), project.reports, args.shards)
+    print(plan_stage.github_matrix(shards) if args.format == "github"
+          else json.dumps(plan_stage.plan_document(shards), indent=2))
+    return EXIT_OK
+
+
+def cmd_nightly(project: Project, args) -> int:
+    matrix = project.load()
+    specs = shard_rows(project, project.select(args.selectors), args)
+    options = NightlyOptions(build=build_options(project, args), publish=publish_options(project, args),
+                             retention=args.retention, gpus=args.gpus, shard=args.shard or "")
+    summary = Nightly(project, matrix, specs, options, ConsoleDisplay(errors()), log).run()
+    print(write_summary(project.reports, summary), end="")
+    if summary.nothing_to_do:
+        print(f"nothing to do: {len(summary.rows)} rows unchanged, verified and published already "
+              f"({summary.duration_s:.1f} s)")
+    return summary.exit_code
+
+
+def shard_rows(project: Project, specs: list[ImageSpec], args) -> list[ImageSpec]:
+    """The selected rows this run takes: all of them, or shard i/n's (planned now, or read from a plan file)."""
+    if not args.shard:
+        if args.plan:
+            raise InputError([Problem("--plan", 0, "--plan gives shards their rows: use it with --shard i/n")])
+        return specs
+    index, count = plan_stage.parse_shard(args.shard)
+    if args.plan:
+        return plan_stage.shard_from_plan_file(args.plan, index, count, specs)
+    chosen = set(plan_stage.make_plan(specs, project.reports, count)[index - 1].tags)
+    return [spec for spec in specs if spec.tag in chosen]
+
+
+def cmd_report_merge(project: Project, args) -> int:
+    summary = merge_reports(project, args.shard_dirs, catalog_dir(project, args))
+    print(write_summary(project.reports, summary), end="")
+    return summary.exit_code
+
+
+def register(commands) -> None:
+    planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
+    add_selectors(planning)
+    planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
+    planning.add_argument("--format", choices=("github", "json"), default="json",
+                          help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
+    planning.set_defaults(handler=cmd_plan)
+
+    nightly = commands.add_parser(
+        "nightly", help="lock, render check, build, verify, publish what passed, prune, summarise",
+        description="Exit 0: every row is built, verified and published (or already was); 1: a row failed "
+                    "(the others are still published); 2: bad input.")
+    add_selectors(nightly)
+    nightly.add_argument("--shard", metavar="i/n", help="run only shard i of n (see `plan`)")
+    nightly.add_argument("--plan", type=Path, metavar="FILE",
+                         help="take the shard's rows from this `plan --format json` output instead of planning again")
+    nightly.add_argument("--retention", type=int, default=7, metavar="N",
+                         help="dated tags to keep per row (default: %(default)s)")
+    nightly.add_argument("--gpus", metavar="all|none|N|device=0,1",
+                         help="GPUs for verification (default: all for GPU rows, none for CPU rows)")
+    add_publish_arguments(nightly)
+    add_build_arguments(nightly)
+    nightly.set_defaults(handler=cmd_nightly)
+
+    report = commands.add_parser("report", help="work with reports: `report merge` joins CI shards' results")
+    actions = report.add_subparsers(dest="report_command", required=True, metavar="ACTION")
+    merging = actions.add_parser("merge", help="merge shards' reports, catalogs and lock files, and their summaries")
+    merging.add_argument("shard_dirs", nargs="+", type=Path, metavar="DIR",
+                         help="a shard's results: the reports/, catalog/ and bases.lock.json it uploaded")
+    add_catalog_argument(merging)
+    merging.set_defaults(handler=cmd_report_merge)

@@ -1,0 +1,121 @@
+"""Flag groups several commands share, and their translation into the typed options the stages take."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import builder as build_stage
+from .. import catalog as catalog_stage
+from .. import sbom as sbom_stage
+from ..model import InputError, Problem
+from ..project import Project
+from ..publish import ALLOWLIST_NAME, PublishOptions
+from ..registry import DEFAULT_CERTS_D, AccessSettings, RetryPolicy, parse_registry
+
+
+def add_selectors(parser: argparse.ArgumentParser, required: bool = False, default: str = "every row") -> None:
+    """The SELECTOR arguments every stage command takes: tags or shell globs."""
+    parser.add_argument("selectors", nargs="+" if required else "*", metavar="SELECTOR",
+                        help="tags or globs, e.g. '2.14.1-*-runtime'" + ("" if required else f" (default: {default})"))
+
+
+# -------------------------------------------------------------------------------------------------------- building
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel builds (default: %(default)s)")
+    parser.add_argument("--no-cache", action="store_true", help="build without the layer cache")
+    parser.add_argument("--pull", action="store_true", help="refresh base images from their registry")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
+    parser.add_argument("--fail-fast", action="store_true", help="stop all builds at the first failure")
+    parser.add_argument("--keep-build-stages", action="store_true",
+                        help="keep the build stages' images (faster rebuilds after a change; several GB per CUDA row)")
+    add_source_arguments(parser)
+    parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
+    parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pip-index-url", help="package index (mirror); credentials in it stay out of the image")
+    parser.add_argument("--extra-index-url", help="extra package index (default: https://pypi.org/simple)")
+
+
+def build_options(project: Project, args: argparse.Namespace) -> build_stage.BuildOptions:
+    for name in ("wheelhouse", "ca_bundle"):
+        path = getattr(args, name)
+        if path is not None and not path.exists():
+            raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
+    return build_stage.BuildOptions(
+        images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
+        pull=args.pull, force=args.force, fail_fast=args.fail_fast, keep_build_stages=args.keep_build_stages,
+        wheelhouse=args.wheelhouse,
+        pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
+        proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ registries
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--registry-ca", type=Path, metavar="FILE",
+                        help="trust this CA for the registry's TLS certificate (besides <certs.d>/HOST:PORT/ca.crt)")
+    parser.add_argument("--certs-d", type=Path, default=DEFAULT_CERTS_D, metavar="DIR",
+                        help="Docker's per-registry CA folders: DIR/HOST:PORT/ca.crt (default: %(default)s)")
+    parser.add_argument("--insecure-registry", action="store_true",
+                        help="allow plain HTTP and unverified TLS (always allowed for a loopback registry without a CA)")
+
+
+def access_settings(args: argparse.Namespace) -> AccessSettings:
+    return AccessSettings(certs_d=args.certs_d, ca_file=args.registry_ca, insecure=args.insecure_registry)
+
+
+def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--catalog", type=Path, metavar="DIR",
+                        help="folder of catalog.json and the SBOMs (default: catalog/ beside the images folder)")
+
+
+def catalog_dir(project: Project, args: argparse.Namespace) -> Path:
+    return args.catalog or catalog_stage.default_dir(project)
+
+
+def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
+                        help="where to publish, e.g. 127.0.0.1:5000/ml/pytorch")
+    parser.add_argument("--retries", type=int, default=RetryPolicy.retries,
+                        help="tries again after a transient registry error, backing off 1 s, 2 s, 4 s... "
+                             "(default: %(default)s)")
+    add_access_arguments(parser)
+    add_catalog_argument(parser)
+
+
+def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
+    add_registry_arguments(parser)
+    parser.add_argument("--date", help="date in new pinned tags, YYYYMMDD (default: today, UTC)")
+    parser.add_argument("--allowlist", type=Path,
+                        help=f"vulnerability allowlist (default: {ALLOWLIST_NAME} beside the matrix)")
+
+
+def publish_options(project: Project, args: argparse.Namespace) -> PublishOptions:
+    allowlist_path = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
+    if args.allowlist and not args.allowlist.is_file():
+        raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
+    registry = parse_registry(args.registry)
+    return PublishOptions(
+        registry=registry, access=access_settings(args).access(registry), reports_dir=project.reports,
+        catalog_dir=catalog_dir(project, args), images_dir=project.images,
+        date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
+        retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
+        daemon_host=os.environ.get("DOCKER_HOST"),
+    )
+
+
+def parse_date(text: str) -> str:
+    try:
+        valid = bool(re.fullmatch(r"\d{8}", text)) and bool(datetime.strptime(text, "%Y%m%d"))
+    except ValueError:
+        valid = False
+    if not valid:
+        raise InputError([Problem("--date", 0, f"--date {text!r} must be a date written YYYYMMDD, e.g. 20260131")])
+    return text
