@@ -3,10 +3,10 @@ reads. Each goes through the real CLI (no Docker engine needed) and must be refu
 the file, no traceback, and no write or delete outside the tool's folders."""
 import hashlib
 import json
-from dataclasses import asdict
 import os
 import re
 import threading
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -15,9 +15,10 @@ import pytest
 from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.files import brief
+from torchimages.lock import BaseChange
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.summary import Summary
+from torchimages.summary import Failure, Summary
 from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
 
 from .conftest import ROOT
@@ -358,6 +359,16 @@ WRONG_SUMMARIES = [  # changes to a valid summary; None removes a field
     ({"bases_unresolved": {"debian:bookworm": ["why"]}}, "must be a string, not a list"),
     ({"built": ["2.0.0-not-a-row"]}, "names row '2.0.0-not-a-row', which is not a tag of the matrix"),
 ]
+
+
+def test_a_summary_reads_back_as_its_type_wrote_it_ignoring_fields_it_does_not_know(tmp_path):
+    summary = Summary("127.0.0.1:5000/ml/pytorch", "1/2", [ROW], "2026-01-02T00:00:00Z",
+                      failed=[Failure(ROW, "verify", "checks failed: hygiene")],
+                      bases_changed=[BaseChange("debian:bookworm", "", DIGEST, (ROW,))])
+    document = json.loads(json.dumps(summary.to_json()))
+    document["failed"][0]["hint"] = "a field of a newer version"
+    path = write_json(tmp_path / "nightly-summary.json", document)
+    assert Summary.from_json(document, path, {ROW}, "fix it") == summary
 
 
 def summary_with(**changes) -> dict:

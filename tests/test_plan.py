@@ -7,6 +7,7 @@ import pytest
 from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.lock import BaseChange
+from torchimages.lockfile import LockedBase, write_lock
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.plan import balance, parse_shard
@@ -106,9 +107,8 @@ def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
     merged = tmp_path / "merged"
     merged.mkdir()
     (merged / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
-    (first / "bases.lock.json").write_text(json.dumps({"schema": 1, "bases": {"debian:bookworm": {
-        "image": "debian:bookworm", "digest": None, "image_id": "sha256:" + "d" * 64, "source": "local-only",
-        "note": "", "resolved_at": "2026-01-02T00:00:00Z"}}}))
+    write_lock(first / "bases.lock.json", {"debian:bookworm": LockedBase(
+        "debian:bookworm", None, "sha256:" + "d" * 64, "local-only", "", "2026-01-02T00:00:00Z")})
     base = ("--matrix", str(merged / "matrix.yaml"), "--images", str(merged / "images"), "--reports", str(merged / "reports"))
     result = run_cli(*base, "report", "merge", str(first), str(second), "--catalog", str(merged / "catalog"))
     assert result.returncode == 1  # a shard had a failure

@@ -1,5 +1,4 @@
 """Rendering: golden files, determinism, stale detection, and rows agreeing with the compat data."""
-import json
 import os
 import re
 import shutil
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchimages.lockfile import LockedBase, write_lock
 from torchimages.matrix import COMPAT_FILE, load_matrix
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
@@ -199,10 +199,8 @@ def test_render_uses_the_base_digests_of_the_lock(cli, tmp_path):
     matrix = tmp_path / "matrix.yaml"
     shutil.copy(GOLDEN_MATRIX, matrix)
     digest = "sha256:" + "ab" * 32
-    (tmp_path / "bases.lock.json").write_text(json.dumps({"schema": 1, "bases": {
-        "debian:bookworm": {
-            "image": "debian:bookworm", "digest": digest, "image_id": None,
-            "source": "registry", "note": "", "resolved_at": "2026-11-21T00:00:00Z"}}}))
+    write_lock(tmp_path / "bases.lock.json", {"debian:bookworm": LockedBase(
+        "debian:bookworm", digest, None, "registry", "", "2026-11-21T00:00:00Z")})
     images = tmp_path / "images"
     cli("--matrix", str(matrix), "--images", str(images), "render", check_exit=0)
     runtime = (images / "2.14.1-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()

@@ -172,6 +172,13 @@ def _found_kind(value) -> str:
     return "null" if value is None else json.dumps(value) if isinstance(value, bool) else brief(value)
 
 
+def known_fields(cls: type, data: dict) -> dict:
+    """The fields of the dataclass cls that data has: documents may carry more (newer fields, derived ones such as a
+    summary's exit_code), which the type leaves out."""
+    names = {item.name for item in dataclasses.fields(cls)}
+    return {name: value for name, value in data.items() if name in names}
+
+
 def nesting(value) -> int:
     """How deeply lists and objects nest in value, counted without recursion (the value may be deeper than
     Python's recursion allows); stops counting past MAX_NESTING."""

@@ -3,13 +3,13 @@ A `nightly --shard` run writes one per shard; `report merge` (shards.py) reads t
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .files import atomic_write, atomic_write_json, brief
 from .lock import BaseChange
 from .project import EXIT_FAILED, EXIT_OK
-from .reporting import Shape, human_size, markdown_cell, markdown_code, require_schema
+from .reporting import Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
 
 SCHEMA = 1
 SUMMARY_JSON = "nightly-summary.json"
@@ -86,8 +86,9 @@ class Summary:
                 if tag not in tags and not (part == "failed" and tag == REGISTRY_ROW):
                     shape.wrong((part,), f"names row {brief(tag)}, which is not a tag of the matrix")
         shape.raise_if_wrong(path, fix)
-        parts = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        items = {name: [item(**entry) for entry in parts.get(name, [])] for name, item in SUMMARY_ITEMS.items()}
+        parts = known_fields(cls, data)
+        items = {name: [item(**known_fields(item, entry)) for entry in parts.get(name, [])]
+                 for name, item in SUMMARY_ITEMS.items()}
         items["bases_changed"] = [replace(change, rows=tuple(change.rows)) for change in items["bases_changed"]]
         return cls(**{**parts, **items})
 

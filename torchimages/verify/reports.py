@@ -2,12 +2,12 @@
 page."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from ..files import read_json_document
-from ..reporting import DIGEST, DIGEST_RULE, Shape, markdown_cell, require_schema, utc_timestamp
+from ..reporting import DIGEST, DIGEST_RULE, Shape, known_fields, markdown_cell, require_schema, utc_timestamp
 from .plan import CHECKS, Plan, VerifyResult
 
 REPORT_SCHEMA = 1
@@ -46,18 +46,13 @@ class VerifyReport:
     @classmethod
     def from_json(cls, data: dict) -> VerifyReport:
         """From a document of this shape (read_verify_report checks it); fields it does not know are left out."""
-        return cls(**{**_known_fields(cls, data),
-                      "checks": {name: CheckVerdict(**_known_fields(CheckVerdict, check))
+        return cls(**{**known_fields(cls, data),
+                      "checks": {name: CheckVerdict(**known_fields(CheckVerdict, check))
                                  for name, check in data["checks"].items()}})
 
     def with_status(self, status: str) -> list[str]:
         """The names of the checks that ended with status, sorted."""
         return sorted(name for name, check in self.checks.items() if check.status == status)
-
-
-def _known_fields(cls: type, data: dict) -> dict:
-    known = {item.name for item in fields(cls)}
-    return {name: value for name, value in data.items() if name in known}
 
 
 def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> VerifyReport:
