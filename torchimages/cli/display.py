@@ -19,6 +19,7 @@ from ..reporting import human_size
 
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
 CHECK_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
+DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 def console() -> Console:

@@ -1,6 +1,7 @@
-"""Commands over the matrix and its images: list, render, wheels, build, images (the main job), test."""
+"""Commands over the matrix and its images: list, render, wheels, build, images (the main job), test, doctor."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -9,13 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import builder as build_stage
-from .. import engine, verify
+from .. import doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..model import ImageSpec
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
-from .display import ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
+from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
 from .options import add_build_arguments, add_selectors, add_source_arguments, build_options
 
 
@@ -133,6 +134,22 @@ def cmd_images(project: Project, args) -> int:
     return EXIT_OK if all_built and all(outcome.passed for outcome in verified) else EXIT_FAILED
 
 
+def cmd_doctor(project: Project, args) -> int:
+    """What this host can do with the selected rows, before a long build or pull."""
+    findings = doctor.diagnose(project.select(args.selectors))
+    failed = any(finding.status == "fail" for finding in findings)
+    if args.format == "json":
+        print(json.dumps([dataclasses.asdict(finding) for finding in findings], indent=2))
+        return EXIT_FAILED if failed else EXIT_OK
+    table = Table(title="what this host can do")
+    for column in ("", "subject", "detail"):
+        table.add_column(column, no_wrap=column != "detail")
+    for finding in findings:
+        table.add_row(Text(finding.status, DOCTOR_STYLE[finding.status]), finding.subject, finding.detail)
+    console().print(table)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
     """Every row on an engine that can give containers GPUs; the CPU rows elsewhere, saying so."""
     specs = project.load().specs
@@ -184,3 +201,11 @@ def register(commands) -> None:
     testing.add_argument("--timeout", type=int, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
     testing.set_defaults(handler=cmd_test)
+
+    checking = commands.add_parser(
+        "doctor", help="what this host can do with the rows: engine, GPU runtime, disk, skopeo, driver and arch fit",
+        description="Exit 0: the rows can be built (and, on a GPU host, run) here, perhaps with warnings; 1: something "
+                    "will fail, with the fix.")
+    add_selectors(checking)
+    checking.add_argument("--format", choices=("table", "json"), default="table")
+    checking.set_defaults(handler=cmd_doctor)

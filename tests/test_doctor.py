@@ -1,0 +1,112 @@
+"""`build.py doctor`: what this host can do with the rows, said before a long build or a 6 GB pull."""
+import json
+import os
+import stat
+
+import pytest
+
+from torchimages.doctor import Finding, HostGpu, disk_finding, parse_nvidia_smi, row_findings
+from torchimages.matrix import load_matrix
+
+from .conftest import ROOT, run_cli
+
+SPECS = load_matrix(ROOT / "matrix.yaml").specs
+BY_TAG = {spec.tag: spec for spec in SPECS}
+CU130, CU132, CU126 = "2.14.1-cuda13.0-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime", "2.14.1-cuda12.6-cudnn9-runtime"
+H100 = HostGpu("NVIDIA H100 80GB HBM3", (9, 0), "580.95.05")
+P100 = HostGpu("Tesla P100-PCIE-16GB", (6, 0), "580.95.05")
+
+
+def statuses(findings: list[Finding]) -> list[str]:
+    return [finding.status for finding in findings]
+
+
+def doctor(*selectors: str, env: dict) -> tuple[int, dict[str, list[Finding]]]:
+    """`build.py doctor --format json`: its exit code, and its findings by subject."""
+    result = run_cli("doctor", *selectors, "--format", "json", env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    found: dict[str, list[Finding]] = {}
+    for finding in json.loads(result.stdout):
+        found.setdefault(finding["subject"], []).append(Finding(**finding))
+    return result.returncode, found
+
+
+def test_nvidia_smi_lines_become_gpus_and_other_lines_are_left_out():
+    output = "NVIDIA H100 80GB HBM3, 9.0, 580.95.05\nNVIDIA GeForce RTX 5090, 12.0, 580.95.05\n[N/A]\n\n"
+    assert parse_nvidia_smi(output) == [H100, HostGpu("NVIDIA GeForce RTX 5090", (12, 0), "580.95.05")]
+
+
+def test_a_row_fits_a_gpu_its_driver_and_arch_list_cover():
+    assert statuses(row_findings(BY_TAG[CU130], [H100], SPECS)) == ["ok"]
+
+
+def test_a_driver_older_than_the_rows_minimum_fails_naming_the_rows_that_fit():
+    [finding] = row_findings(BY_TAG[CU132], [H100], SPECS)
+    assert finding.status == "fail" and "580.95.05 is older than CUDA 13.2 needs (595.45.04)" in finding.detail
+    assert CU130 in finding.detail and CU132 not in finding.detail.split("older CUDA")[1]
+
+
+def test_a_gpu_the_arch_list_misses_fails_naming_the_rows_that_cover_it():
+    [finding] = row_findings(BY_TAG[CU130], [P100], SPECS)
+    assert finding.status == "fail" and "no kernels for the Tesla P100-PCIE-16GB (sm_60)" in finding.detail
+    assert "no kernel image is available" in finding.detail and f"rows that cover sm_60: {CU126}" in finding.detail
+
+
+def test_cpu_rows_and_gpu_less_hosts_give_no_row_findings():
+    assert row_findings(BY_TAG["2.13.0-cpu-runtime"], [H100], SPECS) == []
+    assert row_findings(BY_TAG[CU130], [], SPECS) == []
+
+
+def test_disk_findings_weigh_the_rows_not_built_yet_by_their_size_budgets():
+    rows = [BY_TAG[CU130], BY_TAG[CU132]]
+    assert disk_finding(10 * 2**40, rows).status == "ok"
+    low = disk_finding(2**30, rows)
+    assert low.status == "warn" and "1.0 GiB free" in low.detail and "docker image prune" in low.detail
+    assert disk_finding(2**30, []).status == "ok"
+
+
+def test_without_an_engine_doctor_fails_saying_how_to_start_one(tmp_path):
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    code, found = doctor("2.13.0-cpu-*", env=env)
+    [engine] = found["engine"]
+    assert code == 1 and engine.status == "fail"
+    assert "no Docker engine answers" in engine.detail and "make engine" in engine.detail
+    assert "host gpus" not in found  # CPU rows: the GPUs are not asked about
+    table = run_cli("doctor", "2.13.0-cpu-*", env=env)
+    assert table.returncode == 1 and "no Docker engine answers" in table.stdout
+
+
+def with_nvidia_smi(tmp_path, script: str) -> dict:
+    """This host has no GPU: an nvidia-smi that answers as a GPU host's does stands in for the driver, so that the
+    command's wiring (query, parse, verdict per row, exit code) is seen end to end."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+
+
+def test_on_a_gpu_host_doctor_names_the_rows_this_driver_cannot_run(tmp_path):
+    env = with_nvidia_smi(tmp_path, "echo 'NVIDIA H100 80GB HBM3, 9.0, 580.95.05'")
+    code, found = doctor("2.1[45]*-runtime", env=env)
+    assert code == 1 and found["host gpus"] == [Finding("host gpus", "ok", "NVIDIA H100 80GB HBM3 (sm_90), driver 580.95.05")]
+    assert statuses(found[CU130]) == ["ok"] and statuses(found[CU126]) == ["ok"]
+    [too_new] = found[CU132]
+    assert too_new.status == "fail" and "older than CUDA 13.2 needs (595.45.04)" in too_new.detail
+
+
+def test_an_nvidia_smi_that_fails_is_reported_with_what_it_said(tmp_path):
+    env = with_nvidia_smi(tmp_path, "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                                    "driver\" >&2; exit 9")
+    code, found = doctor(CU130, env=env)
+    [gpus] = found["host gpus"]
+    assert code == 1 and gpus.status == "fail" and "couldn't communicate with the NVIDIA driver" in gpus.detail
+
+
+@pytest.mark.usefixtures("engine_env")
+def test_on_the_engine_doctor_reports_the_engine_its_gpu_runtime_and_disk():
+    code, found = doctor(env=dict(os.environ))
+    [engine] = found["engine"]
+    assert engine.status == "ok" and engine.detail.startswith("Docker ")
+    assert statuses(found["gpu runtime"]) in (["ok"], ["warn"]) and "free" in found["disk"][0].detail
+    assert code == (1 if any(f.status == "fail" for findings in found.values() for f in findings) else 0)

@@ -1,0 +1,157 @@
+"""Before a long build or a 6 GB pull: what this host can do with the selected rows.
+
+The engine answers; it can give containers GPUs; its disk holds the images; skopeo is there for publishing; and, on a
+GPU host, each GPU row's minimum driver and arch list fit this host's driver and every GPU's compute capability
+(which is what "no kernel image is available" and "CUDA driver version is insufficient" mean at run time).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import engine
+from .builder import local_name
+from .checks.probe import arch_covers, arch_flags_for
+from .checks.suite.helpers import version_tuple
+from .model import ImageSpec, InputError, parse_size
+from .reporting import human_size
+
+NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+NVIDIA_SMI_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Finding:
+    subject: str  # what was looked at: "engine", "disk", a tag
+    status: str  # ok | warn (works, with a limit worth knowing) | fail (will not work as it is)
+    detail: str  # what was found, and the fix when it is not ok
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    name: str
+    capability: tuple[int, int]  # compute capability (9, 0)
+    driver: str  # "580.65.06"
+
+
+# ------------------------------------------------------------------------------------------------ pure decisions
+
+def parse_nvidia_smi(output: str) -> list[HostGpu]:
+    """`nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader` -> the host's GPUs."""
+    gpus = []
+    for line in output.splitlines():
+        name, capability, driver = (part.strip() for part in line.rsplit(",", 2)) if line.count(",") >= 2 else ("", "", "")
+        major, _, minor = capability.partition(".")
+        if name and major.isdigit() and minor.isdigit():
+            gpus.append(HostGpu(name, (int(major), int(minor)), driver))
+    return gpus
+
+
+def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -> list[Finding]:
+    """Whether a GPU row runs on these GPUs: the driver meets its minimum, its arch list covers every GPU."""
+    if not spec.is_gpu or not gpus:
+        return []
+    findings = []
+    driver = gpus[0].driver
+    if spec.min_driver and version_tuple(driver) < version_tuple(spec.min_driver):
+        fitting = [other.tag for other in specs if other.is_gpu and version_tuple(driver) >= version_tuple(other.min_driver or "0")]
+        findings.append(Finding(spec.tag, "fail", f"the host driver {driver} is older than CUDA {spec.cuda} needs "
+                                                  f"({spec.min_driver}): upgrade the driver, or use a row built for an "
+                                                  f"older CUDA ({', '.join(fitting) or 'none in the matrix'})"))
+    for gpu in sorted(set(gpus), key=lambda gpu: gpu.capability):
+        if arch_covers(arch_flags_for(spec.arch_list), gpu.capability) is None:
+            sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
+            covering = [other.tag for other in specs
+                        if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability)]
+            findings.append(Finding(spec.tag, "fail", f"its arch list ({';'.join(spec.arch_list)}) has no kernels for "
+                                                      f"the {gpu.name} ({sm}): torch would fail with 'no kernel image "
+                                                      f"is available'; rows that cover {sm}: "
+                                                      f"{', '.join(covering) or 'none in the matrix'}"))
+    if not findings:
+        findings.append(Finding(spec.tag, "ok", f"driver {driver} >= {spec.min_driver}; kernels for "
+                                                f"{', '.join(sorted({gpu.name for gpu in gpus}))}"))
+    return findings
+
+
+def disk_finding(free: int, to_build: list[ImageSpec]) -> Finding:
+    """Room for the rows not built yet: at most their size budgets, plus the largest once more for its build stage
+    (at most: rows of one torch and CUDA share most of their layers)."""
+    budgets = [parse_size(spec.size_budget) for spec in to_build if spec.size_budget]
+    needed = int(sum(budgets) + max(budgets, default=0))
+    if needed and free < needed:
+        return Finding("disk", "warn", f"{human_size(free)} free where the engine keeps images; the {len(to_build)} "
+                                       f"rows not built yet may need up to {human_size(needed)} (their size budgets "
+                                       f"and one build stage, less the layers they share): free space "
+                                       f"(`docker image prune`), or build fewer rows at once")
+    return Finding("disk", "ok", f"{human_size(free)} free" + (f", at most {human_size(needed)} needed for the "
+                                                                f"{len(to_build)} rows not built yet" if needed else ""))
+
+
+# ---------------------------------------------------------------------------------------------------- the host
+
+def host_gpus() -> list[HostGpu] | str | None:
+    """The host's NVIDIA GPUs; None when it has no nvidia-smi (no NVIDIA driver); what went wrong when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        result = subprocess.run([smi, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S,
+                                check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"`nvidia-smi` did not answer ({error})"
+    gpus = parse_nvidia_smi(result.stdout) if result.returncode == 0 else []
+    return gpus or f"`nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}` listed no GPU ({(result.stderr or result.stdout).strip()[:300]})"
+
+
+def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
+    try:
+        client = engine.client(timeout=engine.PING_TIMEOUT_S)
+    except InputError as error:
+        return [Finding("engine", "fail", str(error.problems[0].message))]
+    info = client.info()
+    findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
+                                        f"{info.get('Architecture', '?')})")]
+    gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
+    if gpu_rows and not engine.has_gpu_runtime(client):
+        findings.append(Finding("gpu runtime", "warn", f"{engine.GPU_RUNTIME_HINT}. Until then, GPU rows build and "
+                                                       "pass their static checks here, and their GPU checks are "
+                                                       "skipped with the reason"))
+    elif gpu_rows:
+        findings.append(Finding("gpu runtime", "ok", "the engine can give containers GPUs"))
+    root = Path(info.get("DockerRootDir") or "")
+    if root.is_dir():
+        to_build = [spec for spec in specs if engine.inspect_image(client, local_name(spec)) is None]
+        findings.append(disk_finding(shutil.disk_usage(root).free, to_build))
+    else:
+        findings.append(Finding("disk", "warn", f"the engine's data root {root} is not on this machine: "
+                                                "its free space was not checked"))
+    client.close()
+    return findings
+
+
+def tool_findings() -> list[Finding]:
+    if shutil.which("skopeo") is None:
+        return [Finding("skopeo", "warn", "not installed: build and test work, publish, prune, nightly and "
+                                          "`catalog --check-registry` need it (apt-get install skopeo)")]
+    return [Finding("skopeo", "ok", "installed, for publishing")]
+
+
+def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
+    if not any(spec.is_gpu for spec in specs):
+        return []
+    gpus = host_gpus()
+    if gpus is None:
+        return [Finding("host gpus", "warn", "no NVIDIA driver on this host (no nvidia-smi): GPU rows can be built and "
+                                             "statically checked here; run `build.py test --gpus all` on a GPU host")]
+    if isinstance(gpus, str):
+        return [Finding("host gpus", "fail", f"{gpus}: check the driver with `nvidia-smi`")]
+    findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
+                                                     for gpu in gpus) + f", driver {gpus[0].driver}")]
+    return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
+
+
+def diagnose(specs: list[ImageSpec]) -> list[Finding]:
+    return engine_findings(specs) + tool_findings() + gpu_findings(specs)
+
