@@ -55,11 +55,6 @@ def read_json_document(path: Path, fix: str, default=_REQUIRED):
         raise InputError([Problem(str(path), line, f"not valid JSON ({getattr(error, 'msg', error)}): {fix}")]) from None
 
 
-def read_json(path: Path, default=None):
-    """A JSON file the tool itself wrote (missing: `default`)."""
-    return read_json_document(path, "delete it or restore it from version control", default)
-
-
 def inside(folder: Path, relative: str, where: str) -> Path:
     """folder/relative, refusing a relative path from data that would land outside folder (../x, /etc/x)."""
     parts = PurePosixPath(str(relative)).parts
