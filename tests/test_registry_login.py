@@ -7,18 +7,20 @@ flag, and that no credential reaches a log, report, catalog or image. The nightl
 """
 import json
 import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import docker.errors
 import pytest
+import yaml
 
 from torchimages.builder import BuildOptions, Builder, cache_name, local_name
 from torchimages.lock import Resolver
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 
-from .conftest import CPU_SELECTOR, run_cli
+from .conftest import CPU_SELECTOR, ROOT, run_cli
 from .test_publish import nightly as run_nightly
 from .registry_fixtures import USER, make_certificates, start_secure_registry
 from .test_publish import DEVEL, RUNTIME, Workspace
@@ -262,6 +264,49 @@ def test_plain_http_only_for_loopback_without_a_ca_or_when_asked(tmp_path):
                      "registry.example.com": True}
     insecure = registry_access(image_registry("registry.example.com/x/y")[0], config_dir=tmp_path, insecure=True)
     assert not insecure.tls_verify and insecure.auth_file is None and "--no-creds" in insecure.flags()
+
+
+def workflow_step(job: str, name: str) -> str:
+    """The shell of one step of .github/workflows/nightly.yml, as the runner would run it."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
+    return next(step["run"] for step in workflow["jobs"][job]["steps"] if step.get("name") == name)
+
+
+def run_step(script: str, env: dict) -> subprocess.CompletedProcess:
+    """A `run:` step as GitHub runs it (bash --noprofile --norc -eo pipefail), then what it added to $GITHUB_ENV."""
+    result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env=env,
+                            capture_output=True, text=True, timeout=120)
+    for line in Path(env["GITHUB_ENV"]).read_text().splitlines():
+        name, _, value = line.partition("=")
+        env[name] = value
+    return result
+
+
+@pytest.mark.parametrize("right_password", [True, False])
+def test_the_workflows_login_steps_log_a_runner_in_as_docker_would(secure_registry, tmp_path, right_password):
+    """The shard job's "Trust the registry's CA" and "Log in to the registry" steps, run as written, leave a Docker
+    config and a CA that torchimages' registry access uses; a wrong password fails the step without printing it."""
+    password = secure_registry.password if right_password else "not-the-password"
+    env = {**os.environ, "RUNNER_TEMP": str(tmp_path / "runner"), "GITHUB_ENV": str(tmp_path / "github-env"),
+           "DOCKER_CONFIG": str(tmp_path / "docker"), "REGISTRY": f"{secure_registry.host}/ml/pytorch",
+           "REGISTRY_USER": USER, "REGISTRY_PASSWORD": password, "REGISTRY_CA": secure_registry.ca_file.read_text()}
+    (tmp_path / "runner").mkdir()
+    (tmp_path / "github-env").write_text("")
+    trust = run_step(workflow_step("shard", "Trust the registry's CA"), env)
+    assert trust.returncode == 0, trust.stderr
+    login = run_step(workflow_step("shard", "Log in to the registry"), env)
+    assert password not in login.stdout + login.stderr
+    if not right_password:
+        assert login.returncode != 0 and "invalid username/password" in login.stderr
+        assert not (tmp_path / "docker" / "config.json").exists()
+        return
+    assert login.returncode == 0, login.stderr
+    registry = image_registry(f"{secure_registry.host}/ml/pytorch:x")[0]
+    access = registry_access(registry, config_dir=tmp_path / "docker", certs_d=tmp_path / "no-certs.d",
+                             ca_file=Path(env["CA_FILE"]))
+    client = RegistryClient(registry, access, RetryPolicy(retries=0), lambda message: None)
+    client.ping()
+    assert isinstance(client.tags(), list)
 
 
 # --------------------------------------------------------------------------------------------------------- nightly
