@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
-from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
+from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text, remove_file
 from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .registry import (
@@ -229,7 +229,7 @@ def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> Non
         entry.pinned = [pinned for pinned in entry.pinned if pinned.tag not in removed]
         entry.updated_at = utc_timestamp()
         for pinned in gone:
-            inside(catalog_dir, pinned.sbom, str(catalog_file(catalog_dir))).unlink(missing_ok=True)
+            remove_file(inside(catalog_dir, pinned.sbom, str(catalog_file(catalog_dir))), catalog_dir)
 
 
 def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:
