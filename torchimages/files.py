@@ -167,10 +167,9 @@ def _folder(folder: Path, root: Path, create: bool = True) -> Iterator[int | Non
                 yield None
                 return
             except OSError as error:
-                if error.errno == errno.ELOOP:
-                    raise InputError([_link_problem(current, root)]) from None
-                if error.errno == errno.ENOTDIR:
-                    raise InputError([_file_problem(current)]) from None
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):  # with O_DIRECTORY, Linux says ENOTDIR for a link
+                    link = stat.S_ISLNK(os.stat(part, dir_fd=handle, follow_symlinks=False).st_mode)
+                    raise InputError([_link_problem(current, root) if link else _file_problem(current)]) from None
                 raise
             os.close(handle)
             handle = child
@@ -217,8 +216,10 @@ def atomic_write(path: Path, content: bytes | str, mode: int = 0o644, root: Path
                 stream.flush()
                 os.fsync(handle)
             _put_in_place(folder, temporary, path)
-        except BaseException:
+        except BaseException as error:
             os.unlink(temporary, dir_fd=folder)
+            if isinstance(error, OSError) and error.filename is None:  # a full disk: say which file did not fit
+                raise OSError(error.errno, error.strerror, str(path)) from None
             raise
 
 

@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()  # a full disk or closed pipe behind stdout shows here, not after main returns
             return code
         except InputError as error:
-            for problem in error.problems:
-                errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False)
+            for problem in error.problems:  # one line each, however long
+                errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False, soft_wrap=True)
             return EXIT_BAD_INPUT
         except PeerError as error:
             return report(f"error: {error}", EXIT_FAILED)

@@ -43,6 +43,11 @@ def handling_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class StreamError(OSError):
+    """A write to stdout or stderr the system refused. Not a BrokenPipeError even for EPIPE: rich turns that into a
+    silent exit 1, and the user would not learn which stream failed."""
+
+
 class NamedStream:
     """sys.stdout or sys.stderr for a run: a write the system refuses (a closed pipe, a full disk) is an OSError
     naming the stream, after which the stream is dropped (the interpreter's last flush must not fail again);
@@ -69,14 +74,14 @@ class NamedStream:
         except OSError as error:
             raise self._failed(error) from None
 
-    def _failed(self, error: OSError) -> OSError:
+    def _failed(self, error: OSError) -> StreamError:
         try:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self._stream.fileno())
             os.close(null)
         except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture) stays
             pass
-        return OSError(error.errno, error.strerror, self._name)
+        return StreamError(error.errno, error.strerror, self._name)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
