@@ -441,3 +441,52 @@ def test_merge_keeps_the_contract_whatever_lies_in_its_destination(tmp_path_fact
         for relative in (f"reports/{ROW}/build.log", f"catalog/{SBOM}", "reports/build-report.json",
                          "catalog/catalog.json"):
             assert (space.root / relative).is_file() and not (space.root / relative).is_symlink(), relative
+
+
+# ------------------------------------------------------------------------------ with a Docker engine: build
+
+def tiny_build(tmp_path: Path, body: str) -> tuple[list[str], Path]:
+    """build.py arguments building one CPU row from a one-step Dockerfile, and its reports folder."""
+    from .test_build import tiny_matrix
+
+    matrix, images, reports = tiny_matrix(tmp_path), tmp_path / "images", tmp_path / "reports"
+    (images / ROW).mkdir(parents=True)
+    (images / ROW / "Dockerfile").write_text(f"FROM debian:bookworm\n{body}\nLABEL io.torchimages.torch=x\n")
+    return ["--matrix", str(matrix), "--images", str(images), "--reports", str(reports), "build", ROW], reports
+
+
+@pytest.mark.engine
+def test_a_build_replaces_a_linked_build_log_and_refuses_a_linked_row_folder(engine_env, tmp_path):
+    from .conftest import run_cli
+
+    outside = outside_folder(tmp_path)
+    args, reports = tiny_build(tmp_path, f"RUN echo building {ROW}")
+    (reports / ROW).mkdir(parents=True)
+    (reports / ROW / "build.log").symlink_to(outside / "file.txt")
+    result = run_cli(*args, "--force", "--no-cache")
+    assert result.returncode == 0, result.stderr
+    log = reports / ROW / "build.log"
+    assert not log.is_symlink() and f"building {ROW}" in log.read_text()
+    for path in (reports / ROW).iterdir():
+        path.unlink()
+    (reports / ROW).rmdir()
+    (reports / ROW).symlink_to(outside / "folder")
+    refused(run_cli(*args, "--force"), reports / ROW, "a link where a folder belongs")
+    assert snapshot(outside) == snapshot(outside_folder(tmp_path))
+
+
+@pytest.mark.engine
+def test_sigterm_stops_a_build_as_ctrl_c_does(engine_env, docker_client, tmp_path):
+    token = f"torchimages-sigterm-test-{os.getpid()}"  # finds this test's containers, whatever else the engine runs
+
+    def sleepers():
+        return [c for c in docker_client.containers.list(all=True) if token in " ".join(c.attrs["Config"]["Cmd"] or [])]
+
+    args, reports = tiny_build(tmp_path, f"RUN echo {token} && sleep 600")
+    process = build_py(*args, "--no-cache", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: any(c.status == "running" for c in sleepers()), "the build's RUN container running")
+    process.terminate()
+    code, _, stderr = finished(process)
+    assert code == 143 and "Traceback" not in stderr, stderr
+    wait_until(lambda: not sleepers(), "the cancelled build's container being removed", timeout_s=60)
+    assert not [path for path in reports.rglob("*.tmp")]
