@@ -31,9 +31,11 @@ from .test_hostile_documents import (
     Space,
     catalog_document,
     catalog_entry,
+    fake_registry,  # noqa: F401 - a fixture
     lock_entry,
     refused,
     shard,
+    without_proxies,
     write_json,
 )
 
@@ -171,6 +173,17 @@ def test_render_refuses_a_linked_tag_folder_and_replaces_a_linked_file(space, tm
     assert space.cli("render").returncode == 0
     assert not dockerfile.is_symlink() and dockerfile.read_text() == rendered
     assert (outside / "file.txt").read_text() == "keep me too\n" and space.cli("render", "--check").returncode == 0
+
+
+def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):  # noqa: F811 - the fixture
+    registry, deletes = fake_registry
+    outside = outside_folder(tmp_path)
+    write_json(space.catalog / "catalog.json", catalog_document(catalog_entry()))
+    (space.catalog / "sbom").symlink_to(outside / "folder")
+    result = space.cli("prune", ROW, "--retention", "1", "--registry", registry, "--catalog", str(space.catalog),
+                       env=without_proxies())
+    refused(result, space.catalog / "sbom", "a link where a folder belongs")
+    assert deletes == [] and snapshot(outside) == snapshot(outside_folder(tmp_path))
 
 
 def test_a_build_log_replaces_a_link_and_refuses_a_linked_row_folder(tmp_path):

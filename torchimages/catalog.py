@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
-from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text, remove_file
+from .files import (
+    atomic_write,
+    atomic_write_json,
+    brief,
+    folder_problems,
+    inside,
+    read_json_document,
+    read_text,
+    remove_file,
+)
 from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .registry import (
@@ -34,6 +43,7 @@ from .reporting import (
     require_schema,
     utc_timestamp,
 )
+from .sbom import SBOM_DIR
 
 CATALOG_NAME = "catalog.json"
 README_NAME = "README.md"
@@ -167,6 +177,14 @@ def _is_repository(name: str) -> bool:
     except InputError:
         return False
     return True
+
+
+def require_sbom_folder(catalog_dir: Path) -> None:
+    """Refuse a link or file where catalog/sbom/ belongs before a registry is changed: SBOMs are written (publish)
+    or deleted (prune) there afterwards."""
+    problems = folder_problems(catalog_dir / SBOM_DIR, catalog_dir)
+    if problems:
+        raise InputError(problems)
 
 
 def require_folder(folder: Path, what: str) -> None:

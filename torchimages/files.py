@@ -115,8 +115,14 @@ def _below(path: Path, root: Path) -> tuple[str, ...]:
 def destination_problems(path: Path, root: Path) -> list[Problem]:
     """What stops writing path below root, as the writers would find it: checked for a whole batch before the
     first write, so that bad destinations change nothing."""
+    problems = folder_problems(path.parent, root)
+    return problems or ([_folder_problem(path)] if path.is_dir() and not path.is_symlink() else [])
+
+
+def folder_problems(folder: Path, root: Path) -> list[Problem]:
+    """A link or a file where folder, or a folder between root and it, belongs (nothing yet is fine)."""
     current = root
-    for part in _below(path.parent, root):
+    for part in _below(folder, root):
         current = current / part
         try:
             mode = current.lstat().st_mode
@@ -126,7 +132,7 @@ def destination_problems(path: Path, root: Path) -> list[Problem]:
             return [_link_problem(current, root)]
         if not stat.S_ISDIR(mode):
             return [_file_problem(current)]
-    return [_folder_problem(path)] if path.is_dir() and not path.is_symlink() else []
+    return []
 
 
 def check_destinations(paths: list[Path], root: Path) -> None:
