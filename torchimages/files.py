@@ -83,7 +83,7 @@ def brief(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
-#-------------------------------------------------------------------------------------------------------------- writing
+# -------------------------------------------------------------------------------------------------------------- writing
 # Every file the tool writes goes through here. Below the folder a command was pointed at (its root: --reports,
 # --images, --catalog, the matrix's folder), no link is followed: a link, or a file, where a folder belongs is refused
 # with the path; a link, pipe or device where a file belongs is replaced, never written through. Files are written to
@@ -273,7 +273,7 @@ def copy_file(source: Path, target: Path, root: Path, fix: str) -> None:
     atomic_write(target, read_bytes(source, fix), root=root)
 
 
-# ------------------------------------------------------------------------------------------------------ paths from CI
+# -------------------------------------------------------------------------------------------------------- paths from CI
 
 def append_text(path: Path, text: str, what: str) -> None:
     """Append to a file named from outside (GITHUB_STEP_SUMMARY): a regular file or none yet, never a pipe or device
