@@ -494,12 +494,12 @@ def test_a_build_replaces_a_linked_build_log_and_refuses_a_linked_row_folder(eng
 def test_sigterm_stops_a_build_as_ctrl_c_does(engine_env, docker_client, tmp_path):
     token = f"torchimages-sigterm-test-{os.getpid()}"  # finds this test's containers, whatever else the engine runs
 
-    def sleepers():
-        return [c for c in docker_client.containers.list(all=True) if token in " ".join(c.attrs["Config"]["Cmd"] or [])]
+    def sleepers():  # sparse: no inspect of each container, which another test on the engine may remove meanwhile
+        return [c for c in docker_client.containers.list(all=True, sparse=True) if token in c.attrs.get("Command", "")]
 
     args, reports = tiny_build(tmp_path, f"RUN echo {token} && sleep 600")
     process = build_py(*args, "--no-cache", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until(lambda: any(c.status == "running" for c in sleepers()), "the build's RUN container running")
+    wait_until(lambda: any(c.attrs.get("State") == "running" for c in sleepers()), "the build's RUN container running")
     process.terminate()
     code, _, stderr = finished(process)
     assert code == 143 and "Traceback" not in stderr, stderr
