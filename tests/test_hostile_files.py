@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -306,6 +307,37 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written
     line = one_line(stderr)
     assert code == 1 and str(space.reports / ROW / "build.log") in line and "EFBIG" in line
     assert snapshot(space.root) == {**before, f"reports/{ROW}": "folder"}  # no temporary, no half file
+
+
+def can_mount() -> bool:
+    """Whether this host lets a process mount a tmpfs in a mount namespace of its own (root, or a user namespace)."""
+    probe = "mount -t tmpfs -o size=64k tmpfs /mnt"
+    return subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True, check=False).returncode == 0 \
+        if shutil.which("unshare") else False
+
+
+def on_tmpfs(options: str, folder: Path, *args: str) -> tuple[int, str, str]:
+    """build.py with a fresh tmpfs mounted (options: ro, size=...) at folder, in a mount namespace of its own:
+    nothing outside that process sees the file system, and it goes with it."""
+    script = 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"'
+    return finished(subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", options, str(folder), sys.executable,
+                                      str(ROOT / "build.py"), *args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+
+
+@pytest.mark.skipif(not can_mount(), reason="this host does not let a test mount a file system")
+def test_a_read_only_folder_or_a_really_full_disk_is_one_line_naming_the_file(space, tmp_path):
+    space.images.mkdir()
+    code, _, stderr = on_tmpfs("ro", space.images, "--matrix", str(space.matrix), "--images", str(space.images),
+                               "render")
+    line = one_line(stderr)
+    assert code == 2 and f"error: {space.images}/" in line and "Read-only file system (EROFS)" in line
+    uploaded = full_shard(tmp_path / "shard")
+    (uploaded / "reports" / ROW / "build.log").write_text("x" * 2**20)
+    space.reports.mkdir()
+    code, _, stderr = on_tmpfs("size=256k", space.reports, *merge_args(space, uploaded))
+    line = one_line(stderr)
+    assert code == 1 and str(space.reports / ROW / "build.log") in line and "ENOSPC" in line
 
 
 def run_list(space: Space, **popen) -> tuple[int, str, str]:

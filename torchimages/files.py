@@ -165,6 +165,8 @@ def _folder(folder: Path, root: Path, create: bool = True) -> Iterator[int | Non
                     os.mkdir(part, dir_fd=handle)
                 except FileExistsError:
                     pass
+                except OSError as error:  # a read-only or full file system
+                    raise _renamed(error, current) from None
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=handle)
             except FileNotFoundError:
@@ -176,12 +178,25 @@ def _folder(folder: Path, root: Path, create: bool = True) -> Iterator[int | Non
                 if error.errno in (errno.ELOOP, errno.ENOTDIR):  # with O_DIRECTORY, Linux says ENOTDIR for a link
                     link = stat.S_ISLNK(os.stat(part, dir_fd=handle, follow_symlinks=False).st_mode)
                     raise InputError([_link_problem(current, root) if link else _file_problem(current)]) from None
-                raise
+                raise _renamed(error, current) from None
             os.close(handle)
             handle = child
         yield handle
     finally:
         os.close(handle)
+
+
+def _renamed(error: OSError, path: Path) -> OSError:
+    """error as naming path: calls on directory descriptors name a bare file name, a temporary's or none."""
+    return OSError(error.errno, error.strerror, str(path))
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as error:
+        raise _renamed(error, path) from None
 
 
 @contextmanager
@@ -213,7 +228,7 @@ def _put_in_place(folder: int, temporary: str, path: Path) -> None:
 def atomic_write(path: Path, content: bytes | str, mode: int = 0o644, root: Path | None = None) -> None:
     """Write path in one step (temporary + rename), following no link below root (default: path's folder)."""
     data = content.encode() if isinstance(content, str) else content
-    with _folder(path.parent, root or path.parent) as folder, _signals_deferred():
+    with _folder(path.parent, root or path.parent) as folder, _signals_deferred(), _naming(path):
         temporary, handle = _temporary(folder, path.name, mode)
         try:
             with os.fdopen(handle, "wb") as stream:
@@ -222,10 +237,8 @@ def atomic_write(path: Path, content: bytes | str, mode: int = 0o644, root: Path
                 stream.flush()
                 os.fsync(handle)
             _put_in_place(folder, temporary, path)
-        except BaseException as error:
+        except BaseException:
             os.unlink(temporary, dir_fd=folder)
-            if isinstance(error, OSError) and error.filename is None:  # a full disk: say which file did not fit
-                raise OSError(error.errno, error.strerror, str(path)) from None
             raise
 
 
@@ -237,7 +250,7 @@ def atomic_write_json(path: Path, document, root: Path | None = None) -> None:
 def open_new(path: Path, root: Path):
     """A new, empty text file at path for a log written as it grows (a build's log): whatever was there, a link
     included, is replaced, never truncated through."""
-    with _folder(path.parent, root) as folder, _signals_deferred():
+    with _folder(path.parent, root) as folder, _signals_deferred(), _naming(path):
         temporary, handle = _temporary(folder, path.name, 0o644)
         try:
             _put_in_place(folder, temporary, path)
@@ -257,7 +270,7 @@ def make_folder(folder: Path, root: Path) -> None:
 
 def remove_file(path: Path, root: Path) -> None:
     """Remove path when it is there, following no link below root: a linked folder is refused, not entered."""
-    with _folder(path.parent, root, create=False) as folder:
+    with _folder(path.parent, root, create=False) as folder, _naming(path):
         if folder is None:
             return
         try:
