@@ -21,6 +21,11 @@ from .verify import CHECKS
 CHECK_MARKER = "check"
 
 
+class CheckWarning(UserWarning):
+    """A test that passed with a limit worth knowing (a driver under the release's own, in minor-version
+    compatibility): warnings.warn(CheckWarning(...)) in a test puts it on the check's verdict, which still passes."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     test: str
@@ -46,6 +51,9 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
         else:
             status = "passed"
             message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"
+            warned = [o.message for o in mine if o.status == "passed" and o.message]
+            if warned:
+                message += "; warning: " + "; ".join(dict.fromkeys(warned))
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
         verdicts[name] = {"status": status, "message": message,
@@ -85,6 +93,7 @@ class CheckRecorder:
         self.probe_facts = json.loads(config.getoption("--probe").read_text())
         self.outcomes: dict[str, Outcome] = {}
         self.check_of: dict[str, str] = {}
+        self.warnings: dict[str, list[str]] = {}
 
     @pytest.fixture(scope="session")
     def expect(self) -> dict:
@@ -135,8 +144,13 @@ class CheckRecorder:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             self.outcomes[test] = Outcome(test, check, "skipped", reason.removeprefix("Skipped: "))
         elif report.when == "call" and report.passed:
-            self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
+            warned = "; ".join(self.warnings.pop(item.nodeid, []))
+            self.outcomes[test] = Outcome(test, check, "passed", warned, round(report.duration, 3))
         return report
+
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location) -> None:
+        if issubclass(warning_message.category, CheckWarning):
+            self.warnings.setdefault(nodeid, []).append(str(warning_message.message))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")
