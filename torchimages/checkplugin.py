@@ -10,7 +10,7 @@ reasons) if all of them were skipped, and passes otherwise. Test ids name the im
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -93,7 +93,6 @@ class CheckRecorder:
         self.probe_facts = json.loads(config.getoption("--probe").read_text())
         self.outcomes: dict[str, Outcome] = {}
         self.check_of: dict[str, str] = {}
-        self.warnings: dict[str, list[str]] = {}
 
     @pytest.fixture(scope="session")
     def expect(self) -> dict:
@@ -144,13 +143,15 @@ class CheckRecorder:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             self.outcomes[test] = Outcome(test, check, "skipped", reason.removeprefix("Skipped: "))
         elif report.when == "call" and report.passed:
-            warned = "; ".join(self.warnings.pop(item.nodeid, []))
-            self.outcomes[test] = Outcome(test, check, "passed", warned, round(report.duration, 3))
+            self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
         return report
 
     def pytest_warning_recorded(self, warning_message, when, nodeid, location) -> None:
-        if issubclass(warning_message.category, CheckWarning):
-            self.warnings.setdefault(nodeid, []).append(str(warning_message.message))
+        """Recorded once the test's reports are made: a CheckWarning becomes its passed outcome's message."""
+        outcome = self.outcomes.get(self._stable(nodeid))
+        if issubclass(warning_message.category, CheckWarning) and outcome and outcome.status == "passed":
+            message = "; ".join(filter(None, (outcome.message, str(warning_message.message))))
+            self.outcomes[outcome.test] = replace(outcome, message=message)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")
