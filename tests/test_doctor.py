@@ -40,10 +40,18 @@ def test_a_row_fits_a_gpu_its_driver_and_arch_list_cover():
     assert statuses(row_findings(BY_TAG[CU130], [H100], SPECS)) == ["ok"]
 
 
-def test_a_driver_older_than_the_rows_minimum_fails_naming_the_rows_that_fit():
+def test_a_driver_below_the_cuda_majors_floor_fails_naming_the_rows_that_fit():
+    # CUDA 13.x needs >= 580 even in minor-version compatibility (NVIDIA "CUDA Compatibility"); 12.x runs on >= 525.
+    [finding] = row_findings(BY_TAG[CU130], [HostGpu(H100.name, (9, 0), "535.261.03")], SPECS)
+    assert finding.status == "fail" and "535.261.03 is older than any CUDA 13.x runs on (580" in finding.detail
+    assert CU126 in finding.detail.split("older CUDA")[1] and CU132 not in finding.detail.split("older CUDA")[1]
+
+
+def test_a_driver_between_the_floor_and_the_releases_own_is_a_warning_naming_what_will_not_work():
+    # The cu132 rows on an R580 host (the LTS branch): cubins run, PTX JIT of 13.2 PTX does not (audit finding 2).
     [finding] = row_findings(BY_TAG[CU132], [H100], SPECS)
-    assert finding.status == "fail" and "580.95.05 is older than CUDA 13.2 needs (595.45.04)" in finding.detail
-    assert CU130 in finding.detail and CU132 not in finding.detail.split("older CUDA")[1]
+    assert finding.status == "warn" and "older than CUDA 13.2's own (595.45.04" in finding.detail
+    assert "PTX newer than the driver cannot be JIT-compiled" in finding.detail
 
 
 def test_a_gpu_the_arch_list_misses_fails_naming_the_rows_that_cover_it():
@@ -80,7 +88,7 @@ def with_nvidia_smi(tmp_path, script: str) -> dict:
     """This host has no GPU: an nvidia-smi that answers as a GPU host's does stands in for the driver, so that the
     command's wiring (query, parse, verdict per row, exit code) is seen end to end."""
     fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
+    fake.parent.mkdir(parents=True)
     fake.write_text(f"#!/bin/sh\n{script}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     return {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
@@ -89,10 +97,13 @@ def with_nvidia_smi(tmp_path, script: str) -> dict:
 def test_on_a_gpu_host_doctor_names_the_rows_this_driver_cannot_run(tmp_path):
     env = with_nvidia_smi(tmp_path, "echo 'NVIDIA H100 80GB HBM3, 9.0, 580.95.05'")
     code, found = doctor("2.1[45]*-runtime", env=env)
-    assert code == 1 and found["host gpus"] == [Finding("host gpus", "ok", "NVIDIA H100 80GB HBM3 (sm_90), driver 580.95.05")]
+    assert found["host gpus"] == [Finding("host gpus", "ok", "NVIDIA H100 80GB HBM3 (sm_90), driver 580.95.05")]
     assert statuses(found[CU130]) == ["ok"] and statuses(found[CU126]) == ["ok"]
-    [too_new] = found[CU132]
-    assert too_new.status == "fail" and "older than CUDA 13.2 needs (595.45.04)" in too_new.detail
+    [older_than_its_own] = found[CU132]
+    assert older_than_its_own.status == "warn" and "older than CUDA 13.2's own (595.45.04" in older_than_its_own.detail
+    env = with_nvidia_smi(tmp_path / "r575", "echo 'NVIDIA H100 80GB HBM3, 9.0, 575.57.08'")
+    code, found = doctor("2.1[45]*-runtime", env=env)
+    assert code == 1 and statuses(found[CU130]) == ["fail"] and statuses(found[CU126]) == ["ok"]
 
 
 def test_an_nvidia_smi_that_fails_is_reported_with_what_it_said(tmp_path):

@@ -10,7 +10,7 @@ reasons) if all of them were skipped, and passes otherwise. Test ids name the im
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,11 @@ from .model import ImageSpec
 from .verify import CHECKS
 
 CHECK_MARKER = "check"
+
+
+class CheckWarning(UserWarning):
+    """A test that passed with a limit worth knowing (a driver under the release's own, in minor-version
+    compatibility): warnings.warn(CheckWarning(...)) in a test puts it on the check's verdict, which still passes."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
         else:
             status = "passed"
             message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"
+            warned = [o.message for o in mine if o.status == "passed" and o.message]
+            if warned:
+                message += "; warning: " + "; ".join(dict.fromkeys(warned))
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
         verdicts[name] = {"status": status, "message": message,
@@ -137,6 +145,13 @@ class CheckRecorder:
         elif report.when == "call" and report.passed:
             self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
         return report
+
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location) -> None:
+        """Recorded once the test's reports are made: a CheckWarning becomes its passed outcome's message."""
+        outcome = self.outcomes.get(self._stable(nodeid))
+        if issubclass(warning_message.category, CheckWarning) and outcome and outcome.status == "passed":
+            message = "; ".join(filter(None, (outcome.message, str(warning_message.message))))
+            self.outcomes[outcome.test] = replace(outcome, message=message)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")

@@ -6,6 +6,7 @@ GPU host, each GPU row's minimum driver and arch list fit this host's driver and
 """
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 from . import engine
 from .builder import local_name
 from .checks.probe import arch_covers, arch_flags_for
-from .checks.suite.helpers import version_tuple
+from .checks.suite.helpers import driver_verdict
 from .model import ImageSpec, InputError, parse_size
 from .reporting import human_size
 
@@ -49,17 +50,38 @@ def parse_nvidia_smi(output: str) -> list[HostGpu]:
     return gpus
 
 
+# `uname -m` and Docker's Architecture spell the same machines two ways.
+MACHINE_NAMES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def machine_name(text: str) -> str:
+    return MACHINE_NAMES.get(text.lower(), text.lower())
+
+
+def arch_findings(specs: list[ImageSpec], machine: str) -> list[Finding]:
+    """Rows built for another CPU architecture than this host's: their images fail at exec (or run emulated), and a
+    local build would fetch the other architecture's wheels (a GH200 or GB200 host is aarch64)."""
+    fitting = [spec.tag for spec in specs if machine_name(spec.arch) == machine_name(machine)]
+    return [Finding(spec.tag, "fail", f"built for {spec.arch}, but this host is {machine_name(machine)}: its image "
+                                      f"cannot run here; rows for {machine_name(machine)}: "
+                                      f"{', '.join(fitting) or 'none in the matrix (add a variant with arch: ' + machine_name(machine) + ')'}")
+            for spec in specs if machine_name(spec.arch) != machine_name(machine)]
+
+
 def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -> list[Finding]:
-    """Whether a GPU row runs on these GPUs: the driver meets its minimum, its arch list covers every GPU."""
+    """Whether a GPU row runs on these GPUs: the driver meets its floor (a warning below the release's own driver),
+    its arch list covers every GPU."""
     if not spec.is_gpu or not gpus:
         return []
     findings = []
     driver = gpus[0].driver
-    if spec.min_driver and version_tuple(driver) < version_tuple(spec.min_driver):
-        fitting = [other.tag for other in specs if other.is_gpu and version_tuple(driver) >= version_tuple(other.min_driver or "0")]
-        findings.append(Finding(spec.tag, "fail", f"the host driver {driver} is older than CUDA {spec.cuda} needs "
-                                                  f"({spec.min_driver}): upgrade the driver, or use a row built for an "
-                                                  f"older CUDA ({', '.join(fitting) or 'none in the matrix'})"))
+    status, why = driver_verdict(driver, None, spec)
+    if status == "fail":
+        fitting = [other.tag for other in specs if other.is_gpu and driver_verdict(driver, None, other)[0] != "fail"]
+        findings.append(Finding(spec.tag, "fail", f"{why}: upgrade the driver, or use a row built for an older CUDA "
+                                                  f"({', '.join(fitting) or 'none in the matrix'})"))
+    elif status == "warn":
+        findings.append(Finding(spec.tag, "warn", why))
     for gpu in sorted(set(gpus), key=lambda gpu: gpu.capability):
         if arch_covers(arch_flags_for(spec.arch_list), gpu.capability) is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
@@ -70,8 +92,7 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
                                                       f"is available'; rows that cover {sm}: "
                                                       f"{', '.join(covering) or 'none in the matrix'}"))
     if not findings:
-        findings.append(Finding(spec.tag, "ok", f"driver {driver} >= {spec.min_driver}; kernels for "
-                                                f"{', '.join(sorted({gpu.name for gpu in gpus}))}"))
+        findings.append(Finding(spec.tag, "ok", f"{why}; kernels for {', '.join(sorted({gpu.name for gpu in gpus}))}"))
     return findings
 
 
@@ -109,10 +130,11 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
     try:
         client = engine.client(timeout=engine.PING_TIMEOUT_S)
     except InputError as error:
-        return [Finding("engine", "fail", str(error.problems[0].message))]
+        return [Finding("engine", "fail", str(error.problems[0].message))] + arch_findings(specs, platform.machine())
     info = client.info()
     findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
                                         f"{info.get('Architecture', '?')})")]
+    findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()))
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
     if gpu_rows and not engine.has_gpu_runtime(client):
         findings.append(Finding("gpu runtime", "warn", f"{engine.GPU_RUNTIME_HINT}. Until then, GPU rows build and "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import docker
 import docker.errors
@@ -41,9 +42,29 @@ def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | 
         return None
 
 
+# dockerd registers its "nvidia" device driver (what --gpus asks for) whenever one of these is on its PATH, with or
+# without an nvidia entry under Runtimes (moby daemon/nvidia_linux.go, init()).
+NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-cdi-hook")
+# What the NVIDIA container stack says when a GPU container cannot start for a GPU reason (nvidia-container-cli's
+# "nvml error: driver not loaded", "device error: ...: unknown device", the cuda>= requirement of NVIDIA's images).
+GPU_START_ERRORS = ("nvidia-container-cli", "unsatisfied condition: cuda>=", "nvidia-container-runtime")
+
+
 def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
+    """Whether the engine can likely give containers GPUs: a hint for doctor and the default selection. Verification
+    does not refuse on it: the container's start decides, and its error says what is missing."""
     info = docker_client.info()
-    return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))
+    return ("nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))
+            or (_local_engine() and any(shutil.which(hook) for hook in NVIDIA_HOOKS)))
+
+
+def _local_engine() -> bool:
+    return os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+
+
+def is_gpu_start_error(text: str) -> bool:
+    """A container start that failed for a GPU reason: the GPU checks fail with it, the others did not run."""
+    return any(marker in text for marker in GPU_START_ERRORS)
 
 
 def _has_cdi_gpus(info: dict) -> bool:
@@ -57,6 +78,11 @@ def explain_start_error(error: docker.errors.APIError) -> str:
         return GPU_RUNTIME_HINT
     if "unsatisfied condition: cuda>=" in text:
         return f"the host's NVIDIA driver is too old for this image ({text}); upgrade the driver or use a tag with an older CUDA"
+    if "driver not loaded" in text or "Driver/library version mismatch" in text:
+        return (f"the host's NVIDIA driver is not usable ({text}): check `nvidia-smi` on the host (a driver upgraded "
+                "without a reboot or module reload gives a version mismatch)")
+    if "unknown device" in text:
+        return f"the requested GPU does not exist on this host ({text}): list them with `nvidia-smi -L`, pick --gpus again"
     return text
 
 

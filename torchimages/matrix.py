@@ -292,6 +292,7 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
             cuda_home=toolkit.get("home") if with_toolkit else None, remove_from_base=remove_from_base,
             cuda_full=cuda_facts["full"] if is_gpu else None, cudnn_version=wheel.get("cudnn"),
             nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
+            driver_floor=str(cuda_facts.get("driver_floor") or cuda_facts["min_driver"]) if is_gpu else None,
             arch_list=arch_list, user=settings.user, shm_size=settings.shm_size, size_budget=settings.size_budget,
             deprecated=settings.deprecated, aliases=tuple(settings.aliases.get(flavor, ())),
             repository=repository, matrix_line=row.variant.line,

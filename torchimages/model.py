@@ -49,7 +49,8 @@ class ImageSpec:
     cuda_full: str | None = None
     cudnn_version: str | None = None  # the pip-pinned cuDNN, e.g. "9.24.0.43"
     nccl_version: str | None = None
-    min_driver: str | None = None
+    min_driver: str | None = None  # the CUDA release's GA driver: everything works at or above it
+    driver_floor: str | None = None  # minor-version compatibility: below it CUDA does not start
     arch_list: tuple[str, ...] = ()
     user: User | None = None
     shm_size: str = "8g"

@@ -42,6 +42,9 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(), network_mode="none", detach=True,
+        # The images say NVIDIA_VISIBLE_DEVICES=all: on an engine whose default runtime is nvidia that alone gives the
+        # container every GPU. "void" is the NVIDIA runtime's "no GPU" (Container Toolkit docs, GPU Enumeration).
+        environment={} if plan.gpus.wanted else {"NVIDIA_VISIBLE_DEVICES": "void"},
         hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
     )
 
@@ -98,8 +101,9 @@ def _version_mismatch(facts: dict) -> dict:
             "stderr_tail": ""}
 
 
-def probe_arguments(spec: ImageSpec) -> list[str]:
-    arguments = []
+def probe_arguments(spec: ImageSpec, timeout: int) -> list[str]:
+    """The main part's flags: the devel extension, and the kill budget its compile child must finish inside."""
+    arguments = ["--budget-s", str(timeout)]
     if spec.builds_extensions:
         arguments.append("--devel")
         if spec.is_gpu:
@@ -113,7 +117,7 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
     wheel = f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"
     try:
         runs = {
-            "main": pool.submit(run_probe, container, probe_arguments(plan.spec), "", plan.timeout),
+            "main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout), "", plan.timeout),
             "files": pool.submit(run_probe, container, ["--part", "files"], "0", SIDE_PROBE_TIMEOUT_S),
             "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel],
                                   ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),

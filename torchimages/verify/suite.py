@@ -65,13 +65,15 @@ def complete_checks(reported: dict[str, dict], exit_code: int, log_path: Path) -
 
 
 def failed_start_checks(error: docker.errors.APIError) -> dict[str, dict]:
-    """A container that cannot start: a driver refusal is the driver check's failure, anything else every check's."""
+    """A container that cannot start: a GPU refusal (driver too old, NVML not loaded, an unknown device) fails the gpu
+    and driver checks with its words and leaves the others not run; anything else fails every check."""
     message = engine.explain_start_error(error)
     if message == engine.GPU_RUNTIME_HINT:
         raise InputError([Problem("--gpus", 0, message)])
-    if "unsatisfied condition: cuda>=" in str(error):
-        skipped = {"status": "skipped", "message": "not run: the container could not start (see driver)", "tests": []}
-        return {name: ({"status": "failed", "message": message, "tests": []} if name == "driver" else skipped)
+    if engine.is_gpu_start_error(str(error)):
+        skipped = {"status": "skipped", "message": "not run: the container could not start for a GPU reason (see "
+                                                   "gpu and driver)", "tests": []}
+        return {name: ({"status": "failed", "message": message, "tests": []} if name in ("gpu", "driver") else skipped)
                 for name in CHECKS}
     return {name: {"status": "failed", "message": f"the container could not start: {message}", "tests": []}
             for name in CHECKS}

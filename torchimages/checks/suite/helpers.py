@@ -19,9 +19,16 @@ def gpu_skip_reason(spec: ImageSpec, expect: dict) -> str | None:
     return f"not run: {why}; verify on a GPU host with --gpus all"
 
 
+MIG_ENUMERATION = ("one CUDA process enumerates a single MIG device, however many it is given (NVIDIA MIG User Guide, "
+                   "\"CUDA Device Enumeration\"; pytorch#130181)")
+
+
 def expected_device_count(expect: dict, gpu: dict) -> tuple[int | None, str]:
     """How many devices torch must see, and where that number comes from."""
     requested = expect["gpus"]["expected_count"]
+    if expect["gpus"].get("mig") or gpu.get("mig_devices"):
+        where = f"--gpus {expect['gpus']['text']}" if expect["gpus"].get("mig") else "nvidia-smi -L lists MIG devices"
+        return 1, f"{where}: {MIG_ENUMERATION}"
     if requested is not None:
         expected, source = requested, f"--gpus {expect['gpus']['text']}"
     elif gpu.get("nvidia_smi_gpus") is not None:
@@ -71,6 +78,36 @@ def minimum_driver(image: dict, spec: ImageSpec) -> tuple[str, str]:
 
 def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def cuda_version_number(cuda: str) -> int:
+    """"13.2" -> 13020, as cuDriverGetVersion reports the CUDA version a libcuda supports."""
+    major, _, minor = cuda.partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
+                   minimum: tuple[str, str] | None = None) -> tuple[str, str]:
+    """ok | warn | fail for a row on a host driver (the kernel module's version, as nvidia-smi reports it), with why.
+
+    A libcuda that supports the row's CUDA (cuDriverGetVersion, e.g. a cuda-compat forward-compatibility libcuda on
+    an older datacenter branch) decides alone. Otherwise: below the CUDA major's minor-version-compatibility floor
+    CUDA does not start; between the floor and the release's GA driver the cubins run but PTX newer than the driver
+    cannot be JIT-compiled and newer features fail; at or above the GA driver everything works."""
+    ga, source = minimum or (spec.min_driver or "", f"row {spec.tag}")
+    floor = spec.driver_floor or ga
+    if libcuda and spec.cuda and libcuda >= cuda_version_number(spec.cuda):
+        supported = f"{libcuda // 1000}.{libcuda % 1000 // 10}"
+        return "ok", f"the libcuda this process loads supports CUDA {supported} (driver {driver}; CUDA {spec.cuda} needs it)"
+    if version_tuple(driver) < version_tuple(floor):
+        return "fail", (f"the host driver {driver} is older than any CUDA {spec.cuda.split('.')[0]}.x runs on "
+                        f"({floor}, minor-version compatibility; {ga} for all of CUDA {spec.cuda}, {source})")
+    if version_tuple(driver) < version_tuple(ga):
+        return "warn", (f"the host driver {driver} is older than CUDA {spec.cuda}'s own ({ga}, {source}): it runs in "
+                        f"minor-version compatibility (>= {floor}); PTX newer than the driver cannot be JIT-compiled "
+                        f"(GPUs only the arch list's +PTX covers fail) and features that need a newer driver are "
+                        f"unavailable; upgrade to {ga}+ for all of CUDA {spec.cuda}")
+    return "ok", f"driver {driver} >= {ga} ({source})"
 
 
 # Triton ships CUPTI for its own profiler (proton), which dlopens it from these folders only when asked to profile

@@ -1,5 +1,5 @@
-"""cudnn: cuDNN is available on the GPU, the loaded version is the compiled one and the row's, and a conv2d
-runs forward and backward with cudnn.benchmark on."""
+"""cudnn: cuDNN is available on the GPU, the loaded version is the compiled one and the row's, a conv2d runs forward
+and backward with cudnn.benchmark on and matches the CPU, and attention runs as upstream's smoke test runs it."""
 import pytest
 
 from torchimages.checks.probe import decode_cudnn_version
@@ -20,8 +20,19 @@ def test_cudnn_is_available_and_consistent(gpu, torch_facts, spec):
 
 def test_conv2d_forward_and_backward(gpu, devices):
     result = gpu["cudnn"]
-    problem = result.get("error") or (f"max error {result.get('max_abs_error')} against the CPU, "
-                                      f"finite gradients: {result.get('grads_finite')}")
+    problem = result.get("error") or (f"max error {result.get('max_abs_error')} against the CPU, gradients' relative "
+                                      f"errors {result.get('grad_relative_errors')}")
     assert result.get("ok"), (
         f"conv2d with cudnn.benchmark=True failed on {devices[0]['name']}: {problem}; a CUDNN_STATUS error usually "
         "means mixed cuDNN copies (see hygiene) or a GPU outside the arch list")
+
+
+def test_scaled_dot_product_attention(gpu, devices):
+    result = gpu["cudnn_attention"]
+    problem = result.get("error") or (f"NaN in the output: {not result.get('no_nan')}, relative error "
+                                      f"{result.get('relative_error')} against the CPU")
+    forced = " with cuDNN attention forced" if result.get("cudnn_forced") else ""
+    assert result.get("ok"), (
+        f"fp16 scaled_dot_product_attention with a float mask{forced} failed on {devices[0]['name']}: {problem}; "
+        "'No valid execution plans built' means cuDNN's runtime-compiled engines cannot build: install "
+        "nvidia-cuda-nvrtc (libnvrtc-builtins) as torch's wheel pins it, one copy (pytorch#167602)")

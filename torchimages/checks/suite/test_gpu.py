@@ -1,23 +1,32 @@
 """gpu, driver and multi-gpu: the container sees the GPUs it was given, can run kernels on each of them, the host
 driver is new enough, and with 2+ GPUs peers copy and NCCL all-reduces."""
+import warnings
+
 import pytest
 
+from torchimages.checkplugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for
 
-from .helpers import expected_device_count, minimum_driver, version_tuple
+from .helpers import driver_verdict, expected_device_count, minimum_driver
 
 
 def _torch_warnings(gpu: dict) -> str:
     return "; torch warned: " + " | ".join(gpu["warnings"]) if gpu["warnings"] else ""
 
 
+def _nvidia_smi_says(gpu: dict) -> str:
+    failure = gpu.get("nvidia_smi_error")
+    if failure:
+        return f"fails (exit {failure.get('returncode')}: {failure.get('output') or 'no output'!r})"
+    smi = gpu.get("nvidia_smi_gpus")
+    return f"lists {len(smi)}" if smi is not None else "lists nothing (not present)"
+
+
 @pytest.mark.check("gpu")
 def test_cuda_is_available(gpu, expect):
-    smi = gpu.get("nvidia_smi_gpus")
     assert gpu["available"], (
         f"torch.cuda.is_available() is False although GPUs were requested (--gpus {expect['gpus']['text']}); "
-        f"nvidia-smi in the container lists {len(smi) if smi is not None else 'nothing (not present)'}"
-        f"{_torch_warnings(gpu)}. Check the host driver (see the driver check) and that the NVIDIA runtime "
+        f"nvidia-smi in the container {_nvidia_smi_says(gpu)}{_torch_warnings(gpu)}. Check the host driver (see the driver check) and that the NVIDIA runtime "
         "passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
 
 
@@ -37,7 +46,7 @@ def test_device_count_is_what_was_requested(gpu, expect):
 def test_a_kernel_runs_on_every_device(devices):
     failing = [f"cuda:{d['index']} ({d['name']}, sm_{d['capability'][0]}{d['capability'][1]}): {d['kernel_error']}"
                for d in devices if not d["kernel_ok"]]
-    assert not failing, ("a matmul failed or gave wrong results on " + "; ".join(failing)
+    assert not failing, ("a torch kernel or the cuBLAS matmul failed or gave wrong results on " + "; ".join(failing)
                          + ": 'no kernel image is available' means the arch list misses this GPU (see the arch test)")
 
 
@@ -61,12 +70,14 @@ def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, 
 def test_host_driver_meets_the_cuda_minimum(gpu, image, spec):
     found = gpu.get("driver_version")
     assert found, (
-        f"could not read the host's NVIDIA driver version (no nvidia-smi and no /proc/driver/nvidia/version in the "
-        f"container){_torch_warnings(gpu)}: start the container with NVIDIA_DRIVER_CAPABILITIES including utility")
-    minimum, source = minimum_driver(image, spec)
-    assert version_tuple(found) >= version_tuple(minimum), (
-        f"the host driver is {found}, but CUDA {spec.cuda} needs {minimum} or newer ({source}){_torch_warnings(gpu)}: "
-        f"upgrade the host driver, or use a tag built for an older CUDA")
+        f"could not read the host's NVIDIA driver version (nvidia-smi in the container {_nvidia_smi_says(gpu)}, no "
+        f"/proc/driver/nvidia/version){_torch_warnings(gpu)}: start the container with NVIDIA_DRIVER_CAPABILITIES "
+        "including utility")
+    status, why = driver_verdict(found, gpu.get("libcuda_driver_version"), spec, minimum_driver(image, spec))
+    assert status != "fail", (f"{why}{_torch_warnings(gpu)}: upgrade the host driver, or use a tag built for an "
+                              "older CUDA")
+    if status == "warn":
+        warnings.warn(CheckWarning(why))
 
 
 @pytest.mark.check("multi-gpu")
