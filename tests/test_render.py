@@ -232,3 +232,36 @@ def test_os_packages_come_from_the_family_table():
     assert spec.python_packages == ("ca-certificates", "python3.11")
     assert spec.system_packages == ("g++", "python3.11-dev")
     assert spec.venv_packages == ("python3.11-venv",) and spec.download_packages == ()
+
+
+def input_hashes(matrix_text: str, folder: Path) -> dict[str, str]:
+    """Each row's input hash as the builder computes it (rendered folder, build arguments, base), engine-free: the
+    base identity is the reference its Dockerfile names, as for a lock-pinned base."""
+    from torchimages.builder import BuildOptions, base_reference, build_context
+
+    folder.mkdir()
+    (folder / "matrix.yaml").write_text(matrix_text)
+    matrix = load_matrix(folder / "matrix.yaml")
+    images = folder / "images"
+    write_rendered(images, render_files(matrix.specs, TEMPLATES, "matrix.yaml", matrix.repository))
+    options = BuildOptions(images_dir=images, reports_dir=folder / "reports")
+    return {spec.tag: build_context(spec, options, base_reference(spec, images), "").input_hash
+            for spec in matrix.specs}
+
+
+def test_inserting_removing_or_moving_a_row_changes_no_other_rows_inputs(tmp_path):
+    """Nothing in a rendered folder depends on where its row sits in matrix.yaml: a nightly after such an edit
+    rebuilds nothing else."""
+    document = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    original = input_hashes(yaml.safe_dump(document, sort_keys=False), tmp_path / "original")
+    new_row = {"torch": "2.14.1", "cuda": "cpu", "flavors": ["runtime"]}
+    edits = {
+        "inserted": [new_row, *document["variants"]],
+        "removed": document["variants"][1:],
+        "moved": list(reversed(document["variants"])),
+    }
+    for name, variants in edits.items():
+        edited = input_hashes(yaml.safe_dump({**document, "variants": variants}, sort_keys=False), tmp_path / name)
+        common = set(original) & set(edited)
+        assert len(common) >= len(original) - 2, name
+        assert {tag: edited[tag] for tag in common} == {tag: original[tag] for tag in common}, name
