@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from .files import brief
-from .model import ImageSpec, InputError, Problem, User, parse_size
+from .model import PYPI, ImageSpec, InputError, Problem, User, parse_size
 from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
@@ -20,7 +20,6 @@ VARIANT_KEYS = (
     "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base", "arch",
 )
 BASE_KINDS = ("os", "nvidia")
-PYPI = "https://pypi.org/simple"
 REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
 VERSION_PATTERNS = {
     "torch": (r"[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}", "X.Y.Z, e.g. 2.14.0"),

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 LABEL_PREFIX = "io.torchimages"
+PYPI = "https://pypi.org/simple"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class ImageSpec:
     def torch_local_version(self) -> str:
         """The version string torch reports, e.g. 2.14.0+cu130 or 2.13.0+cpu."""
         return f"{self.torch}+{self.wheel_index}"
+
+    @property
+    def torch_requirement(self) -> str:
+        """What pip is asked for: the row's own build (2.13.0+cpu, 2.14.1+cu126), so that no fallback index can put
+        another build into the image. PyPI holds one build per release, under the plain version."""
+        return f"torch=={self.torch}" if self.index_url == PYPI else f"torch=={self.torch_local_version}"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

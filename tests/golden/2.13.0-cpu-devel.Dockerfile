@@ -24,7 +24,7 @@ COPY build-inputs/ /build-inputs/
 RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
  && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
  && python3.11 -m venv --system-site-packages /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.13.0 numpy==2.3.5 \
+ && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.13.0+cpu numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && chmod -R g=u /opt/venv
 
