@@ -11,11 +11,11 @@ from .. import plan, verify
 from ..model import InputError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
-from . import images, nightly, publishing
+from . import compat, images, nightly, publishing
 from .display import errors
 from .options import parse_date
 
-COMMAND_GROUPS = (images, publishing, nightly)
+COMMAND_GROUPS = (images, publishing, nightly, compat)
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 
 
