@@ -22,6 +22,8 @@ from remotezip import RemoteIOError, RemoteZip
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.tokens import CommentToken
 
 from .files import atomic_write, brief
 from .model import PYPI, InputError, Problem
@@ -345,7 +347,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
         result.disagreements += disagree
         if options.correct:
             block = corrected(block, disagree)
-        _update(torch_section, torch, block)
+        _update(torch_section, torch, block, index.url)
     if options.write and (result.added or (options.correct and result.disagreements) or result.releases):
         _dump(yaml, document, options.compat_file)
     return result
@@ -379,12 +381,20 @@ def _plain(node) -> dict | None:
     return node
 
 
-def _update(section, torch: str, block: dict) -> None:
-    """Merge into the round-trip node, so existing keys keep their comments; a new release goes first."""
-    if torch not in section:
-        section.insert(0, DoubleQuotedScalarString(torch), _quoted(block))
+def _update(section, torch: str, block: dict, index_url: str) -> None:
+    """Merge into the round-trip node, so existing keys keep their comments; a new release goes first, and the
+    comment above the section's first release moves down with it."""
+    if torch in section:
+        _merge_node(section[torch], block)
         return
-    _merge_node(section[torch], block)
+    previous_first = next(iter(section), None)
+    above = section.ca.comment[1] if section.ca.comment else None
+    section.insert(0, DoubleQuotedScalarString(torch), _quoted(block))
+    note = CommentToken(f"# Read from {index_url} by `build.py compat refresh`: each build's source is its wheel.\n",
+                        CommentMark(2))
+    if previous_first is not None and above:
+        section.ca.items[previous_first] = [None, [CommentToken("\n", CommentMark(0)), *above], None, None]
+    section.ca.comment = [None, [note]]
 
 
 def _merge_node(node, values: dict) -> None:
@@ -400,7 +410,7 @@ def _quoted(value):
     if isinstance(value, str):
         return DoubleQuotedScalarString(value)
     if isinstance(value, dict):
-        return {_quoted(key): _quoted(item) for key, item in value.items()}
+        return {_quoted(key) if re.fullmatch(r"[0-9.]+", key) else key: _quoted(item) for key, item in value.items()}
     if isinstance(value, list):
         sequence = CommentedSeq(_quoted(item) for item in value)
         sequence.fa.set_flow_style()
