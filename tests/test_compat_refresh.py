@@ -74,7 +74,7 @@ def test_a_new_release_is_read_from_its_wheels_with_sources(index, compat, tmp_p
     assert len(build["source"]["sha256"]) == 64 and build["source"]["uploaded"] == "2026-11-20"
     assert index.sent[wheel] < (index.folder / wheel).stat().st_size / 2, "read by range requests, not downloaded"
     # Only the torch: section changed; every other section is byte for byte what people wrote.
-    assert compat.read_text().split("\ncuda:\n", 1)[1] == before.split("\ncuda:\n", 1)[1]
+    assert compat.read_text().split("\n\ncuda:\n", 1)[1] == before.split("\n\ncuda:\n", 1)[1]
     assert "# PyPI torch-2.15.0-cp311" in compat.read_text(), "comments stay"
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text("registry: localhost:5000/ml/pytorch\ndefaults: {python: \"3.11\", os: debian12}\nvariants:\n"

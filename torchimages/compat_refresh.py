@@ -426,4 +426,6 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     start = re.search(r"^torch:", text, re.MULTILINE).start()
     following = re.compile(r"^[^\s#]", re.MULTILINE).search(text, start + 1)
     end = following.start() if following else len(text)
-    atomic_write(path, text[:start] + stream.getvalue() + text[end:])
+    section = text[start:end]
+    blank_lines_after = section[len(section.rstrip("\n")):]
+    atomic_write(path, text[:start] + stream.getvalue().rstrip("\n") + blank_lines_after + text[end:])
