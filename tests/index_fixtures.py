@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from collections import Counter
@@ -11,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
+
+from .wheels_fixtures import make_wheel
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -80,3 +83,30 @@ class LocalIndex:
                 self.wfile.write(body)
 
         return Handler
+
+
+PINS = ("cuda-toolkit[cublas,cudart]==13.2.2; platform_system == \"Linux\"",
+        "nvidia-cudnn-cu13==9.30.0.1; platform_system == \"Linux\"", "nvidia-nccl-cu13==2.31.0",
+        "nvidia-cusparselt-cu13==0.9.0", "nvidia-nvshmem-cu13==3.8.0", "triton~=3.10.0", "filelock")
+ARCH_FLAGS = b"\x00sm_75 sm_90 sm_120 compute_120\x00"
+
+
+def version_py(version: str, cuda: str | None) -> bytes:
+    return (f"from typing import Optional\n__version__ = '{version}'\ndebug = False\n"
+            f"cuda: Optional[str] = {repr(cuda)}\n").encode()
+
+
+def make_release(wheels: Path) -> Path:
+    """torch 2.16.0 as PyPI has it (the cu132 build under the plain version, cp311 and cp314), its CPU build, and
+    the torchvision that requires it. libtorch_cuda.so is large and incompressible, as the real one."""
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", files={
+        "torch/version.py": version_py("2.16.0+cu132", "13.2"),
+        "torch/lib/libtorch_python.so": b"\x7fELF" + os.urandom(1 << 16) + ARCH_FLAGS + os.urandom(1 << 10),
+        "torch/lib/libtorch_cuda.so": os.urandom(4 << 20)})
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp314-cp314-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp315-cp315t-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", "2.16.0+cpu", ("filelock",), ">=3.11",
+               files={"torch/version.py": version_py("2.16.0+cpu", None)})
+    make_wheel(wheels, "torchvision", "0.31.0", ("torch==2.16.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torchvision", "0.30.0", ("torch==2.15.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    return wheels

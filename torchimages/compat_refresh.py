@@ -327,7 +327,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     """Read the releases' facts from the index, compare them with compat.yaml, and (unless checking) write what
     they add, each build with its source; disagreements change compat.yaml only with `correct`."""
     index = index or Index(options.index_url)
-    yaml = _round_trip()
+    yaml = round_trip_yaml()
     document = _load(yaml, options.compat_file)
     torch_section = document["torch"]
     result = Refresh()
@@ -342,7 +342,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
                                                                 "name a release it has")])
             continue
         result.releases.append(release)
-        block, added, disagree = compare(release, _plain(torch_section.get(torch)))
+        block, added, disagree = compare(release, plain(torch_section.get(torch)))
         result.added += added
         result.disagreements += disagree
         if options.correct:
@@ -353,7 +353,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     return result
 
 
-def _round_trip() -> YAML:
+def round_trip_yaml() -> YAML:
     yaml = YAML()  # round-trip: compat.yaml's comments and order stay as people wrote them
     yaml.width = 120
     yaml.indent(mapping=2, sequence=4, offset=2)
@@ -371,13 +371,13 @@ def _load(yaml: YAML, path: Path):
     return document
 
 
-def _plain(node) -> dict | None:
+def plain(node) -> dict | None:
     if node is None:
         return None
     if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
+        return {key: plain(value) for key, value in node.items()}
     if isinstance(node, list):
-        return [_plain(value) for value in node]
+        return [plain(value) for value in node]
     return node
 
 
@@ -389,7 +389,7 @@ def _update(section, torch: str, block: dict, index_url: str) -> None:
         return
     previous_first = next(iter(section), None)
     above = section.ca.comment[1] if section.ca.comment else None
-    section.insert(0, DoubleQuotedScalarString(torch), _quoted(block))
+    section.insert(0, DoubleQuotedScalarString(torch), quoted(block))
     note = CommentToken(f"# Read from {index_url} by `build.py compat refresh`: each build's source is its wheel.\n",
                         CommentMark(2))
     if previous_first is not None and above:
@@ -402,17 +402,17 @@ def _merge_node(node, values: dict) -> None:
         if isinstance(value, dict) and isinstance(node.get(key), dict):
             _merge_node(node[key], value)
         elif node.get(key) != value:
-            node[key] = _quoted(value)
+            node[key] = quoted(value)
 
 
-def _quoted(value):
+def quoted(value):
     """Versions in double quotes, as compat.yaml writes them ("3.11" is not the number 3.11)."""
     if isinstance(value, str):
         return DoubleQuotedScalarString(value)
     if isinstance(value, dict):
-        return {_quoted(key) if re.fullmatch(r"[0-9.]+", key) else key: _quoted(item) for key, item in value.items()}
+        return {quoted(key) if re.fullmatch(r"[0-9.]+", key) else key: quoted(item) for key, item in value.items()}
     if isinstance(value, list):
-        sequence = CommentedSeq(_quoted(item) for item in value)
+        sequence = CommentedSeq(quoted(item) for item in value)
         sequence.fa.set_flow_style()
         return sequence
     return value
