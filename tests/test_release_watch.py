@@ -37,7 +37,7 @@ def dockerfiles(images):
 
 def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(project, tmp_path):
     before = dockerfiles(project / "images")
-    with LocalIndex(make_release(tmp_path / "index")) as index:
+    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024)) as index:
         result = watch(project, index.url)
         report = json.loads((project / "reports" / "release-watch.json").read_text())
         assert report["release"] == "2.16.0" and report["newest_in_matrix"] == "2.15.0"
@@ -68,7 +68,7 @@ def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(projec
 
 def test_nothing_is_proposed_when_the_matrix_has_the_newest(project, tmp_path):
     index_folder = tmp_path / "index"
-    make_release(index_folder)
+    make_release(index_folder, cuda_library_size=1024)
     for wheel in index_folder.glob("torch-2.16.0*"):
         wheel.rename(wheel.with_name(wheel.name.replace("2.16.0", "2.15.0")))
     matrix = (project / "matrix.yaml").read_text()

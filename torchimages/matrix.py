@@ -390,8 +390,9 @@ def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: 
         return listed
     if not allow_unlisted and torch_facts is not None:
         known = ", ".join(torch_facts.get("cuda", {})) or "none"
-        fail("cuda", f"torch {torch} is not published for CUDA {cuda} (wheels exist for: {known}, cpu); "
-                     "pick one of those, or set allow_unlisted: true for a custom index")
+        fail("cuda", f"torchimages/compat.yaml has no CUDA {cuda} build of torch {torch} (it lists: {known}, cpu): "
+                     f"pick one of those; if the build exists on another index, read it with `python build.py compat "
+                     f"refresh {torch} --index-url URL`, or set allow_unlisted: true for a custom index")
     return {"wheel_index": "cu" + cuda.replace(".", "")}
 
 
