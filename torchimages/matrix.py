@@ -266,7 +266,8 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     if fail:
         return []
     python_from_os = os_facts["python"] == python
-    os_packages = _os_packages(compat["families"][os_facts["family"]], python, python_from_os)
+    family = compat["families"][os_facts["family"]]
+    os_packages = _os_packages(family, python, python_from_os)
     # Rows on another OS than defaults.os get an OS suffix: the well-known names stay on the default OS.
     # A matrix without defaults.os names no default, so no row has one.
     default_os = defaults.get("os")
@@ -284,7 +285,9 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
             python_from_os=python_from_os, torchvision=torchvision,
             numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]), index_url=_index_url(wheel),
             os_family=os_facts["family"], arch=settings.arch, **os_packages,
-            flavor_packages=tuple(flavor_facts.get("packages") or ()),
+            os_release=str(os_facts.get("os_release", os_name)), package_caches=tuple(family.get("caches") or ()),
+            flavor_packages=tuple((family.get("names") or {}).get(name, name)
+                                  for name in flavor_facts.get("packages") or ()),
             builds_extensions=bool(flavor_facts.get("builds_extensions")),
             cuda_toolkit=toolkit.get("version") if with_toolkit else None,
             cuda_toolkit_packages=tuple(toolkit.get("packages", ())) if with_toolkit else (),

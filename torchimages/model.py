@@ -36,6 +36,8 @@ class ImageSpec:
     index_url: str = ""  # where pip finds this torch build: PyPI when its own wheel is it, else download.pytorch.org
     glibc: str = ""  # the OS's glibc: which manylinux wheels it runs
     os_family: str = "apt"  # the OS's package manager: templates/os/<os_family>.j2 installs packages with it
+    os_release: str = ""  # /etc/os-release's ID + VERSION_ID in the image (debian12); the os name unless compat says
+    package_caches: tuple[str, ...] = ()  # the family's package caches and lists: empty in a clean image
     arch: str = "x86_64"  # the machine the image is for
     python_packages: tuple[str, ...] = ()  # OS packages the Python stage installs (certificates, the OS's Python)
     venv_packages: tuple[str, ...] = ()  # ... and what `python -m venv` needs from the OS
@@ -88,7 +90,7 @@ class ImageSpec:
         values["user"] = User(**values["user"]) if values.get("user") else None
         values["arch_list"] = tuple(values.get("arch_list") or ())
         for name in ("aliases", "system_packages", "flavor_packages", "remove_from_base", "cuda_toolkit_packages",
-                     "python_packages", "venv_packages", "download_packages"):
+                     "python_packages", "venv_packages", "download_packages", "package_caches"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 

@@ -60,7 +60,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.13.0 (2.13.0-cpu-devel)" \
       io.torchimages.flavor="devel" \
       io.torchimages.arch-list="" \
       io.torchimages.min-driver="" \
-      io.torchimages.spec-hash="7ea4db1d29c00ea1"
+      io.torchimages.spec-hash="9290440f6b51fcf0"
 WORKDIR /workspace
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]
 CMD ["bash"]

@@ -69,7 +69,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda12.6-cudnn9-run
       io.torchimages.flavor="runtime" \
       io.torchimages.arch-list="5.0;6.0;7.0;7.5;8.0;8.6;9.0" \
       io.torchimages.min-driver="560.28.03" \
-      io.torchimages.spec-hash="8f40207feb5a6852"
+      io.torchimages.spec-hash="fbb02257224c1411"
 WORKDIR /workspace
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]
 CMD ["bash"]

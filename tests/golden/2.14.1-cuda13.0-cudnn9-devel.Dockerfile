@@ -92,7 +92,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda13.0-cudnn9-dev
       io.torchimages.flavor="devel" \
       io.torchimages.arch-list="7.5;8.0;8.6;9.0;10.0;12.0" \
       io.torchimages.min-driver="580.65.06" \
-      io.torchimages.spec-hash="d885023b0be2056e"
+      io.torchimages.spec-hash="3574260264f905ef"
 WORKDIR /workspace
 USER 1000
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]

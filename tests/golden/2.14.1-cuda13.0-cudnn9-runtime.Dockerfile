@@ -70,7 +70,7 @@ LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda13.0-cudnn9-run
       io.torchimages.flavor="runtime" \
       io.torchimages.arch-list="7.5;8.0;8.6;9.0;10.0;12.0" \
       io.torchimages.min-driver="580.65.06" \
-      io.torchimages.spec-hash="ba6c7cdb4b8ebf58"
+      io.torchimages.spec-hash="09656615f31c6ddd"
 WORKDIR /workspace
 USER 1000
 ENTRYPOINT ["/usr/local/bin/torchimages-entrypoint"]
