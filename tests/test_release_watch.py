@@ -76,3 +76,10 @@ def test_nothing_is_proposed_when_the_matrix_has_the_newest(project, tmp_path):
         result = watch(project, index.url)
     assert "No torch release newer" in result.stdout and (project / "matrix.yaml").read_text() == matrix
     assert json.loads((project / "reports" / "release-watch.json").read_text())["tags"] == []
+
+
+def test_an_unreachable_index_is_exit_2_and_changes_nothing(project):
+    matrix, compat = (project / "matrix.yaml").read_text(), (project / "compat.yaml").read_text()
+    result = watch(project, "http://127.0.0.1:9/simple", check_exit=2)
+    assert "http://127.0.0.1:9/simple" in result.stderr and "--index-url" in result.stderr
+    assert (project / "matrix.yaml").read_text() == matrix and (project / "compat.yaml").read_text() == compat

@@ -175,7 +175,7 @@ class Index:
         except NoSuchProjectError:
             return []
         except requests.RequestException as error:
-            raise IndexError_(f"{self.url}: cannot read {project}'s page: {error}") from None
+            raise unreadable(self.url, f"cannot read {project}'s page: {error}") from None
 
     def read_members(self, package: DistributionPackage, want: Callable[[str], bool]) -> dict[str, bytes]:
         """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
@@ -183,11 +183,13 @@ class Index:
             with RemoteZip(package.url, session=self.session) as wheel:
                 return {name: wheel.read(name) for name in wheel.namelist() if want(name)}
         except (RemoteIOError, requests.RequestException, OSError) as error:
-            raise IndexError_(f"{package.url}: cannot read the wheel: {error}") from None
+            raise unreadable(package.url, f"cannot read the wheel: {error}") from None
 
 
-class IndexError_(Exception):  # noqa: N801 - not the builtin IndexError
-    """The index or a wheel in it could not be read."""
+def unreadable(url: str, what: str) -> InputError:
+    """The index (or a wheel on it) could not be read: the URL given is wrong or out of reach."""
+    return InputError([Problem(url, 0, f"{what}: check --index-url and the network (a mirror must answer range "
+                                       "requests)")])
 
 
 def read_release(index: Index, torch: str) -> ReleaseFacts | None:
@@ -332,10 +334,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     torch_section = document["torch"]
     result = Refresh()
     for torch in options.versions or tuple(torch_section):
-        try:
-            release = read_release(index, torch)
-        except IndexError_ as error:
-            raise InputError([Problem(options.index_url, 0, f"{error}: check the index URL and the network")]) from None
+        release = read_release(index, torch)
         if release is None:
             if options.versions:
                 raise InputError([Problem(options.index_url, 0, f"the index has no torch {brief(torch)} wheels: "
