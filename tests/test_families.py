@@ -34,7 +34,8 @@ def dnf_project(tmp_path):
     shutil.copytree(ROOT / "templates", templates)
     (templates / "os" / "dnf.j2").write_text(DNF_TEMPLATE)
     (tmp_path / "matrix.yaml").write_text(
-        "registry: localhost:5000/ml/pytorch\ndefaults: {python: \"3.11\", os: debian12, user: {name: torch, uid: 1000}}\n"
+        "registry: localhost:5000/ml/pytorch\n"
+        "defaults: {python: \"3.11\", os: debian12, user: {name: torch, uid: 1000}}\n"
         "variants:\n  - {torch: 2.13.0, cuda: cpu, os: rocky9, flavors: [runtime, devel]}\n"
         "  - {torch: 2.13.0, cuda: cpu, flavors: [devel]}\n")
     return tmp_path

@@ -366,7 +366,8 @@ def _load(yaml: YAML, path: Path):
     except (OSError, ValueError) as error:
         raise InputError([Problem(str(path), 0, f"cannot read it ({error}): restore it with `git checkout`")]) from None
     if not isinstance(document, dict) or not isinstance(document.get("torch"), dict):
-        raise InputError([Problem(str(path), 0, "needs a `torch:` mapping of releases: restore it with `git checkout`")])
+        raise InputError([Problem(str(path), 0, "needs a `torch:` mapping of releases: restore it with "
+                                                "`git checkout`")])
     return document
 
 

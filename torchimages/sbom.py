@@ -28,9 +28,15 @@ SBOM_DIR = "sbom"
 # One container run reads everything: sections start with a marker line.
 INVENTORY_SCRIPT = r"""set -e
 echo '### os-release'; cat /etc/os-release
-if command -v dpkg-query >/dev/null 2>&1; then echo '### dpkg'; dpkg-query -W -f='${Package}\t${Version}\t${Architecture}\n'; fi
-if command -v rpm >/dev/null 2>&1; then echo '### rpm'; rpm -qa --qf '%{NAME}\t%{VERSION}-%{RELEASE}\t%{ARCH}\n'; fi
-if command -v apk >/dev/null 2>&1; then echo '### apk'; apk info -v 2>/dev/null | sed -E 's/^(.+)-([^-]+-r[0-9]+)$/\1\t\2\t/'; fi
+if command -v dpkg-query >/dev/null 2>&1; then
+  echo '### dpkg'; dpkg-query -W -f='${Package}\t${Version}\t${Architecture}\n'
+fi
+if command -v rpm >/dev/null 2>&1; then
+  echo '### rpm'; rpm -qa --qf '%{NAME}\t%{VERSION}-%{RELEASE}\t%{ARCH}\n'
+fi
+if command -v apk >/dev/null 2>&1; then
+  echo '### apk'; apk info -v 2>/dev/null | sed -E 's/^(.+)-([^-]+-r[0-9]+)$/\1\t\2\t/'
+fi
 echo '### pip'
 if command -v python >/dev/null 2>&1; then python -m pip list --format=json --disable-pip-version-check; fi
 """
