@@ -347,7 +347,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
         if options.correct:
             block = corrected(block, disagree)
         _update(torch_section, torch, block, index.url)
-    if options.write and (result.added or (options.correct and result.disagreements) or result.releases):
+    if options.write and result.releases:
         _dump(yaml, document, options.compat_file)
     return result
 

@@ -27,9 +27,8 @@ def cmd_compat_refresh(project: Project, args) -> int:
         action = "corrected" if args.correct and not args.check else "disagrees"
         errors().print(f"{action}: torch {difference.torch} {difference.where}: compat.yaml says {difference.compat}, "
                        f"the index says {difference.index} (read from {difference.source})")
-    stale = result.disagreements and not (args.correct and not args.check)
-    if args.check and result.added:
-        stale = True
+    kept = result.disagreements and not (args.correct and not args.check)
+    stale = bool(kept or (args.check and result.added))
     if not args.check:
         print(f"{args.compat}: {len(result.added)} facts added, {len(result.disagreements)} disagreeing"
               + (" (corrected)" if args.correct else " (kept: check them, then `--correct`)"))
