@@ -8,8 +8,9 @@ import yaml
 from torchimages.compat_refresh import arch_list, metadata_facts, python_max
 from torchimages.matrix import COMPAT_FILE, load_matrix
 
-from .conftest import ROOT, run_cli_in_process
+from .conftest import run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, make_release
+
 
 @pytest.fixture
 def index(tmp_path):

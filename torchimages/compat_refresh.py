@@ -21,8 +21,8 @@ from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple
 from remotezip import RemoteIOError, RemoteZip
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
-from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from ruamel.yaml.error import CommentMark
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from ruamel.yaml.tokens import CommentToken
 
 from .files import atomic_write, brief
