@@ -114,3 +114,14 @@ def test_the_real_index_agrees_with_compat_yaml_for_2_14_1_and_2_15_0():
     result = run_cli_in_process("compat", "refresh", "2.14.1", "2.15.0", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sm_" not in result.stdout and "7.5 8.0 8.6 9.0 10.0 12.0" in result.stdout
+
+
+def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
+    """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
+    import torchimages.compat_refresh as compat_refresh
+
+    monkeypatch.setattr(compat_refresh, "MAX_MEMBER_BYTES", 1 << 16)
+    before = compat.read_text()
+    result = refresh(index, compat, "2.16.0", check_exit=2)
+    assert "torch/lib/libtorch_python.so is larger than a torch wheel's" in result.stderr
+    assert compat.read_text() == before

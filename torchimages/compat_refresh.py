@@ -35,6 +35,9 @@ PINNED = {"nvidia-cudnn": "cudnn", "nvidia-nccl": "nccl", "nvidia-cusparselt": "
           "nvidia-nvshmem": "nvshmem", "cuda-toolkit": "toolkit"}
 TORCHVISION_CANDIDATES = 12  # torchvision releases read, newest first, looking for the newest that takes a torch
 ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_[0-9]{2,3}(?: (?:sm|compute)_[0-9]{2,3})*)\x00")
+# What is read of a wheel is held in memory: libtorch_python.so is 34 MB in 2.14; a member claiming far more is not
+# a torch wheel's.
+MAX_MEMBER_BYTES = 256 << 20
 VERSION_LINE = re.compile(r"^(__version__|cuda)(?:: [^=]+)? = '([^']*)'", re.MULTILINE)
 
 
@@ -181,7 +184,12 @@ class Index:
         """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
         try:
             with RemoteZip(package.url, session=self.session) as wheel:
-                return {name: wheel.read(name) for name in wheel.namelist() if want(name)}
+                members = [info for info in wheel.infolist() if want(info.filename)]
+                too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
+                if too_large:
+                    raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
+                                                  f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
+                return {info.filename: wheel.read(info) for info in members}
         except (RemoteIOError, requests.RequestException, OSError) as error:
             raise unreadable(package.url, f"cannot read the wheel: {error}") from None
 
