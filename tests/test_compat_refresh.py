@@ -60,6 +60,8 @@ def test_a_new_release_is_read_from_its_wheels_with_sources(index, compat, tmp_p
                                             "2.16.0-cpu-runtime"]
     assert specs[0].arch_list == ("7.5", "9.0", "12.0+PTX") and specs[0].cudnn_version == "9.30.0.1"
     refresh(index, compat, "2.16.0", "--check", check_exit=0)
+    every_release = refresh(index, compat, "--check", check_exit=0)
+    assert f"torch 2.15.0: not on {index.url}; its facts are kept as compat.yaml has them" in every_release.stdout
 
 
 def test_a_disagreement_is_reported_with_both_values_and_never_changed_silently(index, compat):

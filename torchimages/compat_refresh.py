@@ -94,6 +94,7 @@ class Refresh:
     releases: list[ReleaseFacts] = field(default_factory=list)
     added: list[Difference] = field(default_factory=list)
     disagreements: list[Difference] = field(default_factory=list)
+    not_on_index: list[str] = field(default_factory=list)  # releases compat.yaml lists that the index lacks: kept
 
 
 # Pure: wheel contents -> facts.
@@ -347,6 +348,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
             if options.versions:
                 raise InputError([Problem(options.index_url, 0, f"the index has no torch {brief(torch)} wheels: "
                                                                 "name a release it has")])
+            result.not_on_index.append(torch)
             continue
         result.releases.append(release)
         block, added, disagree = compare(release, plain(torch_section.get(torch)))
