@@ -3,17 +3,22 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .. import compat_refresh
 from ..matrix import COMPAT_FILE
 from ..model import PYPI
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from .display import console, errors
 
+if TYPE_CHECKING:
+    from .. import compat_refresh
+
 
 def cmd_compat_refresh(project: Project, args) -> int:
+    from .. import compat_refresh  # here: the index client costs every other command's start a quarter second
+
     options = compat_refresh.RefreshOptions(compat_file=args.compat, index_url=args.index_url,
                                             versions=tuple(args.versions), write=not args.check, correct=args.correct)
     result = compat_refresh.refresh(options)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from .. import plan as plan_stage
-from .. import release_watch
 from ..matrix import COMPAT_FILE
 from ..model import PYPI, ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
@@ -65,6 +64,8 @@ def cmd_report_merge(project: Project, args) -> int:
 
 
 def cmd_watch(project: Project, args) -> int:
+    from .. import release_watch  # here: the index client costs every other command's start a quarter second
+
     options = release_watch.WatchOptions(project.matrix, args.compat, project.templates, project.images,
                                          project.reports, args.index_url)
     proposal = release_watch.watch(options)
