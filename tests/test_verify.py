@@ -304,6 +304,7 @@ BROKEN_IMAGES = (
     Broken("leftover-netrc", RUNTIME, "hygiene", ("/home/torch/.netrc", "remove")),
     Broken("token-in-env", RUNTIME, "hygiene", ("HF_TOKEN", "run time")),
     Broken("runs-as-root", RUNTIME, "hygiene", ("uid 0", "USER 1000")),
+    Broken("leftover-package-lists", RUNTIME, "hygiene", ("OS package cache /var/lib/apt/lists", "apt-get clean")),
     Broken("autocast-does-nothing", RUNTIME, "amp", ("bf16 autocast on the CPU did not train", "torch.float32")),
     Broken("devel-without-ninja", DEVEL, "devel", ("Ninja is required", "ninja")),
     Broken("without-numpy", RUNTIME, "smoke", ("No module named 'numpy'", "Install numpy")),

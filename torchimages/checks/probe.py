@@ -357,20 +357,22 @@ def directory_bytes(path: str) -> int:
     return total
 
 
-def package_caches(homes: list[str]) -> list[dict]:
+# What a package manager keeps in an empty cache or list folder (apt's lock and partial/, its auxfiles/).
+EMPTY_CACHE_ENTRIES = {"lock", "partial", "auxfiles"}
+
+
+def package_caches(homes: list[str], os_caches: list[str]) -> list[dict]:
+    """pip's caches, and the OS family's package caches and lists (compat.yaml `families.<family>.caches`), that hold
+    anything: an image should not ship them."""
     candidates = [os.path.join(home, ".cache", "pip") for home in homes]
     candidates += [p for p in (os.environ.get("PIP_CACHE_DIR"), "/var/cache/pip") if p]
     leftovers = [{"path": p, "bytes": directory_bytes(p), "kind": "pip cache"}
                  for p in sorted(set(candidates)) if os.path.isdir(p) and os.listdir(p)]
-    apt_lists = "/var/lib/apt/lists"
-    if os.path.isdir(apt_lists):
-        entries = [n for n in os.listdir(apt_lists) if n not in ("lock", "partial", "auxfiles")]
+    for path in os_caches:
+        entries = [n for n in os.listdir(path) if n not in EMPTY_CACHE_ENTRIES] if os.path.isdir(path) else []
         if entries:
-            leftovers.append({"path": apt_lists, "bytes": directory_bytes(apt_lists), "kind": "apt lists",
+            leftovers.append({"path": path, "bytes": directory_bytes(path), "kind": "OS package cache",
                               "files": len(entries)})
-    archives = "/var/cache/apt/archives"
-    if os.path.isdir(archives) and any(n.endswith(".deb") for n in os.listdir(archives)):
-        leftovers.append({"path": archives, "bytes": directory_bytes(archives), "kind": "apt package archive"})
     return leftovers
 
 
@@ -416,11 +418,11 @@ def credential_files(homes: list[str]) -> list[dict]:
     return found
 
 
-def files_facts() -> dict:
+def files_facts(os_caches: list[str]) -> dict:
     homes = home_directories()
     return {"part": "files", "uid": os.getuid(), "homes": homes,
             "library_copies": group_library_copies(library_files()),
-            "package_caches": package_caches(homes), "credential_files": credential_files(homes)}
+            "package_caches": package_caches(homes, os_caches), "credential_files": credential_files(homes)}
 
 
 # ---------------------------------------------------------------- the import part (runs as an arbitrary uid)
@@ -1307,6 +1309,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="the import part: start once the main part imported torch (it leaves bytecode behind)")
     parser.add_argument("--result-dir", help="the all-reduce part: where each process writes its result")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU facts, with a bf16 matmul throughput figure")
+    parser.add_argument("--package-caches", default="", help="the files part: the OS family's caches, ';'-separated")
     parser.add_argument("--budget-s", type=float, help="the main part: seconds until the container kills the probe")
     return parser.parse_args(argv)
 
@@ -1323,7 +1326,7 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.gpu_only:
         facts = gpu_only_facts()
     elif arguments.part == "files":
-        facts = files_facts()
+        facts = files_facts([path for path in arguments.package_caches.split(";") if path])
     elif arguments.part == "import":
         facts = import_facts(arguments.wheel, arguments.after_main)
     elif arguments.part == "smoke":

@@ -118,7 +118,8 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
     try:
         runs = {
             "main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout), "", plan.timeout),
-            "files": pool.submit(run_probe, container, ["--part", "files"], "0", SIDE_PROBE_TIMEOUT_S),
+            "files": pool.submit(run_probe, container, ["--part", "files", "--package-caches",
+                                                        ";".join(plan.spec.package_caches)], "0", SIDE_PROBE_TIMEOUT_S),
             "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel],
                                   ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),
             "downstream": pool.submit(downstream.derived_image_facts, docker_client, plan.image_id,

@@ -70,8 +70,9 @@ def test_cpu_image_has_no_cuda_libraries(files, spec):
 def test_no_package_caches(files):
     leftovers = [f"{entry['kind']} {entry['path']} ({human_size(entry['bytes'])})" for entry in files["package_caches"]]
     assert not leftovers, (
-        "package caches left in the image: " + "; ".join(leftovers) + ". Use pip install --no-cache-dir, and end "
-        "each apt-get RUN with `apt-get clean && rm -rf /var/lib/apt/lists/*`")
+        "package caches left in the image: " + "; ".join(leftovers) + ". Use pip install --no-cache-dir, and clean "
+        "the OS package manager in the RUN that used it (apt: `apt-get clean && rm -rf /var/lib/apt/lists/*`; dnf: "
+        "`dnf clean all`)")
 
 
 def test_no_credential_files(files):
