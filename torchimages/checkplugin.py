@@ -10,7 +10,7 @@ reasons) if all of them were skipped, and passes otherwise. Test ids name the im
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,7 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
             continue
         failed = [o for o in mine if o.status == "failed"]
         skipped = [o for o in mine if o.status == "skipped"]
+        warned = list(dict.fromkeys(o.message for o in mine if o.status == "passed" and o.message))
         if failed:
             status, message = "failed", "; ".join(o.message for o in failed)
         elif len(skipped) == len(mine):
@@ -51,12 +52,12 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
         else:
             status = "passed"
             message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"
-            warned = [o.message for o in mine if o.status == "passed" and o.message]
             if warned:
-                message += "; warning: " + "; ".join(dict.fromkeys(warned))
+                message += "; warning: " + "; ".join(warned)
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
         verdicts[name] = {"status": status, "message": message,
+                          "warnings": warned if status == "passed" else [],
                           "tests": [{"test": o.test, "status": o.status, "message": o.message, "seconds": o.seconds}
                                     for o in mine]}
     return verdicts
@@ -93,7 +94,6 @@ class CheckRecorder:
         self.probe_facts = json.loads(config.getoption("--probe").read_text())
         self.outcomes: dict[str, Outcome] = {}
         self.check_of: dict[str, str] = {}
-        self.warnings: dict[str, list[str]] = {}
 
     @pytest.fixture(scope="session")
     def expect(self) -> dict:
@@ -144,13 +144,17 @@ class CheckRecorder:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             self.outcomes[test] = Outcome(test, check, "skipped", reason.removeprefix("Skipped: "))
         elif report.when == "call" and report.passed:
-            warned = "; ".join(self.warnings.pop(item.nodeid, []))
-            self.outcomes[test] = Outcome(test, check, "passed", warned, round(report.duration, 3))
+            self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
         return report
 
     def pytest_warning_recorded(self, warning_message, when, nodeid, location) -> None:
-        if issubclass(warning_message.category, CheckWarning):
-            self.warnings.setdefault(nodeid, []).append(str(warning_message.message))
+        """pytest hands a test's warnings over after its whole run, reports included: a passed test's outcome takes
+        its CheckWarnings here."""
+        test = self._stable(nodeid)
+        passed = self.outcomes.get(test)
+        if issubclass(warning_message.category, CheckWarning) and passed and passed.status == "passed":
+            warned = "; ".join(filter(None, (passed.message, str(warning_message.message))))
+            self.outcomes[test] = replace(passed, message=warned)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")

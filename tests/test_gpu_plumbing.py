@@ -1,0 +1,124 @@
+"""Verification's GPU plumbing on a host without GPUs: what the suite's driver verdict writes, how a GPU container
+that cannot start is reported, and the GPU environment each --gpus form gives the container."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import docker.errors
+import pytest
+import yaml
+
+from torchimages import engine
+from torchimages.checks.suite.helpers import driver_verdict, version_tuple
+from torchimages.matrix import load_matrix
+from torchimages.model import InputError
+from torchimages.verify.plan import CHECKS, SUITE, parse_gpus
+from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
+from torchimages.verify.suite import failed_start_checks
+
+ROOT = Path(__file__).resolve().parent.parent
+BY_TAG = {spec.tag: spec for spec in load_matrix(ROOT / "matrix.yaml").specs}
+CU132 = "2.15.0-cuda13.2-cudnn9-runtime"
+H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}
+
+
+def driver_check(tmp_path: Path, tag: str, driver: str, libcuda: int | None) -> dict:
+    """The real suite's driver test, run by pytest with the real check plugin on recorded facts (testinfra's
+    local:// host: the test reads no file), as `build.py test` runs it against a container."""
+    spec = BY_TAG[tag]
+    expect = {"tag": tag, "container_id": "recorded", "spec": spec.to_json(), "host_gpu_runtime": True,
+              "gpus": parse_gpus("all").to_json()}
+    gpu = {"available": True, "device_count": 1, "devices": [H100], "driver_version": driver,
+           "libcuda_driver_version": libcuda, "nvidia_smi_gpus": [H100["name"]], "warnings": []}
+    facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu}}
+    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
+    paths["expect"].write_text(json.dumps(expect))
+    paths["facts"].write_text(json.dumps(facts))
+    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_gpu.py"), "--hosts=local://",
+                    "-k", "test_host_driver_meets_the_cuda_minimum", "-p", "torchimages.checkplugin",
+                    f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
+                    "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "-q", "-p", "no:cacheprovider"],
+                   cwd=tmp_path, capture_output=True, text=True, check=False)
+    return json.loads(paths["checks"].read_text())["driver"]
+
+
+def test_a_driver_below_the_releases_own_passes_the_driver_check_with_its_warning_in_the_report(tmp_path):
+    # R580 (the LTS branch) under a CUDA 13.2 row: minor-version compatibility runs it; PTX JIT of 13.2 PTX does not.
+    verdict = driver_check(tmp_path, CU132, "580.95.05", 13000)
+    assert verdict["status"] == "passed", verdict
+    [warning] = verdict["warnings"]
+    assert "older than CUDA 13.2's own (595.45.04" in warning and "cannot be JIT-compiled" in warning
+    assert "warning: " + warning in verdict["message"]
+
+
+@pytest.mark.parametrize("driver, libcuda, verdict, says", [
+    ("595.45.04", None, "ok", "driver 595.45.04 >= 595.45.04"),
+    ("580.95.05", 13000, "warn", "minor-version compatibility (>= 580)"),
+    ("575.57.08", 12090, "fail", "older than any CUDA 13.x runs on (580"),
+    ("575.57.08", None, "fail", "older than any CUDA 13.x runs on (580"),
+    # cuda-compat's libcuda 13.2 on the 535 datacenter branch: the kernel driver's branch does not decide.
+    ("535.261.03", 13020, "ok", "the libcuda this process loads supports CUDA 13.2"),
+])
+def test_the_driver_verdict_has_two_floors_and_knows_a_forward_compatible_libcuda(driver, libcuda, verdict, says):
+    status, why = driver_verdict(driver, libcuda, BY_TAG[CU132])
+    assert status == verdict and says in why, why
+
+
+def test_every_cuda_release_has_its_floor_at_or_below_its_own_driver():
+    compat = yaml.safe_load((ROOT / "torchimages" / "compat.yaml").read_text())["cuda"]
+    for cuda, facts in compat.items():
+        assert version_tuple(str(facts["driver_floor"])) <= version_tuple(facts["min_driver"]), cuda
+
+
+def test_the_summary_names_a_check_that_passed_with_a_warning():
+    checks = {name: {"status": "passed", "message": "1 of 1 tests passed", "tests": []} for name in CHECKS}
+    checks["driver"] = {"status": "passed", "message": "1 of 1 tests passed; warning: the host driver 580.95.05 ...",
+                        "tests": [], "warnings": ["the host driver 580.95.05 is older than CUDA 13.2's own"]}
+    report = VerifyReport.from_json({"schema": REPORT_SCHEMA, "image_id": "sha256:" + "a" * 64, "passed": True,
+                                     "checks": checks})
+    assert report.checks["driver"].warnings == ["the host driver 580.95.05 is older than CUDA 13.2's own"]
+    result = type("Result", (), {"tag": CU132, "image_id": report.image_id, "passed": True, "checks": checks})
+    summary = summary_markdown([result])
+    assert "| driver | ⚠️ passed |" in summary
+    assert "- **driver** passed with a warning: the host driver 580.95.05 is older than CUDA 13.2's own" in summary
+
+
+# How dockerd words a failed NVIDIA hook: the hook's reason is on the second line (NVIDIA/nvidia-container-toolkit#556).
+HOOK_FAILED = ("failed to create shim task: OCI runtime create failed: runc create failed: unable to start container "
+               "process: error during container init: error running hook #0: error running hook: exit status 1, "
+               "stdout: , stderr: Auto-detected mode as 'legacy'\n")
+
+
+def start_error(explanation: str) -> docker.errors.APIError:
+    return docker.errors.APIError("500 Server Error", explanation=explanation)
+
+
+@pytest.mark.parametrize("explanation, says", [
+    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
+     "the host's NVIDIA driver is not usable"),
+    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: Driver/library version mismatch: unknown",
+     "a driver upgraded without a reboot"),
+    (f"{HOOK_FAILED}nvidia-container-cli: device error: 3: unknown device: unknown", "nvidia-smi -L"),
+    (f"{HOOK_FAILED}nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.2, please update your "
+     "driver to a newer version, or use an earlier cuda container: unknown", "too old for this image"),
+])
+def test_a_gpu_container_that_cannot_start_fails_gpu_and_driver_and_runs_nothing_else(explanation, says):
+    checks = failed_start_checks(start_error(explanation))
+    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"gpu", "driver"}
+    assert says in checks["gpu"]["message"] and says in checks["driver"]["message"]
+    assert all(check["message"].startswith("not run: the container could not start")
+               for name, check in checks.items() if name not in ("gpu", "driver"))
+
+
+def test_an_engine_that_cannot_give_gpus_is_bad_input_with_the_fix():
+    with pytest.raises(InputError) as raised:
+        failed_start_checks(start_error('could not select device driver "" with capabilities: [[gpu]]'))
+    assert raised.value.problems[0].message == engine.GPU_RUNTIME_HINT
+
+
+def test_a_container_that_cannot_start_for_another_reason_fails_every_check():
+    checks = failed_start_checks(start_error("OCI runtime create failed: exec: \"sleep\": executable file not found"))
+    assert all(check["status"] == "failed" and "could not start" in check["message"] for check in checks.values())
