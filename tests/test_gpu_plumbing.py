@@ -2,7 +2,10 @@
 that cannot start is reported, and the GPU environment each --gpus form gives the container."""
 from __future__ import annotations
 
+import io
 import json
+import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,8 @@ from torchimages import engine
 from torchimages.checks.suite.helpers import driver_verdict, version_tuple
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.verify.plan import CHECKS, SUITE, parse_gpus
+from torchimages.verify.container import container_name, create_container, remove_container
+from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
 from torchimages.verify.suite import failed_start_checks
 
@@ -122,3 +126,54 @@ def test_an_engine_that_cannot_give_gpus_is_bad_input_with_the_fix():
 def test_a_container_that_cannot_start_for_another_reason_fails_every_check():
     checks = failed_start_checks(start_error("OCI runtime create failed: exec: \"sleep\": executable file not found"))
     assert all(check["status"] == "failed" and "could not start" in check["message"] for check in checks.values())
+
+
+@pytest.fixture
+def image_giving_every_gpu(docker_client):
+    """A tiny image that says NVIDIA_VISIBLE_DEVICES=all, as ours do (built on the base the engine is seeded with)."""
+    reference = f"torchimages-test-gpu-env:{secrets.token_hex(4)}"
+    dockerfile = io.BytesIO(b"FROM debian:bookworm\nENV NVIDIA_VISIBLE_DEVICES=all\n")
+    image, _ = docker_client.images.build(fileobj=dockerfile, tag=reference, rm=True, pull=False)
+    yield image
+    docker_client.images.remove(image.id, force=True)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("gpus, visible, requests", [
+    # On an engine whose default runtime is nvidia the image's "all" alone would give every GPU: "void" is the NVIDIA
+    # runtime's no GPU (NVIDIA Container Toolkit, "Specialized Configurations with Docker", GPU Enumeration).
+    ("none", "void", None),
+    ("all", "all", [{"Count": -1, "DeviceIDs": []}]),
+    ("2", "all", [{"Count": 2, "DeviceIDs": []}]),
+    ("device=0,2", "all", [{"Count": 0, "DeviceIDs": ["0", "2"]}]),
+])
+def test_each_gpus_form_gives_the_container_its_gpu_environment(docker_client, image_giving_every_gpu, tmp_path,
+                                                                 gpus, visible, requests):
+    spec = BY_TAG[CU132]
+    image = image_giving_every_gpu
+    plan = Plan(spec, image.tags[0], image.id, parse_gpus(gpus), "64m", 60)
+    name = container_name(spec)
+    try:
+        create_container(docker_client, plan, name, str(tmp_path))
+        inspected = docker_client.api.inspect_container(name)
+    finally:
+        remove_container(docker_client, name)
+    assert f"NVIDIA_VISIBLE_DEVICES={visible}" in inspected["Config"]["Env"]
+    found = inspected["HostConfig"].get("DeviceRequests")
+    assert [{key: request[key] for key in ("Count", "DeviceIDs")} for request in found or []] == (requests or [])
+
+
+@pytest.mark.engine
+def test_gpus_are_not_refused_up_front_on_an_engine_without_an_nvidia_runtime_entry(
+        engine_without_gpus, image_giving_every_gpu, tmp_path, monkeypatch):
+    # dockerd registers its nvidia device driver when nvidia-container-runtime-hook is on its PATH, with no Runtimes
+    # entry (moby daemon/nvidia_linux.go): the container's start decides, not the engine's Runtimes.
+    [plan] = plan_all(engine_without_gpus, [BY_TAG[CU132]],
+                      VerifyOptions(tmp_path, gpus="all", image=image_giving_every_gpu.tags[0]), Progress())
+    assert plan.gpus.wanted and plan.image_id == image_giving_every_gpu.id
+    hook = tmp_path / "bin" / "nvidia-container-runtime-hook"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{hook.parent}:{os.environ['PATH']}")
+    assert engine.has_gpu_runtime(engine_without_gpus), "a local engine with the NVIDIA hook on PATH can give GPUs"
