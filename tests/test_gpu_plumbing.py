@@ -12,11 +12,10 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-import yaml
 
 from torchimages import engine
-from torchimages.checks.suite.helpers import driver_verdict, version_tuple
-from torchimages.matrix import load_matrix
+from torchimages.checks.suite.helpers import driver_verdict
+from torchimages.matrix import load_compat, load_matrix
 from torchimages.model import InputError
 from torchimages.verify.container import container_name, create_container, remove_container
 from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
@@ -71,10 +70,18 @@ def test_the_driver_verdict_has_two_floors_and_knows_a_forward_compatible_libcud
     assert status == verdict and says in why, why
 
 
-def test_every_cuda_release_has_its_floor_at_or_below_its_own_driver():
-    compat = yaml.safe_load((ROOT / "torchimages" / "compat.yaml").read_text())["cuda"]
-    for cuda, facts in compat.items():
-        assert version_tuple(str(facts["driver_floor"])) <= version_tuple(facts["min_driver"]), cuda
+@pytest.mark.parametrize("floor", ["", "driver_floor: \"600\"", "driver_floor: r580"])
+def test_a_cuda_release_without_a_floor_at_or_below_its_own_driver_is_refused_naming_the_line(tmp_path, floor):
+    text = (ROOT / "torchimages" / "compat.yaml").read_text()
+    entry = '  "13.2":\n    full: "13.2.2"\n    min_driver: "595.45.04"\n    driver_floor: "580"\n'
+    assert entry in text
+    broken = tmp_path / "compat.yaml"
+    broken.write_text(text.replace(entry, entry.replace('    driver_floor: "580"\n', f"    {floor}\n")))
+    with pytest.raises(InputError) as raised:
+        load_compat(broken)
+    [problem] = raised.value.problems
+    assert problem.file == str(broken) and text.splitlines()[problem.line - 1] == '  "13.2":'
+    assert "driver_floor: (its major's minor-version-compatibility floor" in problem.message
 
 
 def test_the_summary_names_a_check_that_passed_with_a_warning():
