@@ -663,11 +663,13 @@ def test_catalog_path_that_is_a_file_is_refused(tmp_path):
 
 
 def test_reports_path_that_is_a_file_is_left_alone(tmp_path):
-    """plan only reads reports (past build times, optional): refusing or planning without them are both fine."""
+    """plan reads past build times from the reports folder: a file there is refused as every command refuses it
+    (planning without the history would deal the shards silently unbalanced)."""
     scratch = make_scratch(tmp_path)
     (scratch / "reports").write_text("a file where the reports folder belongs\n")
     result = run_bounded(*in_scratch(scratch, "plan", "--shards", "2"))
-    assert_contract(result, 0, 2)
+    assert_contract(result, 2)
+    assert "a file where the reports folder" in result.stderr
     assert (scratch / "reports").read_text() == "a file where the reports folder belongs\n"
 
 

@@ -86,7 +86,7 @@ def test_render_refuses_a_folder_it_did_not_make(cli, tmp_path):
     assert sorted(str(p) for p in images.rglob("*")) == before
     (tmp_path / "a-file").write_text("x\n")
     result = cli("--images", str(tmp_path / "a-file"), "render", check_exit=2)
-    assert "must be a folder" in result.stderr
+    assert "a file where a folder belongs" in result.stderr
 
 
 @pytest.mark.parametrize("field, value", [

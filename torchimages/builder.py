@@ -20,6 +20,7 @@ import docker.errors
 import docker.utils
 
 from . import engine
+from .files import check_destinations, open_new
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .reporting import RowReport, utc_timestamp
@@ -232,6 +233,7 @@ class Builder:
                 self.progress.finished(decided)
             else:
                 todo.append((spec, context))
+        check_destinations([self._log_path(spec) for spec, _ in todo], self.options.reports_dir)
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.jobs))
         try:
             futures = {}
@@ -277,14 +279,13 @@ class Builder:
         if self.cancelled.is_set():
             return BuildResult(spec.tag, "cancelled", error="not started: build cancelled")
         log_path = self._log_path(spec)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         self.progress.started(spec.tag)
         result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
         # One connection per build thread: a requests session is not meant to be shared across threads.
         api = docker.APIClient(timeout=None, version=self.client.api.api_version, **docker.utils.kwargs_from_env())
         try:
-            with open(log_path, "w", encoding="utf-8") as log, context_tar(context) as tar:
+            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar:
                 image_id = self._stream_build(api, spec, context, tar, log)
             inspected = self.client.api.inspect_image(image_id)
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]

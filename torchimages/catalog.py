@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import INPUT_HASH_LABEL
-from .files import atomic_write, atomic_write_json, brief, inside, read_json_document, read_text
+from .files import (
+    atomic_write,
+    atomic_write_json,
+    brief,
+    folder_problems,
+    inside,
+    read_json_document,
+    read_text,
+    remove_file,
+)
 from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .registry import (
@@ -34,6 +43,7 @@ from .reporting import (
     require_schema,
     utc_timestamp,
 )
+from .sbom import SBOM_DIR
 
 CATALOG_NAME = "catalog.json"
 README_NAME = "README.md"
@@ -169,6 +179,14 @@ def _is_repository(name: str) -> bool:
     return True
 
 
+def require_sbom_folder(catalog_dir: Path) -> None:
+    """Refuse a link or file where catalog/sbom/ belongs before a registry is changed: SBOMs are written (publish)
+    or deleted (prune) there afterwards."""
+    problems = folder_problems(catalog_dir / SBOM_DIR, catalog_dir)
+    if problems:
+        raise InputError(problems)
+
+
 def require_folder(folder: Path, what: str) -> None:
     """Refuse a file where a folder belongs: read, it would pass for an empty folder; written to, it breaks the
     write half-way. A folder that does not exist yet is fine: writing makes it."""
@@ -229,7 +247,7 @@ def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> Non
         entry.pinned = [pinned for pinned in entry.pinned if pinned.tag not in removed]
         entry.updated_at = utc_timestamp()
         for pinned in gone:
-            inside(catalog_dir, pinned.sbom, str(catalog_file(catalog_dir))).unlink(missing_ok=True)
+            remove_file(inside(catalog_dir, pinned.sbom, str(catalog_file(catalog_dir))), catalog_dir)
 
 
 def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:

@@ -148,13 +148,11 @@ class CheckRecorder:
         return report
 
     def pytest_warning_recorded(self, warning_message, when, nodeid, location) -> None:
-        """pytest hands a test's warnings over after its whole run, reports included: a passed test's outcome takes
-        its CheckWarnings here."""
-        test = self._stable(nodeid)
-        passed = self.outcomes.get(test)
-        if issubclass(warning_message.category, CheckWarning) and passed and passed.status == "passed":
-            warned = "; ".join(filter(None, (passed.message, str(warning_message.message))))
-            self.outcomes[test] = replace(passed, message=warned)
+        """Recorded once the test's reports are made: a CheckWarning becomes its passed outcome's message."""
+        outcome = self.outcomes.get(self._stable(nodeid))
+        if issubclass(warning_message.category, CheckWarning) and outcome and outcome.status == "passed":
+            message = "; ".join(filter(None, (outcome.message, str(warning_message.message))))
+            self.outcomes[outcome.test] = replace(outcome, message=message)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")

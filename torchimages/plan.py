@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .builder import BUILD_REPORT
+from .catalog import require_folder
 from .files import brief, read_json_document
 from .model import ImageSpec, InputError, Problem
 from .reporting import Shape, require_schema
@@ -53,7 +54,9 @@ def check_shard_count(count: int, rows: int) -> None:
 
 
 def past_durations(reports_dir: Path) -> dict[str, float]:
-    """tag -> seconds of its last real build (skipped and failed builds say nothing about build time)."""
+    """tag -> seconds of its last real build (skipped and failed builds say nothing about build time). A file where
+    the reports folder belongs is refused: planning without the history would deal unbalanced shards silently."""
+    require_folder(reports_dir, "the reports folder (--reports DIR), whose past build times plan reads")
     durations = {tag: entry.get("last_build_duration", 0.0) for tag, entry in BUILD_REPORT.read(reports_dir).items()}
     return {tag: seconds for tag, seconds in durations.items() if seconds > 0}
 

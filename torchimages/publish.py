@@ -189,6 +189,7 @@ class Publisher:
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
         catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
+        catalog_stage.require_sbom_folder(self.options.catalog_dir)
         reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
         facts = {spec.tag: read_facts(facts_path(self.options.reports_dir, spec.tag)) for spec in specs}
         try:
@@ -306,6 +307,7 @@ def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir
     # Read and check before anything is deleted: a damaged catalog stops the run with the registry untouched.
     catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
     catalog_stage.require_folder(images_dir, "the images folder (--images DIR)")
+    catalog_stage.require_sbom_folder(catalog_dir)
     tag_digests = registry.tag_digests(registry.tags())
     plan = prune_plan(rows, tag_digests, retention)
     for name, kept in sorted(plan.kept_shared.items()):

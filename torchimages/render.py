@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from .files import atomic_write, brief
+from .files import atomic_write, brief, check_destinations, remove_file
 from .model import ImageSpec, InputError, Problem
 
 DOCKERFILE_TEMPLATE = "Dockerfile.j2"
@@ -129,9 +129,11 @@ def _read(path: Path) -> bytes | None:
 def write_rendered(images_dir: Path, rendered: dict[str, bytes]) -> list[str]:
     """Write what changed (atomically per file) and remove stale tag folders; return changed paths.
 
-    A folder that holds anything but lacks the renderer's marker was not made by it: refused, untouched."""
+    A folder that holds anything but lacks the renderer's marker was not made by it: refused, untouched. A link or file
+    where a tag folder belongs is refused before anything is written."""
     _check_ours(images_dir)
     changed = stale_paths(images_dir, rendered)
+    check_destinations([images_dir / rel for rel in changed], images_dir)
     tags = {rel.split("/", 1)[0] for rel in rendered}
     for folder in _rendered_folders(images_dir):
         if folder.name not in tags:
@@ -139,9 +141,9 @@ def write_rendered(images_dir: Path, rendered: dict[str, bytes]) -> list[str]:
     for rel in changed:
         target = images_dir / rel
         if rel not in rendered:
-            target.unlink(missing_ok=True)
+            remove_file(target, images_dir)
             continue
-        atomic_write(target, rendered[rel], mode=0o755 if rel.endswith(".sh") else 0o644)
+        atomic_write(target, rendered[rel], mode=0o755 if rel.endswith(".sh") else 0o644, root=images_dir)
     return changed
 
 

@@ -130,7 +130,8 @@ def sbom_path(catalog_dir: Path, pinned_tag: str) -> Path:
 
 
 def write_sbom(path: Path, document: dict) -> None:
-    atomic_write_json(path, document)
+    """Write an SBOM where sbom_path puts it: no link below the catalog folder is followed."""
+    atomic_write_json(path, document, root=path.parent.parent)
 
 
 # ---------------------------------------------------------------------------------------------------------- scan

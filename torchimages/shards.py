@@ -7,7 +7,6 @@ damaged or hostile results (links, pipes, rows of another shard, paths leaving t
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +14,9 @@ from pathlib import Path
 from . import catalog as catalog_stage
 from . import lock as lock_stage
 from .builder import BUILD_REPORT
-from .files import inside, read_json_document
+from .files import brief, check_destinations, copy_file, inside, read_json_document
 from .lockfile import LOCK_NAME, LockedBase, read_lock, write_lock
-from .model import InputError, Problem
+from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .publish import PUBLISH_REPORT
 from .reporting import RowReport
@@ -51,6 +50,8 @@ def merge_reports(project: Project, shard_dirs: list[Path], catalog_dir: Path) -
     """
     specs = project.load().specs
     shards = read_shards(shard_dirs, {spec.tag for spec in specs})
+    own_bases = {shard.folder: _own_bases(shard, specs) for shard in shards}
+    _check_bases_agree(shards, own_bases)
     catalog_stage.require_folder(project.reports, "the reports folder (--reports DIR)")
     catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
     catalog_path = catalog_stage.catalog_file(catalog_dir)
@@ -58,17 +59,20 @@ def merge_reports(project: Project, shard_dirs: list[Path], catalog_dir: Path) -
     lock_path = lock_stage.lock_path(project)
     bases = read_lock(lock_path)
     reports = {report: report.read(project.reports) for report in ROW_REPORTS}
+    row_files = [(shard.folder / "reports" / relative, project.reports / relative)
+                 for shard in shards for relative in shard.row_files]  # names read from disk, under checked row folders
+    sboms = [(shard.folder / "catalog" / sbom, inside(catalog_dir, sbom, str(catalog_path)))
+             for shard in shards for sbom in shard.sboms]
+    check_destinations([target for _, target in row_files], project.reports)
+    check_destinations([target for _, target in sboms], catalog_dir)
+    for copies, root in ((row_files, project.reports), (sboms, catalog_dir)):
+        for source, target in copies:
+            copy_file(source, target, root, SHARD_FIX)
     for shard in shards:
         for report, entries in shard.reports.items():
             reports[report].update(entries)
-        for relative in shard.row_files:  # names read from disk, under a row folder inside() checked
-            _copy(shard.folder / "reports" / relative, project.reports / relative)
-        for sbom in shard.sboms:
-            _copy(shard.folder / "catalog" / sbom, inside(catalog_dir, sbom, str(catalog_path)))
         catalog.images.update(shard.catalog)
-        rows = set(shard.summary.rows)
-        bases.update({spec.base_image: shard.bases[spec.base_image] for spec in specs
-                      if spec.tag in rows and spec.base_image in shard.bases})
+        bases.update(own_bases[shard.folder])
     for report, entries in reports.items():
         if any(shard.reports[report] for shard in shards):
             report.write(project.reports, entries)
@@ -153,9 +157,27 @@ def _is_regular_file(path: Path, problems: list[Problem]) -> bool:
     return stat.S_ISREG(mode)
 
 
-def _copy(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
+def _own_bases(shard: ShardResults, specs: list[ImageSpec]) -> dict[str, LockedBase]:
+    """The pins of the bases the shard's own rows build on: a shard speaks for nothing else."""
+    rows = set(shard.summary.rows)
+    return {spec.base_image: shard.bases[spec.base_image] for spec in specs
+            if spec.tag in rows and spec.base_image in shard.bases}
+
+
+def _check_bases_agree(shards: list[ShardResults], own_bases: dict[Path, dict[str, LockedBase]]) -> None:
+    """Shards that pinned one base to different digests built on different bits: neither pin may win silently."""
+    first: dict[str, tuple[Path, LockedBase]] = {}
+    problems = []
+    for shard in shards:
+        for image, base in own_bases[shard.folder].items():
+            other, known = first.setdefault(image, (shard.folder, base))
+            if known.pin != base.pin:
+                problems.append(Problem(str(shard.folder / LOCK_NAME), 0, (
+                    f"pins base {brief(image)} to {brief(base.pin, 80)}, but {other / LOCK_NAME} pins it to "
+                    f"{brief(known.pin, 80)}: the shards built on different bits of one base; run them again from one "
+                    "bases.lock.json (commit it first), or merge each shard's results on its own")))
+    if problems:
+        raise InputError(problems)
 
 
 def _check_disjoint(shards: list[ShardResults]) -> None:

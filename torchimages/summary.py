@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .files import atomic_write, atomic_write_json, brief
+from .files import append_text, atomic_write, atomic_write_json, brief, check_appendable
 from .lock import BaseChange
 from .project import EXIT_FAILED, EXIT_OK
 from .reporting import Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
@@ -14,6 +14,7 @@ from .reporting import Shape, human_size, known_fields, markdown_cell, markdown_
 SCHEMA = 1
 SUMMARY_JSON = "nightly-summary.json"
 SUMMARY_MARKDOWN = "nightly-summary.md"
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"  # GitHub Actions' file for a step's Markdown summary
 REGISTRY_ROW = "(registry)"  # the row a failure belongs to when it is the registry's, not one image's
 
 
@@ -181,13 +182,24 @@ def _size_row(change: SizeChange) -> str:
             f"{human_size(after)} | {delta} |")
 
 
+def step_summary() -> Path | None:
+    """The CI step summary file named by the environment, if any."""
+    return Path(os.environ[STEP_SUMMARY_ENV]) if os.environ.get(STEP_SUMMARY_ENV) else None
+
+
+def check_step_summary() -> None:
+    """Refuse a step summary that cannot be written (a pipe, a device, a missing folder) before a run's work."""
+    path = step_summary()
+    if path:
+        check_appendable(path, STEP_SUMMARY_ENV)
+
+
 def write_summary(reports_dir: Path, summary: Summary) -> str:
     """Write reports/nightly-summary.{json,md}; add the Markdown to the CI step summary when there is one."""
     text = markdown(summary)
     atomic_write_json(reports_dir / SUMMARY_JSON, summary.to_json())
     atomic_write(reports_dir / SUMMARY_MARKDOWN, text)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as output:
-            output.write(text)
+    path = step_summary()
+    if path:
+        append_text(path, text, STEP_SUMMARY_ENV)
     return text

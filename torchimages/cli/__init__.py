@@ -3,19 +3,34 @@ prints and picks exit codes. One module per command group registers its commands
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import sys
 from pathlib import Path
 
 from rich.text import Text
 
 from .. import plan, verify
+from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import InputError, Problem, parse_size
-from ..project import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ROOT, Project
+from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
 from . import images, nightly, publishing
 from .display import errors
 from .options import parse_date
+from .streams import (
+    BAD_PATH,
+    EXIT_TERMINATED,
+    PeerError,
+    Terminated,
+    handling_sigterm,
+    os_error_line,
+    report,
+    standard_streams,
+)
 
 COMMAND_GROUPS = (images, publishing, nightly)
+DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 
 
@@ -81,16 +96,48 @@ def check_flags(project: Project, args: argparse.Namespace) -> None:
     raise InputError(problems)
 
 
+def lock_wait() -> float:
+    """Seconds a run waits for another one writing the same folders (TORCHIMAGES_LOCK_WAIT, default 30)."""
+    text = os.environ.get(LOCK_WAIT_ENV, "")
+    try:
+        seconds = float(text) if text else DEFAULT_LOCK_WAIT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_LOCK_WAIT_S:
+        raise InputError([Problem(LOCK_WAIT_ENV, 0, f"{LOCK_WAIT_ENV}={brief(text)} must be seconds from 0 to "
+                                                    f"{MAX_LOCK_WAIT_S}: fix it or unset it")])
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's one boundary: bad input exits 2, a failed file or stream 1 or 2, Ctrl-C 130 and SIGTERM 143,
+    each with one line on stderr and no traceback; files are written whole or not at all."""
+    with standard_streams() as closed, handling_sigterm():
+        if closed:
+            return report(f"{closed}: closed ({errno.errorcode[errno.EBADF]}): run the command with {closed} open "
+                          "(>/dev/null to drop it)", EXIT_BAD_INPUT)
+        try:
+            code = run(argv)
+            sys.stdout.flush()  # a full disk or closed pipe behind stdout shows here, not after main returns
+            return code
+        except InputError as error:
+            for problem in error.problems:  # one line each, however long
+                errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False, soft_wrap=True)
+            return EXIT_BAD_INPUT
+        except PeerError as error:
+            return report(f"error: {error}", EXIT_FAILED)
+        except Terminated:
+            return report("terminated", EXIT_TERMINATED)
+        except KeyboardInterrupt:
+            return report("interrupted", EXIT_INTERRUPTED)
+        except OSError as error:
+            return report(f"error: {os_error_line(error)}", EXIT_BAD_INPUT if error.errno in BAD_PATH else EXIT_FAILED)
+
+
+def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     project = Project(args.matrix, args.templates, args.images, args.reports)
-    try:
-        check_flags(project, args)
+    check_flags(project, args)
+    writes = getattr(args, "writes", None)
+    with hold_folders(writes(project, args) if writes else [], lock_wait()):
         return args.handler(project, args)
-    except InputError as error:
-        for problem in error.problems:
-            errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        errors().print("interrupted")
-        return EXIT_INTERRUPTED

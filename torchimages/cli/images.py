@@ -17,7 +17,7 @@ from ..model import ImageSpec
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
-from .options import add_build_arguments, add_selectors, add_source_arguments, build_options
+from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, writes_reports
 
 
 def cmd_list(project: Project, args) -> int:
@@ -170,7 +170,7 @@ def register(commands) -> None:
 
     rendering = commands.add_parser("render", help="write images/<tag>/Dockerfile from the matrix")
     rendering.add_argument("--check", action="store_true", help="exit 1 listing stale files, write nothing")
-    rendering.set_defaults(handler=cmd_render)
+    rendering.set_defaults(handler=cmd_render, writes=lambda project, args: [] if args.check else [project.images])
 
     fetching = commands.add_parser("wheels", help="fetch the wheels rows install, for offline builds")
     add_selectors(fetching, required=True)
@@ -181,12 +181,12 @@ def register(commands) -> None:
     building = commands.add_parser("build", help="build images on the Docker engine")
     add_selectors(building)
     add_build_arguments(building)
-    building.set_defaults(handler=cmd_build)
+    building.set_defaults(handler=cmd_build, writes=writes_reports)
 
     main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
     add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
-    main_job.set_defaults(handler=cmd_images)
+    main_job.set_defaults(handler=cmd_images, writes=writes_reports)
     testing = commands.add_parser(
         "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, PyTorch's smoke test, "
                      "torchrun, derived images, hygiene)",
@@ -200,7 +200,7 @@ def register(commands) -> None:
     testing.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default: the row's shm_size)")
     testing.add_argument("--timeout", type=int, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
-    testing.set_defaults(handler=cmd_test)
+    testing.set_defaults(handler=cmd_test, writes=writes_reports)
 
     checking = commands.add_parser(
         "doctor", help="what this host can do with the rows: engine, GPU runtime, disk, skopeo, driver and arch fit",

@@ -9,7 +9,7 @@ from ..model import ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
 from ..project import EXIT_OK, Project
 from ..shards import merge_reports
-from ..summary import write_summary
+from ..summary import check_step_summary, write_summary
 from .display import ConsoleDisplay, errors, log
 from .options import (
     add_build_arguments,
@@ -19,6 +19,7 @@ from .options import (
     build_options,
     catalog_dir,
     publish_options,
+    writes_everything,
 )
 
 
@@ -30,6 +31,7 @@ def cmd_plan(project: Project, args) -> int:
 
 
 def cmd_nightly(project: Project, args) -> int:
+    check_step_summary()
     matrix = project.load()
     specs = shard_rows(project, project.select(args.selectors), args)
     options = NightlyOptions(build=build_options(project, args), publish=publish_options(project, args),
@@ -56,6 +58,7 @@ def shard_rows(project: Project, specs: list[ImageSpec], args) -> list[ImageSpec
 
 
 def cmd_report_merge(project: Project, args) -> int:
+    check_step_summary()
     summary = merge_reports(project, args.shard_dirs, catalog_dir(project, args))
     print(write_summary(project.reports, summary), end="")
     return summary.exit_code
@@ -83,7 +86,7 @@ def register(commands) -> None:
                          help="GPUs for verification (default: all for GPU rows, none for CPU rows)")
     add_publish_arguments(nightly)
     add_build_arguments(nightly)
-    nightly.set_defaults(handler=cmd_nightly)
+    nightly.set_defaults(handler=cmd_nightly, writes=writes_everything)
 
     report = commands.add_parser("report", help="work with reports: `report merge` joins CI shards' results")
     actions = report.add_subparsers(dest="report_command", required=True, metavar="ACTION")
@@ -91,4 +94,4 @@ def register(commands) -> None:
     merging.add_argument("shard_dirs", nargs="+", type=Path, metavar="DIR",
                          help="a shard's results: the reports/, catalog/ and bases.lock.json it uploaded")
     add_catalog_argument(merging)
-    merging.set_defaults(handler=cmd_report_merge)
+    merging.set_defaults(handler=cmd_report_merge, writes=writes_everything)

@@ -80,6 +80,22 @@ def catalog_dir(project: Project, args: argparse.Namespace) -> Path:
     return args.catalog or catalog_stage.default_dir(project)
 
 
+# What each command writes (its `writes` default): main() holds these folders for the run, one run at a time.
+
+def writes_reports(project: Project, args: argparse.Namespace) -> list[Path]:
+    return [project.reports]
+
+
+def writes_catalog(project: Project, args: argparse.Namespace) -> list[Path]:
+    """The catalog and the page made from it, images/README.md."""
+    return [catalog_dir(project, args), project.images]
+
+
+def writes_everything(project: Project, args: argparse.Namespace) -> list[Path]:
+    """Reports, catalog, images/README.md and bases.lock.json (in the matrix's folder)."""
+    return [project.reports, *writes_catalog(project, args), project.lock_file.parent]
+
+
 def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
                         help="where to publish, e.g. 127.0.0.1:5000/ml/pytorch")

@@ -23,6 +23,7 @@ from .options import (
     add_selectors,
     catalog_dir,
     publish_options,
+    writes_catalog,
 )
 
 
@@ -121,18 +122,20 @@ def register(commands) -> None:
     locking = commands.add_parser("lock", help="pin every base image to a digest in bases.lock.json")
     add_selectors(locking, default="the bases of every row")
     locking.add_argument("--check", action="store_true", help="exit 1 if a base moved since the lock; write nothing")
-    locking.set_defaults(handler=cmd_lock)
+    locking.set_defaults(handler=cmd_lock,
+                         writes=lambda project, args: [] if args.check else [project.lock_file.parent])
 
     publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
     add_selectors(publishing)
     add_publish_arguments(publishing)
-    publishing.set_defaults(handler=cmd_publish)
+    publishing.set_defaults(handler=cmd_publish,
+                            writes=lambda project, args: [project.reports, *writes_catalog(project, args)])
 
     pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
     add_selectors(pruning)
     pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
-    pruning.set_defaults(handler=cmd_prune)
+    pruning.set_defaults(handler=cmd_prune, writes=writes_catalog)
 
     cataloging = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
     cataloging.add_argument("--format", choices=("markdown", "json"), default="markdown")
@@ -141,4 +144,5 @@ def register(commands) -> None:
                             help="exit 1 unless every catalog tag resolves to the catalog's digest on its registry")
     add_access_arguments(cataloging)
     add_catalog_argument(cataloging)
-    cataloging.set_defaults(handler=cmd_catalog)
+    cataloging.set_defaults(handler=cmd_catalog, writes=lambda project, args: [] if args.check or args.check_registry
+                            else [project.images])

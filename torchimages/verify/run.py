@@ -9,7 +9,7 @@ import docker
 import docker.errors
 
 from .. import engine
-from ..files import atomic_write, atomic_write_json
+from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec
 from .container import container_name, copy_probe, create_container, gather_facts, remove_container
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, plan_all
@@ -41,9 +41,9 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
                progress: Progress) -> VerifyResult:
     tag, started_at, started = plan.spec.tag, datetime.now(timezone.utc), time.monotonic()
     report_dir = options.reports_dir / tag
-    report_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(report_dir, options.reports_dir)
     # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current.
-    (report_dir / "verify.json").unlink(missing_ok=True)
+    remove_file(report_dir / REPORT_NAME, options.reports_dir)
     clock, name = StageClock(tag, progress), container_name(plan.spec)
     try:
         clock.enter("starting container")
@@ -60,7 +60,8 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
         clock.stop()
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds)
-    atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json())
+    atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json(),
+                      root=options.reports_dir)
     progress.finished(result)
     return result
 
@@ -71,8 +72,9 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
     copy_probe(container)
     facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()))
     expect_path, facts_path = report_dir / "expect.json", report_dir / "facts.json"
-    atomic_write_json(expect_path, expectations(plan, options, host_gpu_runtime, container.id))
-    atomic_write_json(facts_path, facts)
+    expected = expectations(plan, options, host_gpu_runtime, container.id)
+    atomic_write_json(expect_path, expected, root=options.reports_dir)
+    atomic_write_json(facts_path, facts, root=options.reports_dir)
     clock.enter("checking")
     return run_suite(plan, options, container.id, report_dir, expect_path, facts_path)
 
@@ -82,6 +84,7 @@ def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], op
     """Verify each spec's image (or options.image against the one spec); writes every report. InputError on bad input."""
     progress = progress or Progress()
     plans = plan_all(docker_client, specs, options, progress)
+    check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
     host_gpu_runtime = engine.has_gpu_runtime(docker_client)
     results = [verify_one(docker_client, plan, options, host_gpu_runtime, progress) for plan in plans]
     atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))

@@ -10,6 +10,7 @@ from pathlib import Path
 import docker.errors
 
 from .. import engine
+from ..files import open_new, remove_file
 from ..model import InputError, Problem
 from .container import ARBITRARY_UID
 from .plan import CHECKS, Plan, VerifyOptions
@@ -41,7 +42,8 @@ def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir:
             "-c", str(options.suite / "pytest.ini"), "--rootdir", str(options.suite), "--confcutdir", str(options.suite),
             "-o", f"junit_suite_name={plan.spec.tag}", "-q", "--tb=short", "-rfs", "--color=no",
         ]
-        with open(report_dir / "pytest.log", "w", encoding="utf-8") as log:
+        remove_file(report_dir / "junit.xml", report_dir)  # pytest would write through a link there
+        with open_new(report_dir / "pytest.log", report_dir) as log:
             try:
                 exit_code = subprocess.run(command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT,
                                            timeout=SUITE_TIMEOUT_S).returncode

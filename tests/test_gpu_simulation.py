@@ -1,0 +1,231 @@
+"""The GPU-simulation lane: the real probe, check suite and doctor on recorded real-hardware GPU hosts.
+
+Each scenario in tests/gpu_hosts/ is a host as it really answers (its nvidia-smi, its torch.cuda, its CPU
+architecture) and the verdict a real host gives, per check and per doctor row, with the source of each fact. The
+probe's own functions gather the GPU facts under a stand-in nvidia-smi and the test environment's torch answering
+as the host's torch.cuda does (tests/gpu_hosts/__init__.py); the real suite then judges them, as `build.py test`
+does with a container's facts. No GPU and no engine are needed, so this runs in `make test-fast`."""
+import json
+
+import pytest
+
+from torchimages.checks import probe
+from torchimages.checks.probe import arch_flags_for
+from torchimages.checks.suite.helpers import driver_verdict
+from torchimages.doctor import arch_findings, gpu_findings
+from torchimages.matrix import load_matrix
+from torchimages.verify.plan import SUITE, parse_gpus
+
+from . import gpu_hosts
+from .conftest import ROOT
+
+SPECS = load_matrix(ROOT / "matrix.yaml").specs
+BY_TAG = {spec.tag: spec for spec in SPECS}
+# The suites that judge GPU facts; the others read facts only a container gives (files, users, the smoke run).
+GPU_SUITES = ("test_gpu.py", "test_cudnn.py", "test_amp.py")
+RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]
+
+
+@pytest.fixture
+def host(request, tmp_path, monkeypatch):
+    """The scenario's nvidia-smi first on PATH and its libcuda's cuDriverGetVersion."""
+    scenario = gpu_hosts.load(request.param)
+    for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(probe, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
+    return scenario
+
+
+def torch_facts(spec, flags: list[str]) -> dict:
+    """What the row's image reports without a GPU (identity checks these against the real images in CI)."""
+    major, minor, patch = (int(part) for part in spec.cudnn_version.split(".")[:3])
+    return {"importable": True, "version": spec.torch, "cuda": spec.cuda, "arch_flags": flags,
+            "cudnn_available": True, "cudnn_version": major * 10000 + minor * 100 + patch,
+            "cudnn_compile_version": [major, minor, patch]}
+
+
+def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
+    """The probe's own GPU part (first CUDA call, nvidia-smi, every device, cuDNN, attention, AMP, multi-GPU)."""
+    import torch
+
+    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers):
+        in_process = lambda: probe.section(probe.multi_gpu_facts, torch)  # noqa: E731 - patched torch.cuda lives here
+        original, probe.multi_gpu_in_subprocess = probe.multi_gpu_in_subprocess, in_process
+        try:
+            return probe.section(probe.gpu_facts, torch, flags)
+        finally:
+            probe.multi_gpu_in_subprocess = original
+
+
+def judge(tmp_path, spec, run: dict, gpu: dict, flags: list[str]) -> dict:
+    """The real check suite on these facts; {check: verdict} as verify.json records them."""
+    expect = {"tag": spec.tag, "image": spec.tag, "image_id": "sha256:simulated", "container_id": "simulated",
+              "spec": spec.to_json(), "gpus": parse_gpus(run["gpus"]).to_json(), "host_gpu_runtime": True,
+              "shm_size": spec.shm_size, "arbitrary_uid": 12345,
+              "arch_rows": {row.tag: list(row.arch_list) for row in SPECS if row.is_gpu}}
+    facts = {"main": {"torch": torch_facts(spec, flags), "gpu": gpu}, "image": {"labels": {}}}
+    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
+    paths["expect"].write_text(json.dumps(expect))
+    paths["facts"].write_text(json.dumps(facts, default=str))
+    code = pytest.main([*(str(SUITE / name) for name in GPU_SUITES), "--hosts=local://", "-p", "torchimages.checkplugin",
+                        f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
+                        "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "--confcutdir", str(SUITE), "-q",
+                        "-p", "no:cacheprovider", "--no-header", "--no-summary", "-W", "ignore::DeprecationWarning"])
+    assert code in (0, 1), f"the suite could not run (pytest exit {code})"
+    return json.loads(paths["checks"].read_text())
+
+
+def verdict_of(check: dict) -> str:
+    return "passed-with-warning" if check["status"] == "passed" and "warning:" in check["message"] else check["status"]
+
+
+@pytest.mark.parametrize(("host", "run_index"), RUNS, indirect=["host"], ids=[f"{n}-{i}" for n, i in RUNS])
+def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_path):
+    run = host["runs"][run_index]
+    spec = BY_TAG[run["row"]]
+    flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))
+    gpu = gather_gpu_facts(host, spec, flags)
+    checks = judge(tmp_path, spec, run, gpu, flags)
+    got = {name: verdict_of(checks[name]) for name in run["expect"]}
+    assert got == run["expect"], (f"{host['name']} with {spec.tag}: {run['why']}\n"
+                                  + "\n".join(f"{name}: {checks[name]['message']}" for name in run["expect"]))
+
+
+@pytest.mark.parametrize("host", [name for name in gpu_hosts.SCENARIOS if gpu_hosts.load(name)["expect_doctor"]],
+                         indirect=True)
+def test_doctor_gives_the_verdict_a_real_host_gives(host):
+    rows = [BY_TAG[tag] for tag in host["expect_doctor"]]
+    findings = gpu_findings(rows) + arch_findings(rows, host["machine"])
+    worst = {}
+    for finding in findings:
+        if finding.subject in host["expect_doctor"]:
+            order = ("ok", "warn", "fail")
+            worst[finding.subject] = max(worst.get(finding.subject, "ok"), finding.status, key=order.index)
+    assert worst == host["expect_doctor"], [f"{f.subject}: {f.status}: {f.detail}" for f in findings]
+
+
+# ------------------------------------------------------------------ what the verdicts say, beyond pass and fail
+
+@pytest.mark.parametrize("host", ["nvml-error"], indirect=True)
+def test_an_nvml_error_is_quoted_not_reported_as_no_nvidia_smi(host, tmp_path):
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(tmp_path, spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    assert "Failed to initialize NVML: Unknown Error" in checks["gpu"]["message"]
+    assert "exit 255" in checks["gpu"]["message"] and "not present" not in checks["gpu"]["message"]
+    assert "CUDA unknown error" in checks["gpu"]["message"]  # torch's first-call warning, kept
+
+
+@pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
+def test_torchs_first_cuda_warning_is_kept_when_another_part_called_cuda_first(host):
+    import torch
+
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    with gpu_hosts.simulated_cuda(torch, host, spec.cuda, flags, probe.arch_covers):
+        availability = probe.cuda_availability(torch)  # the main part's first CUDA call, before smoke_eager's
+        probe.gpu_devices(torch)
+        gpu = probe.gpu_facts(torch, flags, availability=availability)
+    assert gpu["warnings"] and "too old (found version 12020)" in gpu["warnings"][0]
+
+
+@pytest.mark.parametrize("host", ["a100-mig2"], indirect=True)
+def test_mig_devices_are_recorded_and_one_cuda_device_is_expected(host, tmp_path):
+    facts = probe.driver_facts()
+    assert len(facts["nvidia_smi_gpus"]) == 2 and [len(v) for v in facts["mig_devices"].values()] == [2, 1]
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(tmp_path, spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    [count_test] = [t for t in checks["gpu"]["tests"] if "device_count" in t["test"]]
+    assert count_test["status"] == "passed" and parse_gpus("device=0:0,0:1").expected_count == 1
+
+
+@pytest.mark.parametrize("host", ["exclusive-process"], indirect=True)
+def test_an_exclusive_compute_mode_keeps_the_compile_child_off_the_gpus(host, monkeypatch):
+    import torch
+
+    assert probe.driver_facts()["compute_modes"] == ["Exclusive_Process", "Exclusive_Process"]
+    ran_on = []
+    for name in ("compile_matches_eager", "max_autotune_compile"):
+        monkeypatch.setattr(probe, name, lambda torch, device: ran_on.append(device) or {"ok": True})
+    monkeypatch.setattr(probe, "vectorized_isa", lambda torch: {"ok": True})
+    reason = probe.EXCLUSIVE_REASON.format(mode="Exclusive_Process")
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+        skipped = probe.smoke_compiles(torch, reason)
+        shared = probe.smoke_compiles(torch)
+    assert set(ran_on) == {"cpu", "cuda:0"} and skipped["gpu_skipped"] == reason and list(skipped["devices"]) == ["cpu"]
+    assert list(shared["devices"]) == ["cpu", "cuda:0"]  # cuda:0 only, as upstream's smoke test: not every GPU
+
+
+def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda():
+    cu130, cu126 = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"], BY_TAG["2.14.1-cuda12.6-cudnn9-runtime"]
+    assert driver_verdict("535.261.03", 12020, cu130)[0] == "fail"
+    assert driver_verdict("535.261.03", 12020, cu126)[0] == "warn"
+    assert driver_verdict("560.35.03", 12060, cu126)[0] == "ok"
+    # A cuda-compat libcuda on an R535 kernel driver supports CUDA 13.0: the kernel branch does not decide.
+    status, why = driver_verdict("535.261.03", 13000, cu130)
+    assert status == "ok" and "supports CUDA 13.0" in why
+
+
+# ------------------------------------------------------------------ the probe's decisions on their own
+
+@pytest.mark.parametrize(("flags", "capability", "covered"), [
+    (["sm_100a"], (10, 3), None),  # arch-specific cubins run on exactly 10.0 (Feature Set Compiler Targets)
+    (["sm_100a"], (10, 0), "cubin sm_100a"),
+    (["compute_90a"], (10, 0), None),  # arch-specific PTX is not forward compatible
+    (["compute_100f"], (12, 0), None),  # family code stays within its major
+    (["sm_100f"], (10, 3), "cubin sm_100f"),
+    (["sm_100"], (10, 3), "cubin sm_100"),  # plain cubins: same major, minor at or below
+    (["sm_120", "compute_120"], (13, 0), "PTX compute_120 (JIT-compiled on first use)"),
+    (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (11, 0), None),  # Thor: no cubin, no PTX
+])
+def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
+    assert probe.arch_covers(flags, capability) == covered
+
+
+def test_the_compile_child_ends_inside_the_probes_kill_budget(monkeypatch):
+    monkeypatch.setattr(probe, "PROBE_STARTED", probe.time.monotonic() - 20)
+    assert probe.compile_timeout(300) <= 300 - 20 - probe.BUDGET_MARGIN_S
+    assert probe.compile_timeout(None) == probe.SMOKE_COMPILE_TIMEOUT_S
+
+
+def test_torchrun_runs_one_rank_per_gpu_up_to_eight():
+    assert [probe.distributed_processes(n) for n in (0, 1, 2, 8, 16)] == [2, 2, 2, 8, 8]
+
+
+def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
+    import torch
+
+    def no_o_direct(*_):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(torch.cuda.gds, "GdsFile", no_o_direct)
+    result = probe.gds_errors_reach_python(torch)
+    assert result["ok"] and "Invalid argument" in result["not_testable"]
+
+
+def test_gpu_start_errors_fail_the_gpu_checks_and_leave_the_others_not_run():
+    import docker.errors
+
+    from torchimages.verify.suite import failed_start_checks
+
+    error = docker.errors.APIError("500", explanation="failed to create task: OCI runtime create failed: "
+                                   "nvidia-container-cli: initialization error: nvml error: driver not loaded")
+    checks = failed_start_checks(error)
+    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"gpu", "driver"}
+    assert checks["identity"]["status"] == "skipped" and "driver not loaded" in checks["gpu"]["message"]
+
+
+def test_no_gpus_requested_hides_them_from_an_nvidia_default_runtime():
+    from torchimages.verify.container import create_container
+    from torchimages.verify.plan import Plan
+
+    class Containers:
+        def create(self, image, **options):
+            self.options = options
+
+    client = type("Client", (), {"containers": Containers()})()
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    for gpus, environment in (("none", {"NVIDIA_VISIBLE_DEVICES": "void"}), ("all", {})):
+        create_container(client, Plan(spec, "image", "sha256:x", parse_gpus(gpus), "8g", 300), "name", "reports")
+        assert client.containers.options["environment"] == environment
