@@ -17,6 +17,7 @@ from torchimages import engine
 from torchimages.checks.suite.helpers import driver_verdict
 from torchimages.matrix import load_compat, load_matrix
 from torchimages.model import InputError
+from torchimages.sbom import collect_inventory
 from torchimages.verify.container import container_name, create_container, remove_container
 from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
@@ -137,9 +138,13 @@ def test_a_container_that_cannot_start_for_another_reason_fails_every_check():
 
 @pytest.fixture
 def image_giving_every_gpu(docker_client):
-    """A tiny image that says NVIDIA_VISIBLE_DEVICES=all, as ours do (built on the base the engine is seeded with)."""
+    """A tiny image that says NVIDIA_VISIBLE_DEVICES=all, as ours do (built on the base the engine is seeded with);
+    its dpkg-query lists one package, named `visible`, whose version is what the container was given."""
     reference = f"torchimages-test-gpu-env:{secrets.token_hex(4)}"
-    dockerfile = io.BytesIO(b"FROM debian:bookworm\nENV NVIDIA_VISIBLE_DEVICES=all\n")
+    dockerfile = io.BytesIO(b"FROM debian:bookworm\nENV NVIDIA_VISIBLE_DEVICES=all\n"
+                            b"RUN echo '#!/bin/sh' > /usr/local/bin/dpkg-query"
+                            b" && echo 'echo \"visible\t$NVIDIA_VISIBLE_DEVICES\tall\"' >> /usr/local/bin/dpkg-query"
+                            b" && chmod +x /usr/local/bin/dpkg-query\n")
     image, _ = docker_client.images.build(fileobj=dockerfile, tag=reference, rm=True, pull=False)
     yield image
     docker_client.images.remove(image.id, force=True)
@@ -184,3 +189,9 @@ def test_gpus_are_not_refused_up_front_on_an_engine_without_an_nvidia_runtime_en
     hook.chmod(0o755)
     monkeypatch.setenv("PATH", f"{hook.parent}:{os.environ['PATH']}")
     assert engine.has_gpu_runtime(engine_without_gpus), "a local engine with the NVIDIA hook on PATH can give GPUs"
+
+
+@pytest.mark.engine
+def test_reading_an_images_package_lists_gives_its_container_no_gpu(docker_client, image_giving_every_gpu):
+    inventory = collect_inventory(docker_client, image_giving_every_gpu.id)
+    assert inventory.debs == [("visible", "void", "all")]

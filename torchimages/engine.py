@@ -12,6 +12,10 @@ from .model import InputError, Problem
 
 NO_ENGINE_HINT = "start one with `make engine` (then `source .engine/env`), or export DOCKER_HOST=unix:///path/to/docker.sock"
 NO_GPU_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
+# For containers that must see no GPU: our images say NVIDIA_VISIBLE_DEVICES=all, which alone gives a container every
+# GPU on an engine whose default runtime is nvidia (and fails its start where the host's driver does not load). "void"
+# is the NVIDIA runtime's "no GPU" (NVIDIA Container Toolkit, "Specialized Configurations with Docker", GPU Enumeration).
+NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
 GPU_RUNTIME_HINT = ("this Docker engine has no NVIDIA runtime, so it cannot give containers GPUs. Install the NVIDIA "
                     "Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`, restart dockerd, "
                     "or verify without GPUs: --gpus none")
