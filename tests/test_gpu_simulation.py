@@ -70,7 +70,8 @@ def judge(tmp_path, spec, run: dict, gpu: dict, flags: list[str]) -> dict:
     code = pytest.main([*(str(SUITE / name) for name in GPU_SUITES), "--hosts=local://", "-p", "torchimages.checkplugin",
                         f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
                         "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "--confcutdir", str(SUITE), "-q",
-                        "-p", "no:cacheprovider", "--no-header", "--no-summary", "-W", "ignore::DeprecationWarning"])
+                        "-p", "no:cacheprovider", "-p", "no:unraisableexception", "--no-header", "--no-summary",
+                        "-W", "ignore::DeprecationWarning"])
     assert code in (0, 1), f"the suite could not run (pytest exit {code})"
     return json.loads(paths["checks"].read_text())
 

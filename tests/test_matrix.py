@@ -37,7 +37,7 @@ def errors_for(cli, path: Path) -> list[str]:
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: nine\n  flavors: [runtime]", 8, "cuDNN major version as a number", id="wrong-type-cudnn"),
     pytest.param("- torch: 2.99.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtime]", 6, "unknown torch 2.99.0", id="unknown-torch"),
     pytest.param("- torch: 2.14.0\n  cuda: \"11.8\"\n  cudnn: 9\n  flavors: [runtime]", 7, "unknown CUDA 11.8", id="unknown-cuda"),
-    pytest.param("- torch: 2.12.0\n  cuda: \"13.2\"\n  cudnn: 9\n  flavors: [runtime]", 7, "not published for CUDA 13.2", id="unsupported-combination"),
+    pytest.param("- torch: 2.12.0\n  cuda: \"13.2\"\n  cudnn: 9\n  flavors: [runtime]", 7, "has no CUDA 13.2 build of torch 2.12.0", id="unsupported-combination"),
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 8\n  flavors: [runtime]", 8, "cudnn must be 9", id="wrong-cudnn-major"),
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  python: \"3.9\"\n  flavors: [runtime]", 9, "Python 3.10 to 3.14, not 3.9", id="python-out-of-range"),
     pytest.param("- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  flavors: [runtim]", 9, "did you mean 'runtime'", id="unknown-flavor"),

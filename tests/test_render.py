@@ -1,7 +1,10 @@
 """Rendering: golden files, determinism, stale detection, and rows agreeing with the compat data."""
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from torchimages.matrix import COMPAT_FILE, load_matrix
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
 from .conftest import ROOT
+from .wheels_fixtures import make_wheel
 
 GOLDEN_MATRIX = Path(__file__).parent / "data" / "golden-matrix.yaml"
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -232,3 +236,60 @@ def test_os_packages_come_from_the_family_table():
     assert spec.python_packages == ("ca-certificates", "python3.11")
     assert spec.system_packages == ("g++", "python3.11-dev")
     assert spec.venv_packages == ("python3.11-venv",) and spec.download_packages == ()
+
+
+def input_hashes(matrix_text: str, folder: Path) -> dict[str, str]:
+    """Each row's input hash as the builder computes it (rendered folder, build arguments, base), engine-free: the
+    base identity is the reference its Dockerfile names, as for a lock-pinned base."""
+    from torchimages.builder import BuildOptions, base_reference, build_context
+
+    folder.mkdir()
+    (folder / "matrix.yaml").write_text(matrix_text)
+    matrix = load_matrix(folder / "matrix.yaml")
+    images = folder / "images"
+    write_rendered(images, render_files(matrix.specs, TEMPLATES, "matrix.yaml", matrix.repository))
+    options = BuildOptions(images_dir=images, reports_dir=folder / "reports")
+    return {spec.tag: build_context(spec, options, base_reference(spec, images), "").input_hash
+            for spec in matrix.specs}
+
+
+def test_inserting_removing_or_moving_a_row_changes_no_other_rows_inputs(tmp_path):
+    """Nothing in a rendered folder depends on where its row sits in matrix.yaml: a nightly after such an edit
+    rebuilds nothing else."""
+    document = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    original = input_hashes(yaml.safe_dump(document, sort_keys=False), tmp_path / "original")
+    new_row = {"torch": "2.14.1", "cuda": "cpu", "flavors": ["runtime"]}
+    edits = {
+        "inserted": [new_row, *document["variants"]],
+        "removed": document["variants"][1:],
+        "moved": list(reversed(document["variants"])),
+    }
+    for name, variants in edits.items():
+        edited = input_hashes(yaml.safe_dump({**document, "variants": variants}, sort_keys=False), tmp_path / name)
+        common = set(original) & set(edited)
+        assert len(common) >= len(original) - 2, name
+        assert {tag: edited[tag] for tag in common} == {tag: original[tag] for tag in common}, name
+
+
+def pip_picks(requirements: str, wheels: Path) -> subprocess.CompletedProcess:
+    """What pip would install for a Dockerfile's requirements from a folder of wheels (and nothing else)."""
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
+                           "--no-index", "--find-links", str(wheels), "--isolated", "--quiet", "--report", "-",
+                           *requirements.split()], capture_output=True, text=True)
+
+
+def test_a_cpu_row_installs_a_cpu_build_or_fails(tmp_path):
+    """A package source that has only another build of the release (PyPI's CUDA torch, as an extra index or in a
+    wheelhouse) cannot put it into the image: pip finds nothing and the build fails. Rows from download.pytorch.org
+    (2.14.1+cu126) are pinned the same way; PyPI's own build (plain version) is the one PyPI has."""
+    tag, cuda_build = "2.13.0-cpu-runtime", "2.13.0"
+    spec = next(spec for spec in load_matrix(ROOT / "matrix.yaml").specs if spec.tag == tag)
+    dockerfile = (ROOT / "images" / tag / "Dockerfile").read_text()
+    requirements = re.search(r"pip install --no-cache-dir --disable-pip-version-check (torch==\S+)", dockerfile)[1]
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "torch", cuda_build)
+    refused = pip_picks(requirements, wheels)
+    assert refused.returncode != 0 and "No matching distribution found for torch" in refused.stderr
+    make_wheel(wheels, "torch", spec.torch_local_version)
+    installed = json.loads(pip_picks(requirements, wheels).stdout)["install"]
+    assert [item["metadata"]["version"] for item in installed] == [spec.torch_local_version]

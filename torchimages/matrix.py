@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from .files import brief
-from .model import ImageSpec, InputError, Problem, User, parse_size
+from .model import PYPI, ImageSpec, InputError, Problem, User, parse_size
 from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
@@ -21,7 +21,6 @@ VARIANT_KEYS = (
     "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base", "arch",
 )
 BASE_KINDS = ("os", "nvidia")
-PYPI = "https://pypi.org/simple"
 REQUIRED_KEYS = ("torch", "cuda", "python", "os", "flavors")
 VERSION_PATTERNS = {
     "torch": (r"[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}", "X.Y.Z, e.g. 2.14.0"),
@@ -281,7 +280,8 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     if fail:
         return []
     python_from_os = os_facts["python"] == python
-    os_packages = _os_packages(compat["families"][os_facts["family"]], python, python_from_os)
+    family = compat["families"][os_facts["family"]]
+    os_packages = _os_packages(family, python, python_from_os)
     # Rows on another OS than defaults.os get an OS suffix: the well-known names stay on the default OS.
     # A matrix without defaults.os names no default, so no row has one.
     default_os = defaults.get("os")
@@ -299,7 +299,9 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
             python_from_os=python_from_os, torchvision=torchvision,
             numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]), index_url=_index_url(wheel),
             os_family=os_facts["family"], arch=settings.arch, **os_packages,
-            flavor_packages=tuple(flavor_facts.get("packages") or ()),
+            os_release=str(os_facts.get("os_release", os_name)), package_caches=tuple(family.get("caches") or ()),
+            flavor_packages=tuple((family.get("names") or {}).get(name, name)
+                                  for name in flavor_facts.get("packages") or ()),
             builds_extensions=bool(flavor_facts.get("builds_extensions")),
             cuda_toolkit=toolkit.get("version") if with_toolkit else None,
             cuda_toolkit_packages=tuple(toolkit.get("packages", ())) if with_toolkit else (),
@@ -406,8 +408,9 @@ def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: 
         return listed
     if not allow_unlisted and torch_facts is not None:
         known = ", ".join(torch_facts.get("cuda", {})) or "none"
-        fail("cuda", f"torch {torch} is not published for CUDA {cuda} (wheels exist for: {known}, cpu); "
-                     "pick one of those, or set allow_unlisted: true for a custom index")
+        fail("cuda", f"torchimages/compat.yaml has no CUDA {cuda} build of torch {torch} (it lists: {known}, cpu): "
+                     f"pick one of those; if the build exists on another index, read it with `python build.py compat "
+                     f"refresh {torch} --index-url URL`, or set allow_unlisted: true for a custom index")
     return {"wheel_index": "cu" + cuda.replace(".", "")}
 
 

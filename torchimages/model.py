@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 LABEL_PREFIX = "io.torchimages"
+PYPI = "https://pypi.org/simple"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ImageSpec:
     index_url: str = ""  # where pip finds this torch build: PyPI when its own wheel is it, else download.pytorch.org
     glibc: str = ""  # the OS's glibc: which manylinux wheels it runs
     os_family: str = "apt"  # the OS's package manager: templates/os/<os_family>.j2 installs packages with it
+    os_release: str = ""  # /etc/os-release's ID + VERSION_ID in the image (debian12); the os name unless compat says
+    package_caches: tuple[str, ...] = ()  # the family's package caches and lists: empty in a clean image
     arch: str = "x86_64"  # the machine the image is for
     python_packages: tuple[str, ...] = ()  # OS packages the Python stage installs (certificates, the OS's Python)
     venv_packages: tuple[str, ...] = ()  # ... and what `python -m venv` needs from the OS
@@ -73,6 +76,12 @@ class ImageSpec:
         """The version string torch reports, e.g. 2.14.0+cu130 or 2.13.0+cpu."""
         return f"{self.torch}+{self.wheel_index}"
 
+    @property
+    def torch_requirement(self) -> str:
+        """What pip is asked for: the row's own build (2.13.0+cpu, 2.14.1+cu126), so that no fallback index can put
+        another build into the image. PyPI holds one build per release, under the plain version."""
+        return f"torch=={self.torch}" if self.index_url == PYPI else f"torch=={self.torch_local_version}"
+
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -82,7 +91,7 @@ class ImageSpec:
         values["user"] = User(**values["user"]) if values.get("user") else None
         values["arch_list"] = tuple(values.get("arch_list") or ())
         for name in ("aliases", "system_packages", "flavor_packages", "remove_from_base", "cuda_toolkit_packages",
-                     "python_packages", "venv_packages", "download_packages"):
+                     "python_packages", "venv_packages", "download_packages", "package_caches"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 

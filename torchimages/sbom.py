@@ -1,7 +1,8 @@
 """Supply chain: a CycloneDX SBOM of each published image, and the vulnerability-scan hook with its allowlist.
 
-The SBOM lists what is really inside the image (dpkg's database and pip's view of the venv, read in a container
-started from it), so it cannot disagree with the bits users pull. The scan runs trivy or grype when one is installed;
+The SBOM lists what is really inside the image (the OS's package database, whichever of dpkg, rpm and apk the image
+has, and pip's view of the venv, read in a container started from it), so it cannot disagree with the bits users pull
+and needs nothing from the OS family's table. The scan runs trivy or grype when one is installed;
 findings at the allowlist's `fail_on` severities block publishing unless allowlisted (with a reason, until a date).
 """
 from __future__ import annotations
@@ -28,10 +29,19 @@ SBOM_DIR = "sbom"
 # One container run reads everything: sections start with a marker line.
 INVENTORY_SCRIPT = r"""set -e
 echo '### os-release'; cat /etc/os-release
-echo '### dpkg'; dpkg-query -W -f='${Package}\t${Version}\t${Architecture}\n'
+if command -v dpkg-query >/dev/null 2>&1; then
+  echo '### dpkg'; dpkg-query -W -f='${Package}\t${Version}\t${Architecture}\n'
+fi
+if command -v rpm >/dev/null 2>&1; then
+  echo '### rpm'; rpm -qa --qf '%{NAME}\t%{VERSION}-%{RELEASE}\t%{ARCH}\n'
+fi
+if command -v apk >/dev/null 2>&1; then
+  echo '### apk'; apk info -v 2>/dev/null | sed -E 's/^(.+)-([^-]+-r[0-9]+)$/\1\t\2\t/'
+fi
 echo '### pip'
 if command -v python >/dev/null 2>&1; then python -m pip list --format=json --disable-pip-version-check; fi
 """
+PURL_TYPES = {"dpkg": "deb", "rpm": "rpm", "apk": "apk"}  # package database -> package-url type
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
 DEFAULT_FAIL_ON = ("CRITICAL", "HIGH")
 VULNERABILITY_ID = re.compile(r"CVE-\d{4}-\d{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}")
@@ -50,6 +60,8 @@ class Inventory:
     os_release: dict[str, str]
     debs: list[tuple[str, str, str]]  # name, version, architecture
     python: list[tuple[str, str]]  # name, version
+    rpms: list[tuple[str, str, str]] = field(default_factory=list)  # name, version-release, architecture
+    apks: list[tuple[str, str, str]] = field(default_factory=list)  # name, version, "" (apk info -v has no arch)
 
 
 def parse_inventory(text: str) -> Inventory:
@@ -67,10 +79,12 @@ def parse_inventory(text: str) -> Inventory:
         key, _, value = line.partition("=")
         if key and value:
             os_release[key.strip()] = value.strip().strip('"')
-    debs = [tuple(line.split("\t")) for line in sections.get("dpkg", []) if line.count("\t") == 2]
+    listed = {manager: sorted(tuple(line.split("\t")) for line in sections.get(manager, []) if line.count("\t") == 2)
+              for manager in PURL_TYPES}
     pip_text = "\n".join(sections.get("pip", [])).strip()
     python = [(package["name"], package["version"]) for package in json.loads(pip_text)] if pip_text else []
-    return Inventory(os_release, sorted(debs), sorted(python, key=lambda item: item[0].lower()))
+    return Inventory(os_release, listed["dpkg"], sorted(python, key=lambda item: item[0].lower()), listed["rpm"],
+                     listed["apk"])
 
 
 def collect_inventory(docker_client: docker.DockerClient, image: str) -> Inventory:
@@ -91,7 +105,9 @@ def cyclonedx(inventory: Inventory, repository: str, digest: str, image_id: str,
     """A CycloneDX 1.5 document for the image repository@digest (deterministic for the same inputs)."""
     distro = inventory.os_release.get("ID", "linux")
     distro_version = inventory.os_release.get("VERSION_ID", "")
-    components = [_deb_component(name, version, arch, distro, distro_version) for name, version, arch in inventory.debs]
+    components = [_os_component(manager, name, version, arch, distro, distro_version)
+                  for manager, packages in (("dpkg", inventory.debs), ("rpm", inventory.rpms), ("apk", inventory.apks))
+                  for name, version, arch in packages]
     components += [_pypi_component(name, version) for name, version in inventory.python]
     return {
         "bomFormat": "CycloneDX",
@@ -113,11 +129,12 @@ def cyclonedx(inventory: Inventory, repository: str, digest: str, image_id: str,
     }
 
 
-def _deb_component(name: str, version: str, arch: str, distro: str, distro_version: str) -> dict:
-    qualifiers = f"arch={arch}" + (f"&distro={distro}-{distro_version}" if distro_version else "")
-    purl = f"pkg:deb/{distro}/{quote(name)}@{quote(version, safe='')}?{qualifiers}"
+def _os_component(manager: str, name: str, version: str, arch: str, distro: str, distro_version: str) -> dict:
+    qualifiers = "&".join(([f"arch={arch}"] if arch else []) + ([f"distro={distro}-{distro_version}"]
+                                                                 if distro_version else []))
+    purl = f"pkg:{PURL_TYPES[manager]}/{distro}/{quote(name)}@{quote(version, safe='')}?{qualifiers}"
     return {"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
-            "properties": [{"name": "io.torchimages:package-manager", "value": "dpkg"}]}
+            "properties": [{"name": "io.torchimages:package-manager", "value": manager}]}
 
 
 def _pypi_component(name: str, version: str) -> dict:

@@ -16,7 +16,7 @@ OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag to
 
 def requirements(spec: ImageSpec) -> list[str]:
     """What the row's Dockerfile installs with pip: torch, torchvision, NumPy, and the devel toolkit."""
-    packages = [f"torch=={spec.torch}"]
+    packages = [spec.torch_requirement]
     packages += [f"torchvision=={spec.torchvision}"] if spec.torchvision else []
     packages += [f"numpy=={spec.numpy}" if spec.numpy else "numpy"]
     return packages + list(spec.cuda_toolkit_packages)

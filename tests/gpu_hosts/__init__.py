@@ -72,7 +72,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
                                      total_memory=80 * 2**30)
 
     def on_cuda(value) -> bool:
-        return str(value).startswith("cuda")
+        return isinstance(value, (str, torch.device)) and str(value).startswith("cuda")
 
     class CudaOnCpu(TorchFunctionMode):
         def __torch_function__(self, func, types_, args=(), kwargs=None):

@@ -15,7 +15,7 @@ from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import InputError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
-from . import images, nightly, publishing
+from . import compat, images, nightly, publishing
 from .display import errors
 from .options import parse_date
 from .streams import (
@@ -29,7 +29,7 @@ from .streams import (
     standard_streams,
 )
 
-COMMAND_GROUPS = (images, publishing, nightly)
+COMMAND_GROUPS = (images, publishing, nightly, compat)
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 

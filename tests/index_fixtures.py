@@ -1,0 +1,112 @@
+"""A PEP 691 package index on 127.0.0.1 serving wheels made in the test, answering HTTP range requests as PyPI's
+file host does, and counting the bytes it sends (a refresh must not download whole wheels)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from .wheels_fixtures import make_wheel
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+class LocalIndex:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.sent: Counter[str] = Counter()  # file name -> bytes sent
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "LocalIndex":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def project_page(self, project: str) -> bytes | None:
+        wheels = sorted(p for p in self.folder.glob("*.whl") if parse_wheel_filename(p.name)[0] == project)
+        if not wheels:
+            return None
+        base = self.url.rsplit("/simple", 1)[0]
+        files = [{"filename": p.name, "url": f"{base}/files/{p.name}", "size": p.stat().st_size,
+                  "hashes": {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()},
+                  "upload-time": "2026-11-20T10:00:00Z"} for p in wheels]
+        return json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
+
+    def _handler(self):
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                page = re.fullmatch(r"/simple/([^/]+)/", self.path)
+                if page:
+                    body = index.project_page(page[1])
+                    return self._send(200, body, JSON_TYPE) if body else self._send(404, b"not found")
+                wheel = re.fullmatch(r"/files/([^/]+\.whl)", self.path)
+                path = index.folder / wheel[1] if wheel else None
+                if path is None or not path.is_file():
+                    return self._send(404, b"not found")
+                data = path.read_bytes()
+                wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+                if not wanted:
+                    index.sent[path.name] += len(data)
+                    return self._send(200, data)
+                first, last = wanted.groups()
+                start = len(data) - int(last) if not first else int(first)
+                end = len(data) - 1 if not first or not last else min(int(last), len(data) - 1)
+                start = max(start, 0)
+                index.sent[path.name] += end - start + 1
+                self._send(206, data[start:end + 1], extra={"Content-Range": f"bytes {start}-{end}/{len(data)}"})
+
+            def _send(self, status: int, body: bytes, kind: str = "application/octet-stream", extra=None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Accept-Ranges", "bytes")
+                for name, value in (extra or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+PINS = ("cuda-toolkit[cublas,cudart]==13.2.2; platform_system == \"Linux\"",
+        "nvidia-cudnn-cu13==9.30.0.1; platform_system == \"Linux\"", "nvidia-nccl-cu13==2.31.0",
+        "nvidia-cusparselt-cu13==0.9.0", "nvidia-nvshmem-cu13==3.8.0", "triton~=3.10.0", "filelock")
+ARCH_FLAGS = b"\x00sm_75 sm_90 sm_120 compute_120\x00"
+
+
+def version_py(version: str, cuda: str | None) -> bytes:
+    return (f"from typing import Optional\n__version__ = '{version}'\ndebug = False\n"
+            f"cuda: Optional[str] = {repr(cuda)}\n").encode()
+
+
+def make_release(wheels: Path, cuda_library_size: int = 4 << 20) -> Path:
+    """torch 2.16.0 as PyPI has it (the cu132 build under the plain version, cp311 and cp314), its CPU build, and
+    the torchvision that requires it. libtorch_cuda.so is large and incompressible, as the real one."""
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", files={
+        "torch/version.py": version_py("2.16.0+cu132", "13.2"),
+        "torch/lib/libtorch_python.so": b"\x7fELF" + os.urandom(1 << 16) + ARCH_FLAGS + os.urandom(1 << 10),
+        "torch/lib/libtorch_cuda.so": os.urandom(cuda_library_size)})
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp314-cp314-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp315-cp315t-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", "2.16.0+cpu", ("filelock",), ">=3.11",
+               files={"torch/version.py": version_py("2.16.0+cpu", None)})
+    make_wheel(wheels, "torchvision", "0.31.0", ("torch==2.16.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torchvision", "0.30.0", ("torch==2.15.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    return wheels

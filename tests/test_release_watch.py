@@ -1,0 +1,85 @@
+"""The nightly's release watch, engine-free, against a PEP 691 index on 127.0.0.1 holding torch 2.16.0: a newer
+release is read, proposed as rows shaped like the newest ones, and rendered; the other rows' folders do not change."""
+import json
+import shutil
+
+import pytest
+import yaml
+
+from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.render import render_files, stale_paths
+
+from .conftest import ROOT, run_cli_in_process
+from .index_fixtures import LocalIndex, make_release
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project's matrix, compat data and rendered images."""
+    shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copy(COMPAT_FILE, tmp_path / "compat.yaml")
+    shutil.copytree(ROOT / "images", tmp_path / "images")
+    return tmp_path
+
+
+def watch(project, index_url: str, check_exit: int = 0):
+    result = run_cli_in_process("--matrix", str(project / "matrix.yaml"), "--images", str(project / "images"),
+                                "--reports", str(project / "reports"), "watch", "--index-url", index_url,
+                                "--compat", str(project / "compat.yaml"))
+    assert result.returncode == check_exit, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def dockerfiles(images):
+    return {path.parent.name: path.read_bytes() for path in images.glob("*/Dockerfile")}
+
+
+def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(project, tmp_path):
+    before = dockerfiles(project / "images")
+    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024)) as index:
+        result = watch(project, index.url)
+        report = json.loads((project / "reports" / "release-watch.json").read_text())
+        assert report["release"] == "2.16.0" and report["newest_in_matrix"] == "2.15.0"
+        proposed = ["2.16.0-cuda13.2-cudnn9-runtime", "2.16.0-cuda13.2-cudnn9-devel",
+                    "2.16.0-cuda13.2-cudnn9-runtime-ubuntu24.04", "2.16.0-cuda13.2-cudnn9-devel-ubuntu24.04"]
+        assert report["tags"] == proposed and "- `2.16.0-cuda13.2-cudnn9-runtime`" in result.stdout
+        matrix_text = (project / "matrix.yaml").read_text()
+        assert "# Proposed by the release watch (torch 2.16.0 on http://127.0.0.1" in matrix_text
+        assert "# CPU-only images" in matrix_text, "the matrix's comments stay"
+        specs = {spec.tag: spec for spec in load_matrix(project / "matrix.yaml", project / "compat.yaml").specs}
+        assert specs["2.16.0-cuda13.2-cudnn9-runtime"].torchvision == "0.31.0"
+        assert specs["2.16.0-cuda13.2-cudnn9-runtime"].aliases == ("latest",), "latest moves to the new release"
+        assert specs["2.15.0-cuda13.2-cudnn9-runtime"].aliases == ()
+        assert specs["2.16.0-cuda13.2-cudnn9-runtime-ubuntu24.04"].python == "3.12"
+        assert yaml.safe_load((project / "compat.yaml").read_text())["torch"]["2.16.0"]["cuda"]["13.2"]["source"]
+        after = dockerfiles(project / "images")
+        assert set(after) - set(before) == set(proposed)
+        assert {tag: after[tag] for tag in before} == before, "no other row's folder changes"
+        assert "torch==2.16.0 torchvision==0.31.0" in after["2.16.0-cuda13.2-cudnn9-runtime"].decode()
+        rendered = render_files(list(specs.values()), ROOT / "templates", "matrix.yaml", "localhost:5000/ml/pytorch")
+        assert stale_paths(project / "images", rendered) == [], "images/ is what render makes of the proposal"
+        # The next night: the matrix has the newest release; nothing changes.
+        matrix_text = (project / "matrix.yaml").read_text()
+        result = watch(project, index.url)
+        assert "No torch release newer than the matrix's 2.16.0" in result.stdout
+        assert (project / "matrix.yaml").read_text() == matrix_text
+
+
+def test_nothing_is_proposed_when_the_matrix_has_the_newest(project, tmp_path):
+    index_folder = tmp_path / "index"
+    make_release(index_folder, cuda_library_size=1024)
+    for wheel in index_folder.glob("torch-2.16.0*"):
+        wheel.rename(wheel.with_name(wheel.name.replace("2.16.0", "2.15.0")))
+    matrix = (project / "matrix.yaml").read_text()
+    with LocalIndex(index_folder) as index:
+        result = watch(project, index.url)
+    assert "No torch release newer" in result.stdout and (project / "matrix.yaml").read_text() == matrix
+    assert json.loads((project / "reports" / "release-watch.json").read_text())["tags"] == []
+
+
+def test_an_unreachable_index_is_exit_2_and_changes_nothing(project):
+    matrix, compat = (project / "matrix.yaml").read_text(), (project / "compat.yaml").read_text()
+    result = watch(project, "http://127.0.0.1:9/simple", check_exit=2)
+    assert "http://127.0.0.1:9/simple" in result.stderr and "--index-url" in result.stderr
+    assert (project / "matrix.yaml").read_text() == matrix and (project / "compat.yaml").read_text() == compat

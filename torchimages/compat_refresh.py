@@ -1,0 +1,441 @@
+"""Compatibility facts read from the package index itself: per torch build, what its wheel says.
+
+The index is PEP 691 (PyPI's JSON simple API, a mirror, a local index). No wheel is downloaded whole: METADATA,
+torch/version.py and libtorch_python.so (which holds the arch list `torch.cuda.get_arch_list()` reports) are read
+from inside the remote zip with HTTP range requests. Facts from the wheel are compared with compat.yaml: what it lacks
+is added, with its source; what disagrees is reported with both values and changed only when asked."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+
+import requests
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
+from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple
+from remotezip import RemoteIOError, RemoteZip
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedSeq
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+from ruamel.yaml.tokens import CommentToken
+
+from .files import atomic_write, brief
+from .model import PYPI, InputError, Problem
+
+# The wheel a build's facts are read from: every build has one for this interpreter and machine.
+READ_PYTHON, READ_PLATFORM = "cp311", "x86_64"
+# nvidia-* and cuda-toolkit pins -> compat.yaml keys (nvidia-cudnn-cu13 -> cudnn).
+PINNED = {"nvidia-cudnn": "cudnn", "nvidia-nccl": "nccl", "nvidia-cusparselt": "cusparselt",
+          "nvidia-nvshmem": "nvshmem", "cuda-toolkit": "toolkit"}
+TORCHVISION_CANDIDATES = 12  # torchvision releases read, newest first, looking for the newest that takes a torch
+ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_[0-9]{2,3}(?: (?:sm|compute)_[0-9]{2,3})*)\x00")
+# What is read of a wheel is held in memory: libtorch_python.so is 34 MB in 2.14; a member claiming far more is not
+# a torch wheel's.
+MAX_MEMBER_BYTES = 256 << 20
+VERSION_LINE = re.compile(r"^(__version__|cuda)(?:: [^=]+)? = '([^']*)'", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fact was read: the index, the wheel's file name, its sha256 and upload date."""
+
+    index: str
+    file: str
+    sha256: str
+    uploaded: str
+
+    def to_yaml(self) -> dict:
+        return {"index": self.index, "file": self.file, "sha256": self.sha256, "uploaded": self.uploaded}
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """One torch build (cu130, cpu), as its wheel says."""
+
+    torch: str
+    build: str  # the local version: cu130, cpu
+    cuda: str | None  # "13.0"; None for CPU builds
+    on_pypi_plain: bool  # the index names it by the plain version (PyPI's one build per release)
+    python_min: str
+    pins: dict[str, str]  # compat.yaml key -> pinned version (cudnn, nccl, ..., toolkit)
+    triton: str  # triton's specifier, e.g. ~=3.8.0
+    arch_list: tuple[str, ...]  # empty for CPU builds, or when the wheel does not say
+    source: Source
+
+
+@dataclass(frozen=True)
+class ReleaseFacts:
+    torch: str
+    python_max: str  # the newest CPython a wheel is published for
+    torchvision: str | None  # the newest torchvision release whose torch requirement admits this torch
+    torchvision_source: Source | None
+    builds: tuple[BuildFacts, ...]
+
+
+@dataclass(frozen=True)
+class Difference:
+    torch: str
+    where: str  # "python.min", "cuda 13.0 cudnn"
+    compat: object
+    index: object
+    source: str  # the wheel file the index value was read from
+
+
+@dataclass
+class Refresh:
+    """What a refresh found: facts added to compat.yaml, and facts that disagree with it."""
+
+    releases: list[ReleaseFacts] = field(default_factory=list)
+    added: list[Difference] = field(default_factory=list)
+    disagreements: list[Difference] = field(default_factory=list)
+    not_on_index: list[str] = field(default_factory=list)  # releases compat.yaml lists that the index lacks: kept
+
+
+# Pure: wheel contents -> facts.
+
+def arch_list(libtorch_python: bytes) -> tuple[str, ...]:
+    """The arch list compiled into torch (its CUDA_ARCH_FLAGS string, what get_arch_list() reports):
+    sm_90 -> 9.0, and compute_120 (PTX) marks 12.0 as 12.0+PTX. Empty when the library holds no single list."""
+    found = set(ARCH_STRING.findall(libtorch_python))
+    if len(found) != 1:
+        return ()
+    entries: dict[str, str] = {}
+    for flag in found.pop().decode().split():
+        kind, number = flag.split("_")
+        capability = f"{number[:-1]}.{number[-1]}"
+        entries[capability] = f"{capability}+PTX" if kind == "compute" else entries.get(capability, capability)
+    return tuple(entries[c] for c in sorted(entries, key=lambda c: tuple(map(int, c.split(".")))))
+
+
+def metadata_facts(metadata: str) -> tuple[str, dict[str, str], str]:
+    """Requires-Python's minimum, the pins compat.yaml keeps, and triton's specifier, from a wheel's METADATA."""
+    python_min, pins, triton = "", {}, ""
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Python:"):
+            python_min = line.split(">=", 1)[-1].split(",")[0].strip()
+        elif line.startswith("Requires-Dist:"):
+            requirement = Requirement(line.split(":", 1)[1].strip())
+            if requirement.name == "triton":
+                triton = str(requirement.specifier)
+            key = next((key for prefix, key in PINNED.items() if requirement.name.startswith(prefix)), None)
+            exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+            if key and exact:
+                pins[key] = exact[0]
+    return python_min, pins, triton
+
+
+def version_facts(version_py: str) -> tuple[str, str | None]:
+    """torch/version.py -> (local version: cu130 or cpu, CUDA version or None)."""
+    values = dict(VERSION_LINE.findall(version_py))
+    local = Version(values.get("__version__", "0")).local or "cpu"
+    return local, values.get("cuda") or None
+
+
+def accepts_torch(metadata: str, torch: str) -> bool:
+    """Whether a torchvision wheel's torch requirement (==2.14.0, >=2.14.0; local versions aside) admits torch."""
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Dist:"):
+            requirement = Requirement(line.split(":", 1)[1].strip())
+            if requirement.name == "torch":
+                specifier = SpecifierSet(",".join(f"{s.operator}{_base_version(s.version)}"
+                                                  for s in requirement.specifier))
+                return specifier.contains(torch)
+    return False
+
+
+def python_max(filenames: list[str]) -> str:
+    """The newest CPython (not free-threaded) any of a release's wheels is for: cp314 -> 3.14."""
+    minors = [int(tag.interpreter[3:]) for name in filenames for tag in _tags(name)
+              if re.fullmatch(r"cp3[0-9]{1,2}", tag.interpreter) and not tag.abi.endswith("t")]
+    return f"3.{max(minors)}" if minors else ""
+
+
+def _tags(filename: str):
+    try:
+        return parse_wheel_filename(filename)[3]
+    except InvalidWheelFilename:
+        return frozenset()
+
+
+# I/O: the index and the remote wheels.
+
+class Index:
+    """A PEP 691 index; wheels inside it read with range requests."""
+
+    def __init__(self, url: str = PYPI, session: requests.Session | None = None):
+        self.url = url.rstrip("/")
+        self.session = session or requests.Session()
+        self.client = PyPISimple(self.url + "/", session=self.session)
+
+    def packages(self, project: str) -> list[DistributionPackage]:
+        try:
+            return [p for p in self.client.get_project_page(project).packages if p.package_type == "wheel"]
+        except NoSuchProjectError:
+            return []
+        except requests.RequestException as error:
+            raise unreadable(self.url, f"cannot read {project}'s page: {error}") from None
+
+    def read_members(self, package: DistributionPackage, want: Callable[[str], bool]) -> dict[str, bytes]:
+        """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
+        try:
+            with RemoteZip(package.url, session=self.session) as wheel:
+                members = [info for info in wheel.infolist() if want(info.filename)]
+                too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
+                if too_large:
+                    raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
+                                                  f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
+                return {info.filename: wheel.read(info) for info in members}
+        except (RemoteIOError, requests.RequestException, OSError) as error:
+            raise unreadable(package.url, f"cannot read the wheel: {error}") from None
+
+
+def unreadable(url: str, what: str) -> InputError:
+    """The index (or a wheel on it) could not be read: the URL given is wrong or out of reach."""
+    return InputError([Problem(url, 0, f"{what}: check --index-url and the network (a mirror must answer range "
+                                       "requests)")])
+
+
+def read_release(index: Index, torch: str) -> ReleaseFacts | None:
+    """Every build of one torch release the index has, read from the x86_64 cp311 wheel of each."""
+    wheels = [p for p in index.packages("torch") if _base_version(p.version) == torch]
+    if not wheels:
+        return None
+    builds = [_read_build(index, torch, package) for package in _readable(wheels)]
+    torchvision, torchvision_source = _torchvision_for(index, torch)
+    return ReleaseFacts(torch, python_max([p.filename for p in wheels]), torchvision, torchvision_source,
+                        tuple(builds))
+
+
+def newest_release(index: Index) -> str | None:
+    """The newest final torch release the index has."""
+    versions = {Version(_base_version(p.version)) for p in index.packages("torch") if p.version}
+    finals = [v for v in versions if not v.is_prerelease and not v.is_devrelease]
+    return str(max(finals)) if finals else None
+
+
+def _base_version(version: str | None) -> str:
+    return Version(version).public if version else ""
+
+
+def _readable(wheels: list[DistributionPackage]) -> list[DistributionPackage]:
+    """One wheel per release and build (local version): the one for READ_PYTHON on Linux READ_PLATFORM."""
+    chosen: dict[str, DistributionPackage] = {}
+    for package in wheels:
+        tags = _tags(package.filename)
+        if any(t.interpreter in (READ_PYTHON, "py3") and t.platform.startswith("manylinux") and
+               t.platform.endswith(READ_PLATFORM) for t in tags):
+            chosen.setdefault(package.version, package)
+    return list(chosen.values())
+
+
+def _source(index: Index, package: DistributionPackage) -> Source:
+    uploaded = package.upload_time.date().isoformat() if package.upload_time else ""
+    return Source(index.url, package.filename, package.digests.get("sha256", ""), uploaded)
+
+
+def _read_build(index: Index, torch: str, package: DistributionPackage) -> BuildFacts:
+    members = index.read_members(package, lambda name: name in ("torch/version.py", "torch/lib/libtorch_python.so")
+                                 or name.endswith(".dist-info/METADATA"))
+    metadata = next((v.decode() for k, v in members.items() if k.endswith("METADATA")), "")
+    local, cuda = version_facts(members.get("torch/version.py", b"").decode())
+    python_min, pins, triton = metadata_facts(metadata)
+    arches = arch_list(members.get("torch/lib/libtorch_python.so", b"")) if cuda else ()
+    return BuildFacts(torch, local, cuda, not Version(package.version).local, python_min, pins, triton, arches,
+                      _source(index, package))
+
+
+def _torchvision_for(index: Index, torch: str) -> tuple[str | None, Source | None]:
+    releases: dict[Version, DistributionPackage] = {}
+    for package in _readable(index.packages("torchvision")):
+        releases.setdefault(Version(_base_version(package.version)), package)
+    for version in sorted(releases, reverse=True)[:TORCHVISION_CANDIDATES]:
+        package = releases[version]
+        members = index.read_members(package, lambda name: name.endswith(".dist-info/METADATA"))
+        if any(accepts_torch(m.decode(), torch) for m in members.values()):
+            return str(version), _source(index, package)
+    return None, None
+
+
+# Compare and write.
+
+def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Difference], list[Difference]]:
+    """compat.yaml's block for a release, updated with what the index adds; what it adds; where it disagrees (kept
+    as compat.yaml has it: the caller decides). A block the index contradicts is never changed here."""
+    block = dict(known or {})
+    added: list[Difference] = []
+    disagree: list[Difference] = []
+
+    def merge(target: dict, key: str, value, where: str, source: Source | None) -> None:
+        if value in (None, "", ()):
+            return
+        value = list(value) if isinstance(value, tuple) else value
+        if key not in target:
+            target[key] = value
+            added.append(Difference(release.torch, where, None, value, source.file if source else ""))
+        elif target[key] != value:
+            disagree.append(Difference(release.torch, where, target[key], value, source.file if source else ""))
+
+    first = release.builds[0].source if release.builds else None
+    python = dict(block.get("python") or {})
+    merge(python, "min", min((b.python_min for b in release.builds), default="", key=_python_key), "python.min", first)
+    merge(python, "max", release.python_max, "python.max", first)
+    block["python"] = python
+    paired = ".".join(release.torchvision.split(".")[:2]) if release.torchvision else None
+    merge(block, "torchvision", paired, "torchvision", release.torchvision_source)
+    if release.torchvision_source:
+        block["torchvision_source"] = release.torchvision_source.to_yaml()
+    cuda = {version: dict(facts) for version, facts in (block.get("cuda") or {}).items()}
+    for build in release.builds:
+        if build.cuda is None:
+            merge(block, "cpu", True, "cpu", build.source)
+            continue
+        facts = cuda.setdefault(build.cuda, {})
+        merge(facts, "wheel_index", build.build, f"cuda {build.cuda} wheel_index", build.source)
+        if build.on_pypi_plain:
+            merge(facts, "pypi", True, f"cuda {build.cuda} pypi", build.source)
+        for key, version in build.pins.items():
+            merge(facts, key, version, f"cuda {build.cuda} {key}", build.source)
+        merge(facts, "triton", build.triton, f"cuda {build.cuda} triton", build.source)
+        merge(facts, "arch_list", build.arch_list, f"cuda {build.cuda} arch_list", build.source)
+        facts["source"] = build.source.to_yaml()
+    block["cuda"] = cuda
+    return block, added, disagree
+
+
+def _python_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")) if version else (99,)
+
+
+def corrected(block: dict, differences: list[Difference]) -> dict:
+    """A block with the index's values where they disagree (`--correct`: each one is reported)."""
+    for difference in differences:
+        if difference.where.startswith("python."):
+            block["python"][difference.where.split(".")[1]] = difference.index
+        elif difference.where.startswith("cuda "):
+            _, version, key = difference.where.split(" ")
+            block["cuda"][version][key] = difference.index
+        else:
+            block[difference.where] = difference.index
+    return block
+
+
+@dataclass(frozen=True)
+class RefreshOptions:
+    compat_file: Path
+    index_url: str = PYPI
+    versions: tuple[str, ...] = ()  # empty: every release compat.yaml lists that the index has
+    write: bool = True  # False: --check, compare only
+    correct: bool = False  # replace disagreeing values with the index's (each reported)
+
+
+def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
+    """Read the releases' facts from the index, compare them with compat.yaml, and (unless checking) write what
+    they add, each build with its source; disagreements change compat.yaml only with `correct`."""
+    index = index or Index(options.index_url)
+    yaml = round_trip_yaml()
+    document = _load(yaml, options.compat_file)
+    torch_section = document["torch"]
+    result = Refresh()
+    for torch in options.versions or tuple(torch_section):
+        release = read_release(index, torch)
+        if release is None:
+            if options.versions:
+                raise InputError([Problem(options.index_url, 0, f"the index has no torch {brief(torch)} wheels: "
+                                                                "name a release it has")])
+            result.not_on_index.append(torch)
+            continue
+        result.releases.append(release)
+        block, added, disagree = compare(release, plain(torch_section.get(torch)))
+        result.added += added
+        result.disagreements += disagree
+        if options.correct:
+            block = corrected(block, disagree)
+        _update(torch_section, torch, block, index.url)
+    if options.write and result.releases:
+        _dump(yaml, document, options.compat_file)
+    return result
+
+
+def round_trip_yaml() -> YAML:
+    yaml = YAML()  # round-trip: compat.yaml's comments and order stay as people wrote them
+    yaml.width = 120
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml.preserve_quotes = True
+    return yaml
+
+
+def _load(yaml: YAML, path: Path):
+    try:
+        document = yaml.load(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError([Problem(str(path), 0, f"cannot read it ({error}): restore it with `git checkout`")]) from None
+    if not isinstance(document, dict) or not isinstance(document.get("torch"), dict):
+        raise InputError([Problem(str(path), 0, "needs a `torch:` mapping of releases: restore it with "
+                                                "`git checkout`")])
+    return document
+
+
+def plain(node) -> dict | None:
+    if node is None:
+        return None
+    if isinstance(node, dict):
+        return {key: plain(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [plain(value) for value in node]
+    return node
+
+
+def _update(section, torch: str, block: dict, index_url: str) -> None:
+    """Merge into the round-trip node, so existing keys keep their comments; a new release goes first, and the
+    comment above the section's first release moves down with it."""
+    if torch in section:
+        _merge_node(section[torch], block)
+        return
+    previous_first = next(iter(section), None)
+    above = section.ca.comment[1] if section.ca.comment else None
+    section.insert(0, DoubleQuotedScalarString(torch), quoted(block))
+    note = CommentToken(f"# Read from {index_url} by `build.py compat refresh`: each build's source is its wheel.\n",
+                        CommentMark(2))
+    if previous_first is not None and above:
+        section.ca.items[previous_first] = [None, [CommentToken("\n", CommentMark(0)), *above], None, None]
+    section.ca.comment = [None, [note]]
+
+
+def _merge_node(node, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(node.get(key), dict):
+            _merge_node(node[key], value)
+        elif node.get(key) != value:
+            node[key] = quoted(value)
+
+
+def quoted(value):
+    """Versions in double quotes, as compat.yaml writes them ("3.11" is not the number 3.11)."""
+    if isinstance(value, str):
+        return DoubleQuotedScalarString(value)
+    if isinstance(value, dict):
+        return {quoted(key) if re.fullmatch(r"[0-9.]+", key) else key: quoted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        sequence = CommentedSeq(quoted(item) for item in value)
+        sequence.fa.set_flow_style()
+        return sequence
+    return value
+
+
+def _dump(yaml: YAML, document, path: Path) -> None:
+    """Rewrite only the `torch:` section: the others (hand-kept flow lists among them) stay byte for byte."""
+    stream = StringIO()
+    yaml.dump({"torch": document["torch"]}, stream)
+    text = path.read_text()
+    start = re.search(r"^torch:", text, re.MULTILINE).start()
+    following = re.compile(r"^[^\s#]", re.MULTILINE).search(text, start + 1)
+    end = following.start() if following else len(text)
+    section = text[start:end]
+    blank_lines_after = section[len(section.rstrip("\n")):]
+    atomic_write(path, text[:start] + stream.getvalue().rstrip("\n") + blank_lines_after + text[end:])

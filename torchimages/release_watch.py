@@ -1,0 +1,194 @@
+"""The release watch (nightly): a torch on the index newer than the matrix's newest -> its facts read into
+compat.yaml, rows proposed in matrix.yaml shaped like the newest ones, and their Dockerfiles rendered. A proposal is
+a change for review (the workflow opens a pull request with it); nothing is built for publishing from it."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from io import StringIO
+from pathlib import Path
+
+from packaging.version import Version
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from . import compat_refresh
+from . import matrix as matrix_stage
+from . import render as render_stage
+from .files import atomic_write
+from .lockfile import LOCK_NAME, read_lock
+from .model import InputError, Problem
+from .yamlsource import load_yaml
+
+REPORT_JSON, REPORT_MARKDOWN = "release-watch.json", "release-watch.md"
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    matrix_file: Path
+    compat_file: Path
+    templates: Path
+    images: Path
+    reports: Path
+    index_url: str
+
+
+@dataclass
+class Proposal:
+    release: str = ""  # the newer release, "" when the matrix has the newest already
+    newest_in_matrix: str = ""
+    tags: list[str] = field(default_factory=list)  # the proposed rows' tags
+    notes: list[str] = field(default_factory=list)  # rows not proposed, and why
+    disagreements: list[str] = field(default_factory=list)
+
+
+def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> Proposal:
+    index = index or compat_refresh.Index(options.index_url)
+    matrix = matrix_stage.load_matrix(options.matrix_file, options.compat_file)
+    proposal = Proposal(newest_in_matrix=str(max(Version(spec.torch) for spec in matrix.specs)))
+    newest = compat_refresh.newest_release(index)
+    if newest is None or Version(newest) <= Version(proposal.newest_in_matrix):
+        _write_reports(options.reports, proposal)
+        return proposal
+    proposal.release = newest
+    refreshed = compat_refresh.refresh(compat_refresh.RefreshOptions(options.compat_file, options.index_url, (newest,)),
+                                       index)
+    proposal.disagreements = [f"{d.where}: compat.yaml {d.compat}, index {d.index}" for d in refreshed.disagreements]
+    release = refreshed.releases[0]
+    compat = matrix_stage.load_compat(options.compat_file)
+    variants = load_yaml(options.matrix_file)["variants"]
+    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes)
+    if rows:
+        text = with_proposed_rows(options.matrix_file.read_text(), variants, proposal.newest_in_matrix, rows,
+                                  f"torch {newest} on {options.index_url}")
+        _write_checked(options, text)
+        specs = matrix_stage.load_matrix(options.matrix_file, options.compat_file).specs
+        proposal.tags = [spec.tag for spec in specs if spec.torch == newest]
+        _render(options, specs)
+    _write_reports(options.reports, proposal)
+    return proposal
+
+
+def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.ReleaseFacts, compat: dict,
+                 notes: list[str]) -> list:
+    """A copy of each row of the matrix's newest release, for the new one: its torchvision, the same CUDA where
+    the new release has that build (else PyPI's build for a row on PyPI's), cuDNN's major as the wheel pins it."""
+    new_facts = compat["torch"][release.torch]
+    old_facts = compat["torch"].get(newest_in_matrix, {})
+    pypi_build = next((cuda for cuda, facts in new_facts.get("cuda", {}).items() if facts.get("pypi")), None)
+    proposed = []
+    for row in variants:
+        if str(row.get("torch")) != newest_in_matrix:
+            continue
+        cuda = str(row.get("cuda"))
+        if cuda != "cpu" and cuda not in new_facts.get("cuda", {}):
+            was_pypi = old_facts.get("cuda", {}).get(cuda, {}).get("pypi")
+            if not (was_pypi and pypi_build):
+                notes.append(f"torch {release.torch} has no CUDA {cuda} build on the index: its row is not proposed")
+                continue
+            cuda = pypi_build
+        if cuda == "cpu" and not new_facts.get("cpu"):
+            notes.append(f"torch {release.torch} has no CPU build on the index: the CPU row is not proposed")
+            continue
+        row_copy = compat_refresh.plain(row)
+        row_copy["torch"] = release.torch
+        if cuda != "cpu":
+            row_copy["cuda"] = compat_refresh.quoted(cuda)
+            row_copy["cudnn"] = int(new_facts["cuda"][cuda]["cudnn"].split(".")[0])
+        if "torchvision" in row_copy:
+            if release.torchvision:
+                row_copy["torchvision"] = release.torchvision
+            else:
+                del row_copy["torchvision"]
+                notes.append(f"no torchvision on the index takes torch {release.torch}: proposed without it")
+        proposed.append(row_copy)
+    return proposed
+
+
+def with_proposed_rows(text: str, variants, newest_in_matrix: str, rows: list[dict], origin: str) -> str:
+    """matrix.yaml's text with the proposed rows above the rows they copy (their comments and everything else kept
+    as written); the copied rows' aliases move to them (`latest` follows the newest release)."""
+    lines = text.splitlines(keepends=True)
+    copied = [row for row in variants if str(row.get("torch")) == newest_in_matrix]
+    for row in sorted(copied, key=lambda row: -row.line_of("aliases") if "aliases" in row else 0):
+        if "aliases" in row:
+            del lines[row.line_of("aliases") - 1:_end_of_value(lines, row.line_of("aliases"))]
+    at = _start_of_comment_above(lines, copied[0].line - 1)  # the aliases removed are below this line
+    stream = StringIO()
+    compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
+    header = [f"  # Proposed by the release watch ({origin}),\n",
+              f"  # shaped like the {newest_in_matrix} rows: review its facts in torchimages/compat.yaml.\n"]
+    proposed = header + stream.getvalue().splitlines(keepends=True) + ["\n"]
+    return "".join(lines[:at] + proposed + lines[at:])
+
+
+def _end_of_value(lines: list[str], line: int) -> int:
+    """The index after a key's value: its own line and the lines indented deeper than the key below it."""
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+    end = line
+    while end < len(lines) and lines[end].strip() and len(lines[end]) - len(lines[end].lstrip()) > indent:
+        end += 1
+    return end
+
+
+def _start_of_comment_above(lines: list[str], index: int) -> int:
+    while index > 0 and lines[index - 1].lstrip().startswith("#"):
+        index -= 1
+    return index
+
+
+def _flow_lists(row: dict) -> CommentedMap:
+    """A proposed row in the matrix's style: its lists and mappings on one line."""
+    return CommentedMap((key, _flow(value)) for key, value in row.items())
+
+
+def _flow(value):
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+\.[0-9]+", value):
+        return compat_refresh.quoted(value)  # "3.12", as the matrix writes it (3.12 would be a number)
+    if not isinstance(value, (list, dict)):
+        return value
+    styled = (CommentedSeq(_flow(item) for item in value) if isinstance(value, list)
+              else CommentedMap((key, _flow(item)) for key, item in value.items()))
+    styled.fa.set_flow_style()
+    return styled
+
+
+def _write_checked(options: WatchOptions, text: str) -> None:
+    """Write the proposed matrix only if it validates; else leave matrix.yaml as it was and say why."""
+    candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
+    candidate.write_text(text)
+    try:
+        matrix_stage.load_matrix(candidate, options.compat_file)
+    except InputError as error:
+        raise InputError([Problem(str(options.matrix_file), problem.line, f"the proposed rows do not validate: "
+                                  f"{problem.message}") for problem in error.problems]) from None
+    finally:
+        candidate.unlink(missing_ok=True)
+    atomic_write(options.matrix_file, text)
+
+
+def _render(options: WatchOptions, specs) -> None:
+    pinned = {image: base.reference for image, base in read_lock(options.matrix_file.parent / LOCK_NAME).items()}
+    repository = specs[0].repository if specs else ""
+    render_stage.write_rendered(options.images, render_stage.render_files(
+        specs, options.templates, options.matrix_file.name, repository, pinned))
+
+
+def _write_reports(reports: Path, proposal: Proposal) -> None:
+    atomic_write(reports / REPORT_JSON, json.dumps(asdict(proposal), indent=2) + "\n")
+    atomic_write(reports / REPORT_MARKDOWN, markdown(proposal))
+
+
+def markdown(proposal: Proposal) -> str:
+    """The pull request's body (the workflow appends the verification summary)."""
+    if not proposal.release:
+        return f"No torch release newer than the matrix's {proposal.newest_in_matrix} on the index.\n"
+    lines = [f"## torch {proposal.release}: proposed rows", "",
+             f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
+             "`build.py watch` read its facts from the wheels into `torchimages/compat.yaml` (each build with its "
+             "`source:`), proposed rows shaped like the newest ones in `matrix.yaml` and rendered them. Nothing is "
+             "published from this proposal: merging it lets the nightly build, verify and publish the rows.", ""]
+    lines += [f"- `{tag}`" for tag in proposal.tags] or ["- no rows could be proposed"]
+    lines += ["", *(f"- note: {note}" for note in proposal.notes)]
+    lines += [f"- disagreement (kept, check it): {item}" for item in proposal.disagreements]
+    return "\n".join(lines).rstrip() + "\n"
