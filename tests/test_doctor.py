@@ -1,11 +1,12 @@
 """`build.py doctor`: what this host can do with the rows, said before a long build or a 6 GB pull."""
+import dataclasses
 import json
 import os
 import stat
 
 import pytest
 
-from torchimages.doctor import Finding, HostGpu, disk_finding, parse_nvidia_smi, row_findings
+from torchimages.doctor import Finding, HostGpu, arch_findings, disk_finding, parse_nvidia_smi, row_findings
 from torchimages.matrix import load_matrix
 
 from .conftest import ROOT, run_cli
@@ -63,6 +64,23 @@ def test_a_gpu_the_arch_list_misses_fails_naming_the_rows_that_cover_it():
 def test_cpu_rows_and_gpu_less_hosts_give_no_row_findings():
     assert row_findings(BY_TAG["2.13.0-cpu-runtime"], [H100], SPECS) == []
     assert row_findings(BY_TAG[CU130], [], SPECS) == []
+
+
+def test_rows_for_another_cpu_architecture_fail_naming_the_rows_for_this_one():
+    # A GH200 or GB200 host is aarch64 (uname -m; Docker says arm64): an x86_64 image fails there at exec.
+    [finding] = arch_findings([BY_TAG[CU130]], "arm64")
+    assert finding.status == "fail" and finding.subject == CU130
+    assert "built for x86_64, but this host is aarch64" in finding.detail
+    assert "none in the matrix (add a variant with arch: aarch64)" in finding.detail
+    arm_row = dataclasses.replace(BY_TAG[CU130], tag="2.14.1-cuda13.0-cudnn9-runtime-arm64", arch="aarch64")
+    [finding] = arch_findings([BY_TAG[CU130], arm_row], "aarch64")
+    assert finding.subject == CU130 and finding.detail.endswith(f"rows for aarch64: {arm_row.tag}")
+
+
+def test_docker_and_uname_names_of_one_architecture_are_the_same_host():
+    assert arch_findings(SPECS, "amd64") == [] and arch_findings(SPECS, "x86_64") == []
+    arm_row = dataclasses.replace(BY_TAG[CU130], arch="aarch64")
+    assert arch_findings([arm_row], "arm64") == [] and arch_findings([arm_row], "aarch64") == []
 
 
 def test_disk_findings_weigh_the_rows_not_built_yet_by_their_size_budgets():

@@ -44,6 +44,7 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
             continue
         failed = [o for o in mine if o.status == "failed"]
         skipped = [o for o in mine if o.status == "skipped"]
+        warned = list(dict.fromkeys(o.message for o in mine if o.status == "passed" and o.message))
         if failed:
             status, message = "failed", "; ".join(o.message for o in failed)
         elif len(skipped) == len(mine):
@@ -51,12 +52,12 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
         else:
             status = "passed"
             message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"
-            warned = [o.message for o in mine if o.status == "passed" and o.message]
             if warned:
-                message += "; warning: " + "; ".join(dict.fromkeys(warned))
+                message += "; warning: " + "; ".join(warned)
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
         verdicts[name] = {"status": status, "message": message,
+                          "warnings": warned if status == "passed" else [],
                           "tests": [{"test": o.test, "status": o.status, "message": o.message, "seconds": o.seconds}
                                     for o in mine]}
     return verdicts

@@ -12,6 +12,10 @@ from .model import InputError, Problem
 
 NO_ENGINE_HINT = "start one with `make engine` (then `source .engine/env`), or export DOCKER_HOST=unix:///path/to/docker.sock"
 NO_GPU_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
+# For containers that must see no GPU: our images say NVIDIA_VISIBLE_DEVICES=all, which alone gives a container every
+# GPU on an engine whose default runtime is nvidia (and fails its start where the host's driver does not load). "void"
+# is the NVIDIA runtime's "no GPU" (NVIDIA Container Toolkit, "Specialized Configurations with Docker", GPU Enumeration).
+NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
 GPU_RUNTIME_HINT = ("this Docker engine has no NVIDIA runtime, so it cannot give containers GPUs. Install the NVIDIA "
                     "Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`, restart dockerd, "
                     "or verify without GPUs: --gpus none")
@@ -73,7 +77,7 @@ def _has_cdi_gpus(info: dict) -> bool:
 
 def explain_start_error(error: docker.errors.APIError) -> str:
     """Turn the daemon's container start errors into what the user should do."""
-    text = _short(error)
+    text = _start_reason(error)
     if NO_GPU_RUNTIME in text:
         return GPU_RUNTIME_HINT
     if "unsatisfied condition: cuda>=" in text:
@@ -84,6 +88,13 @@ def explain_start_error(error: docker.errors.APIError) -> str:
     if "unknown device" in text:
         return f"the requested GPU does not exist on this host ({text}): list them with `nvidia-smi -L`, pick --gpus again"
     return text
+
+
+def _start_reason(error: docker.errors.APIError) -> str:
+    """The start error in one line: the NVIDIA hook's own line where it wrote one. The daemon's first line ends at the
+    hook's "Auto-detected mode as 'legacy'", the reason is on the next (NVIDIA/nvidia-container-toolkit#556)."""
+    lines = str(error.explanation or error).splitlines()
+    return next((line.strip() for line in lines if "nvidia-container-cli" in line), _short(error))
 
 
 def _short(error: Exception) -> str:

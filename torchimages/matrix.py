@@ -13,6 +13,7 @@ from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
 COMPAT_FILE = Path(__file__).with_name("compat.yaml")
+DRIVER_VERSION = re.compile(r"\d+(\.\d+)*")  # 580, 525.60.13
 
 TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
 VARIANT_KEYS = (
@@ -81,9 +82,22 @@ def compat_shape_problems(compat) -> list[tuple[int, str]]:
                                        and entry["family"] in (compat.get("families") or {})):
                 problems.append((section.line_of(key), f"os {brief(key)} needs python:, image:, glibc: and a "
                                                        "family: that `families` lists"))
-            elif name == "cuda" and not {"full", "min_driver"} <= set(entry):
-                problems.append((section.line_of(key), f"CUDA {brief(key)} needs full: and min_driver:"))
+            elif name == "cuda" and not _driver_facts_ok(entry):
+                problems.append((section.line_of(key), f"CUDA {brief(key)} needs full:, min_driver: (the release's "
+                                                       "GA driver) and driver_floor: (its major's minor-version-"
+                                                       "compatibility floor, NVIDIA \"CUDA Compatibility\"), the "
+                                                       "floor a version at or below min_driver"))
     return problems
+
+
+def _driver_facts_ok(entry: dict) -> bool:
+    """Both driver levels present as versions, the floor at or below the release's own driver."""
+    if not {"full", "min_driver", "driver_floor"} <= set(entry):
+        return False
+    floor, ga = (str(entry[key]) for key in ("driver_floor", "min_driver"))
+    if not (DRIVER_VERSION.fullmatch(floor) and DRIVER_VERSION.fullmatch(ga)):
+        return False
+    return tuple(map(int, floor.split("."))) <= tuple(map(int, ga.split(".")))
 
 
 def _torch_facts_ok(entry: dict) -> bool:
@@ -294,7 +308,7 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
             cuda_home=toolkit.get("home") if with_toolkit else None, remove_from_base=remove_from_base,
             cuda_full=cuda_facts["full"] if is_gpu else None, cudnn_version=wheel.get("cudnn"),
             nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
-            driver_floor=str(cuda_facts.get("driver_floor") or cuda_facts["min_driver"]) if is_gpu else None,
+            driver_floor=str(cuda_facts["driver_floor"]) if is_gpu else None,
             arch_list=arch_list, user=settings.user, shm_size=settings.shm_size, size_budget=settings.size_budget,
             deprecated=settings.deprecated, aliases=tuple(settings.aliases.get(flavor, ())),
             repository=repository, matrix_line=row.variant.line,

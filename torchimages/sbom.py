@@ -20,6 +20,7 @@ from urllib.parse import quote
 import docker
 import docker.errors
 
+from .engine import NO_GPUS
 from .files import atomic_write_json
 from .model import InputError, Problem
 from .yamlsource import LineDict, LineList, load_yaml
@@ -88,8 +89,10 @@ def parse_inventory(text: str) -> Inventory:
 
 def collect_inventory(docker_client: docker.DockerClient, image: str) -> Inventory:
     try:
+        # Reading package lists needs no GPU: on a GPU host the image's NVIDIA_VISIBLE_DEVICES=all must not decide.
         output = docker_client.containers.run(image, ["-c", INVENTORY_SCRIPT], entrypoint=["/bin/sh"],
-                                              network_disabled=True, remove=True, stdout=True, stderr=False)
+                                              environment=NO_GPUS, network_disabled=True, remove=True, stdout=True,
+                                              stderr=False)
     except docker.errors.ContainerError as error:
         stderr = (error.stderr or b"").decode(errors="replace").strip()
         raise SbomError(f"reading the package lists of {image} failed: {stderr or error}") from None

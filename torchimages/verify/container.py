@@ -42,9 +42,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(), network_mode="none", detach=True,
-        # The images say NVIDIA_VISIBLE_DEVICES=all: on an engine whose default runtime is nvidia that alone gives the
-        # container every GPU. "void" is the NVIDIA runtime's "no GPU" (Container Toolkit docs, GPU Enumeration).
-        environment={} if plan.gpus.wanted else {"NVIDIA_VISIBLE_DEVICES": "void"},
+        environment={} if plan.gpus.wanted else engine.NO_GPUS,
         hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
     )
 

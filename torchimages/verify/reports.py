@@ -20,6 +20,7 @@ class CheckVerdict:
     status: str  # passed | failed | skipped
     message: str = ""
     tests: list = field(default_factory=list)  # the pytest outcomes behind the verdict
+    warnings: list = field(default_factory=list)  # a passed check's limits worth knowing; publishing gates on status
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> Ver
     return VerifyReport(
         tag=result.tag, image=result.image, image_id=result.image_id, spec_hash=plan.spec.spec_hash(),
         passed=result.passed,
-        checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []))
+        checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []), check.get("warnings", []))
                 for name, check in result.checks.items()},
         run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout},
         started_at=utc_timestamp(started_at), finished_at=utc_timestamp(), duration_s=result.duration,
@@ -86,17 +87,23 @@ def read_verify_report(path: Path) -> VerifyReport | None:
     return VerifyReport.from_json(report)
 
 
+def _mark(check: dict) -> str:
+    return "⚠️ passed" if check["status"] == "passed" and check.get("warnings") else STATUS_MARK[check["status"]]
+
+
 def summary_markdown(results: list[VerifyResult]) -> str:
     """Checks x images, then what failed and what was skipped, for a CI step summary."""
     lines = ["# Image verification", "", "| check | " + " | ".join(f"`{r.tag}`" for r in results) + " |",
              "|---|" + "---|" * len(results)]
     for name in CHECKS:
-        lines.append(f"| {name} | " + " | ".join(STATUS_MARK[r.checks[name]["status"]] for r in results) + " |")
+        lines.append(f"| {name} | " + " | ".join(_mark(r.checks[name]) for r in results) + " |")
     lines.append("| **image** | " + " | ".join("**passed**" if r.passed else "**FAILED**" for r in results) + " |")
     lines += ["", "Verified image ids: " + ", ".join(f"`{r.tag}` = `{r.image_id}`" for r in results), ""]
     for result in results:
         notes = [f"- **{name}** {check['status']}: {markdown_cell(check['message'])}"
                  for name, check in result.checks.items() if check["status"] != "passed"]
+        notes += [f"- **{name}** passed with a warning: {markdown_cell(warning)}"
+                  for name, check in result.checks.items() for warning in check.get("warnings", [])]
         if notes:
             lines += [f"## `{result.tag}`", "", *notes, ""]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,197 @@
+"""Verification's GPU plumbing on a host without GPUs: what the suite's driver verdict writes, how a GPU container
+that cannot start is reported, and the GPU environment each --gpus form gives the container."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from torchimages import engine
+from torchimages.checks.suite.helpers import driver_verdict
+from torchimages.matrix import load_compat, load_matrix
+from torchimages.model import InputError
+from torchimages.sbom import collect_inventory
+from torchimages.verify.container import container_name, create_container, remove_container
+from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
+from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
+from torchimages.verify.suite import failed_start_checks
+
+ROOT = Path(__file__).resolve().parent.parent
+BY_TAG = {spec.tag: spec for spec in load_matrix(ROOT / "matrix.yaml").specs}
+CU132 = "2.15.0-cuda13.2-cudnn9-runtime"
+H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}
+
+
+def driver_check(tmp_path: Path, tag: str, driver: str, libcuda: int | None) -> dict:
+    """The real suite's driver test, run by pytest with the real check plugin on recorded facts (testinfra's
+    local:// host: the test reads no file), as `build.py test` runs it against a container."""
+    spec = BY_TAG[tag]
+    expect = {"tag": tag, "container_id": "recorded", "spec": spec.to_json(), "host_gpu_runtime": True,
+              "gpus": parse_gpus("all").to_json()}
+    gpu = {"available": True, "device_count": 1, "devices": [H100], "driver_version": driver,
+           "libcuda_driver_version": libcuda, "nvidia_smi_gpus": [H100["name"]], "warnings": []}
+    facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu}}
+    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
+    paths["expect"].write_text(json.dumps(expect))
+    paths["facts"].write_text(json.dumps(facts))
+    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_gpu.py"), "--hosts=local://",
+                    "-k", "test_host_driver_meets_the_cuda_minimum", "-p", "torchimages.checkplugin",
+                    f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
+                    "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "-q", "-p", "no:cacheprovider"],
+                   cwd=tmp_path, capture_output=True, text=True, check=False)
+    return json.loads(paths["checks"].read_text())["driver"]
+
+
+def test_a_driver_below_the_releases_own_passes_the_driver_check_with_its_warning_in_the_report(tmp_path):
+    # R580 (the LTS branch) under a CUDA 13.2 row: minor-version compatibility runs it; PTX JIT of 13.2 PTX does not.
+    verdict = driver_check(tmp_path, CU132, "580.95.05", 13000)
+    assert verdict["status"] == "passed", verdict
+    [warning] = verdict["warnings"]
+    assert "older than CUDA 13.2's own (595.45.04" in warning and "cannot be JIT-compiled" in warning
+    assert "warning: " + warning in verdict["message"]
+
+
+@pytest.mark.parametrize("driver, libcuda, verdict, says", [
+    ("595.45.04", None, "ok", "driver 595.45.04 >= 595.45.04"),
+    ("580.95.05", 13000, "warn", "minor-version compatibility (>= 580)"),
+    ("575.57.08", 12090, "fail", "older than any CUDA 13.x runs on (580"),
+    ("575.57.08", None, "fail", "older than any CUDA 13.x runs on (580"),
+    # cuda-compat's libcuda 13.2 on the 535 datacenter branch: the kernel driver's branch does not decide.
+    ("535.261.03", 13020, "ok", "the libcuda this process loads supports CUDA 13.2"),
+])
+def test_the_driver_verdict_has_two_floors_and_knows_a_forward_compatible_libcuda(driver, libcuda, verdict, says):
+    status, why = driver_verdict(driver, libcuda, BY_TAG[CU132])
+    assert status == verdict and says in why, why
+
+
+@pytest.mark.parametrize("floor", ["", "driver_floor: \"600\"", "driver_floor: r580"])
+def test_a_cuda_release_without_a_floor_at_or_below_its_own_driver_is_refused_naming_the_line(tmp_path, floor):
+    text = (ROOT / "torchimages" / "compat.yaml").read_text()
+    entry = '  "13.2":\n    full: "13.2.2"\n    min_driver: "595.45.04"\n    driver_floor: "580"\n'
+    assert entry in text
+    broken = tmp_path / "compat.yaml"
+    broken.write_text(text.replace(entry, entry.replace('    driver_floor: "580"\n', f"    {floor}\n")))
+    with pytest.raises(InputError) as raised:
+        load_compat(broken)
+    [problem] = raised.value.problems
+    assert problem.file == str(broken) and text.splitlines()[problem.line - 1] == '  "13.2":'
+    assert "driver_floor: (its major's minor-version-compatibility floor" in problem.message
+
+
+def test_the_summary_names_a_check_that_passed_with_a_warning():
+    checks = {name: {"status": "passed", "message": "1 of 1 tests passed", "tests": []} for name in CHECKS}
+    checks["driver"] = {"status": "passed", "message": "1 of 1 tests passed; warning: the host driver 580.95.05 ...",
+                        "tests": [], "warnings": ["the host driver 580.95.05 is older than CUDA 13.2's own"]}
+    report = VerifyReport.from_json({"schema": REPORT_SCHEMA, "image_id": "sha256:" + "a" * 64, "passed": True,
+                                     "checks": checks})
+    assert report.checks["driver"].warnings == ["the host driver 580.95.05 is older than CUDA 13.2's own"]
+    result = type("Result", (), {"tag": CU132, "image_id": report.image_id, "passed": True, "checks": checks})
+    summary = summary_markdown([result])
+    assert "| driver | ⚠️ passed |" in summary
+    assert "- **driver** passed with a warning: the host driver 580.95.05 is older than CUDA 13.2's own" in summary
+
+
+# How dockerd words a failed NVIDIA hook: the hook's reason is on the second line (NVIDIA/nvidia-container-toolkit#556).
+HOOK_FAILED = ("failed to create shim task: OCI runtime create failed: runc create failed: unable to start container "
+               "process: error during container init: error running hook #0: error running hook: exit status 1, "
+               "stdout: , stderr: Auto-detected mode as 'legacy'\n")
+
+
+def start_error(explanation: str) -> docker.errors.APIError:
+    return docker.errors.APIError("500 Server Error", explanation=explanation)
+
+
+@pytest.mark.parametrize("explanation, says", [
+    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
+     "the host's NVIDIA driver is not usable"),
+    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: Driver/library version mismatch: unknown",
+     "a driver upgraded without a reboot"),
+    (f"{HOOK_FAILED}nvidia-container-cli: device error: 3: unknown device: unknown", "nvidia-smi -L"),
+    (f"{HOOK_FAILED}nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.2, please update your "
+     "driver to a newer version, or use an earlier cuda container: unknown", "too old for this image"),
+])
+def test_a_gpu_container_that_cannot_start_fails_gpu_and_driver_and_runs_nothing_else(explanation, says):
+    checks = failed_start_checks(start_error(explanation))
+    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"gpu", "driver"}
+    assert says in checks["gpu"]["message"] and says in checks["driver"]["message"]
+    assert all(check["message"].startswith("not run: the container could not start")
+               for name, check in checks.items() if name not in ("gpu", "driver"))
+
+
+def test_an_engine_that_cannot_give_gpus_is_bad_input_with_the_fix():
+    with pytest.raises(InputError) as raised:
+        failed_start_checks(start_error('could not select device driver "" with capabilities: [[gpu]]'))
+    assert raised.value.problems[0].message == engine.GPU_RUNTIME_HINT
+
+
+def test_a_container_that_cannot_start_for_another_reason_fails_every_check():
+    checks = failed_start_checks(start_error("OCI runtime create failed: exec: \"sleep\": executable file not found"))
+    assert all(check["status"] == "failed" and "could not start" in check["message"] for check in checks.values())
+
+
+@pytest.fixture
+def image_giving_every_gpu(docker_client):
+    """A tiny image that says NVIDIA_VISIBLE_DEVICES=all, as ours do (built on the base the engine is seeded with);
+    its dpkg-query lists one package, named `visible`, whose version is what the container was given."""
+    reference = f"torchimages-test-gpu-env:{secrets.token_hex(4)}"
+    dockerfile = io.BytesIO(b"FROM debian:bookworm\nENV NVIDIA_VISIBLE_DEVICES=all\n"
+                            b"RUN echo '#!/bin/sh' > /usr/local/bin/dpkg-query"
+                            b" && echo 'echo \"visible\t$NVIDIA_VISIBLE_DEVICES\tall\"' >> /usr/local/bin/dpkg-query"
+                            b" && chmod +x /usr/local/bin/dpkg-query\n")
+    image, _ = docker_client.images.build(fileobj=dockerfile, tag=reference, rm=True, pull=False)
+    yield image
+    docker_client.images.remove(image.id, force=True)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("gpus, visible, requests", [
+    # On an engine whose default runtime is nvidia the image's "all" alone would give every GPU: "void" is the NVIDIA
+    # runtime's no GPU (NVIDIA Container Toolkit, "Specialized Configurations with Docker", GPU Enumeration).
+    ("none", "void", None),
+    ("all", "all", [{"Count": -1, "DeviceIDs": []}]),
+    ("2", "all", [{"Count": 2, "DeviceIDs": []}]),
+    ("device=0,2", "all", [{"Count": 0, "DeviceIDs": ["0", "2"]}]),
+])
+def test_each_gpus_form_gives_the_container_its_gpu_environment(docker_client, image_giving_every_gpu, tmp_path,
+                                                                 gpus, visible, requests):
+    spec = BY_TAG[CU132]
+    image = image_giving_every_gpu
+    plan = Plan(spec, image.tags[0], image.id, parse_gpus(gpus), "64m", 60)
+    name = container_name(spec)
+    try:
+        create_container(docker_client, plan, name, str(tmp_path))
+        inspected = docker_client.api.inspect_container(name)
+    finally:
+        remove_container(docker_client, name)
+    assert f"NVIDIA_VISIBLE_DEVICES={visible}" in inspected["Config"]["Env"]
+    found = inspected["HostConfig"].get("DeviceRequests")
+    assert [{key: request[key] for key in ("Count", "DeviceIDs")} for request in found or []] == (requests or [])
+
+
+@pytest.mark.engine
+def test_gpus_are_not_refused_up_front_on_an_engine_without_an_nvidia_runtime_entry(
+        engine_without_gpus, image_giving_every_gpu, tmp_path, monkeypatch):
+    # dockerd registers its nvidia device driver when nvidia-container-runtime-hook is on its PATH, with no Runtimes
+    # entry (moby daemon/nvidia_linux.go): the container's start decides, not the engine's Runtimes.
+    [plan] = plan_all(engine_without_gpus, [BY_TAG[CU132]],
+                      VerifyOptions(tmp_path, gpus="all", image=image_giving_every_gpu.tags[0]), Progress())
+    assert plan.gpus.wanted and plan.image_id == image_giving_every_gpu.id
+    hook = tmp_path / "bin" / "nvidia-container-runtime-hook"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{hook.parent}:{os.environ['PATH']}")
+    assert engine.has_gpu_runtime(engine_without_gpus), "a local engine with the NVIDIA hook on PATH can give GPUs"
+
+
+@pytest.mark.engine
+def test_reading_an_images_package_lists_gives_its_container_no_gpu(docker_client, image_giving_every_gpu):
+    inventory = collect_inventory(docker_client, image_giving_every_gpu.id)
+    assert inventory.debs == [("visible", "void", "all")]
