@@ -203,30 +203,3 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
     monkeypatch.setattr(torch.cuda.gds, "GdsFile", no_o_direct)
     result = probe.gds_errors_reach_python(torch)
     assert result["ok"] and "Invalid argument" in result["not_testable"]
-
-
-def test_gpu_start_errors_fail_the_gpu_checks_and_leave_the_others_not_run():
-    import docker.errors
-
-    from torchimages.verify.suite import failed_start_checks
-
-    error = docker.errors.APIError("500", explanation="failed to create task: OCI runtime create failed: "
-                                   "nvidia-container-cli: initialization error: nvml error: driver not loaded")
-    checks = failed_start_checks(error)
-    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"gpu", "driver"}
-    assert checks["identity"]["status"] == "skipped" and "driver not loaded" in checks["gpu"]["message"]
-
-
-def test_no_gpus_requested_hides_them_from_an_nvidia_default_runtime():
-    from torchimages.verify.container import create_container
-    from torchimages.verify.plan import Plan
-
-    class Containers:
-        def create(self, image, **options):
-            self.options = options
-
-    client = type("Client", (), {"containers": Containers()})()
-    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
-    for gpus, environment in (("none", {"NVIDIA_VISIBLE_DEVICES": "void"}), ("all", {})):
-        create_container(client, Plan(spec, "image", "sha256:x", parse_gpus(gpus), "8g", 300), "name", "reports")
-        assert client.containers.options["environment"] == environment
