@@ -14,7 +14,17 @@ MAX_INPUT_BYTES = 16 * 2**20  # no matrix, lock, report or catalog comes near th
 
 
 def read_text(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> str:
-    """A regular file's UTF-8 text, or an InputError naming the file and `fix`. FIFOs, devices and folders are
+    """A regular file's UTF-8 text, or an InputError naming the file and `fix` (see read_bytes)."""
+    data = read_bytes(path, fix, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise InputError([Problem(str(path), line, f"not UTF-8 text (byte {error.start}): {fix}")]) from None
+
+
+def read_bytes(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """A regular file's bytes, or an InputError naming the file and `fix`. FIFOs, devices and folders are
     refused before they are opened (reading them can hang or never end), and so is anything over `limit`."""
     try:
         mode = path.stat().st_mode
@@ -30,11 +40,7 @@ def read_text(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> str:
         raise InputError([Problem(str(path), 0, f"cannot read it ({error.strerror}): {fix}")]) from None
     if len(data) > limit:
         raise InputError([Problem(str(path), 0, f"larger than {limit // 2**20} MiB, which no such file needs: {fix}")])
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[:error.start].count(b"\n") + 1
-        raise InputError([Problem(str(path), line, f"not UTF-8 text (byte {error.start}): {fix}")]) from None
+    return data
 
 
 _REQUIRED = object()

@@ -284,7 +284,7 @@ class Publisher:
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)
         entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
-                                         manifest.download_size(), check_counts(report), pinned, previous, scan,
+                                         manifest.download_size, check_counts(report), pinned, previous, scan,
                                          on_record)
         if previous is not None and catalog_stage.same_entry(previous, entry):
             return
