@@ -110,7 +110,7 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
         client = engine.client(timeout=engine.PING_TIMEOUT_S)
     except InputError as error:
         return [Finding("engine", "fail", str(error.problems[0].message))]
-    info = client.info()
+    info = engine.daemon_info(client)
     findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
                                         f"{info.get('Architecture', '?')})")]
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]

@@ -23,6 +23,7 @@ from . import sbom as sbom_stage
 from .builder import local_name
 from .files import read_json_document
 from .model import LABEL_PREFIX, ImageSpec
+from .redaction import redact
 from .registry import (
     Manifest,
     Registry,
@@ -211,7 +212,7 @@ class Publisher:
         try:
             return self._publish_one(spec, catalog, all_tags, report, facts)
         except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
-            return PublishResult(spec.tag, "failed", message=f"{error} (nothing recorded for {spec.tag})")
+            return PublishResult(spec.tag, "failed", message=f"{redact(str(error))} (nothing recorded for {spec.tag})")
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
                      report: VerifyReport | None, facts: dict) -> PublishResult:

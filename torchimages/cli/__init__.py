@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.text import Text
 
 from .. import plan, verify
-from ..model import InputError, Problem, parse_size
-from ..project import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ROOT, Project
+from ..model import InputError, PeerError, Problem, parse_size
+from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
 from . import images, nightly, publishing
 from .display import errors
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in error.problems:
             errors().print(Text.assemble(("error:", "red"), f" {problem}"), highlight=False)
         return EXIT_BAD_INPUT
+    except PeerError as error:  # the engine or a registry stalled or sent garbage: one line naming it
+        errors().print(Text.assemble(("error:", "red"), f" {error}"), highlight=False)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         errors().print("interrupted")
         return EXIT_INTERRUPTED
