@@ -27,8 +27,8 @@ from .reporting import RowReport, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-STEP = re.compile(r"^Step (\d+)/(\d+) : ")
-BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
+STEP = re.compile(r"^Step ([0-9]+)/([0-9]+) : ", re.ASCII)
+BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15

@@ -252,8 +252,8 @@ class Nightly:
 
     def prune(self) -> None:
         try:
-            pruned = publish_stage.prune(self.registry, self.summary.rows, self.options.retention, self.publishing.catalog_dir,
-                                         self.project.images, self.log)
+            pruned = publish_stage.prune(self.registry, self.specs, self.matrix.specs, self.options.retention,
+                                         self.publishing.catalog_dir, self.project.images, self.log)
         except RegistryError as error:
             self.summary.fail(REGISTRY_ROW, "prune", str(error))
             return

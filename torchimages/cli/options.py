@@ -113,7 +113,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
 
 def parse_date(text: str) -> str:
     try:
-        valid = bool(re.fullmatch(r"\d{8}", text)) and bool(datetime.strptime(text, "%Y%m%d"))
+        valid = bool(re.fullmatch(r"[0-9]{8}", text, re.ASCII)) and bool(datetime.strptime(text, "%Y%m%d"))
     except ValueError:
         valid = False
     if not valid:
