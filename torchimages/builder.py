@@ -20,6 +20,7 @@ import docker.errors
 import docker.utils
 
 from . import engine
+from .files import read_bytes
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .redaction import Secrets
@@ -32,6 +33,7 @@ BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15
+CA_BUNDLE_FIX = "--ca-bundle names the PEM file of the proxy's CA (a regular file)"
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
         files.update({f"build-inputs/wheelhouse/{p.name}": p for p in sorted(wheels.iterdir()) if p.is_file()})
     extra = {"build-inputs/wheelhouse/.keep": b""}
     if options.ca_bundle:
-        extra["build-inputs/ca-bundle.pem"] = options.ca_bundle.read_bytes()
+        extra["build-inputs/ca-bundle.pem"] = read_bytes(options.ca_bundle, CA_BUNDLE_FIX)
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         digest.update(name.encode())

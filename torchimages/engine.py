@@ -88,11 +88,11 @@ def _ask(docker_client: docker.DockerClient, what: str, path: str, *arguments: s
     except requests.exceptions.Timeout:
         raise PeerError(f"the Docker engine at {where()} did not answer {what} within {QUESTION_TIMEOUT_S} s "
                         "(it answered its ping): it is overloaded or stuck; check dockerd's log") from None
-    except (requests.exceptions.RequestException, docker.errors.DockerException) as error:
-        raise PeerError(f"the Docker engine at {where()} failed {what}: {_short(error)}") from None
-    except ValueError:  # requests' JSONDecodeError
+    except ValueError:  # requests' JSONDecodeError (a RequestException too)
         raise PeerError(f"the Docker engine at {where()} answered {what} with what is not JSON: "
                         f"{brief(response.text)}; is DOCKER_HOST a Docker engine?") from None
+    except (requests.exceptions.RequestException, docker.errors.DockerException) as error:
+        raise PeerError(f"the Docker engine at {where()} failed {what}: {_short(error)}") from None
     if not isinstance(answer, dict):
         raise PeerError(f"the Docker engine at {where()} answered {what} with a JSON {type(answer).__name__}, not an "
                         f"object: {brief(answer)}; is DOCKER_HOST a Docker engine?")

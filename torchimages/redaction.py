@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from urllib.parse import quote, quote_plus, unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote
 
 REDACTED = "<redacted>"
 SHORTEST_SECRET = 4  # shorter values (a user name 'ci') would redact ordinary words
@@ -46,15 +46,15 @@ class Secrets:
 
     @classmethod
     def in_urls(cls, *urls: str | None) -> Secrets:
-        """The logins inside URLs: an index URL with a password, a proxy with a login."""
+        """The logins inside URLs: an index URL with a password, a proxy with a login. Read by hand, not with
+        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password)."""
         found = []
         for url in urls:
-            try:
-                parts = urlsplit(url or "")
-            except ValueError:  # a malformed URL: the shape-based layer still redacts its login
-                continue
-            found += [parts.password, parts.username if parts.password is None else None,
-                      f"{parts.username}:{parts.password}" if parts.password else None]
+            _, separator, rest = (url or "").partition("://")
+            userinfo, at, _ = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")
+            if separator and at:
+                user, colon, password = userinfo.partition(":")
+                found += [userinfo, password] if colon else [user]
         return cls.of(*found)
 
     def __or__(self, other: Secrets) -> Secrets:
