@@ -18,6 +18,7 @@ import yaml
 
 from torchimages.builder import BuildOptions, Builder, cache_name, local_name
 from torchimages.lock import Resolver
+from torchimages.redaction import Secrets
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
@@ -249,7 +250,7 @@ def test_lock_resolves_a_base_on_the_login_registry_by_digest(space, docker_clie
 # ------------------------------------------------------------------------------------------------- pure pieces
 
 def test_messages_never_show_the_docker_configs_secrets():
-    access = RegistryAccess(None, None, True, secrets=("czNjcmV0", "s3cret-pw"))
+    access = RegistryAccess(None, None, True, secrets=Secrets.of("czNjcmV0", "s3cret-pw"))
     said = 'Get "https://u:s3cret-pw@host/v2/": auth czNjcmV0 refused; Authorization: Bearer eyJhbGciOiJSUzI1NiJ9.x.y'
     redacted = access.redact(said)
     assert "s3cret-pw" not in redacted and "czNjcmV0" not in redacted and "eyJhbGci" not in redacted

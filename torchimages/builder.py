@@ -20,18 +20,20 @@ import docker.errors
 import docker.utils
 
 from . import engine
-from .files import check_destinations, open_new
+from .files import check_destinations, open_new, read_bytes
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
+from .redaction import Secrets
 from .reporting import RowReport, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-STEP = re.compile(r"^Step (\d+)/(\d+) : ")
-BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE)
+STEP = re.compile(r"^Step ([0-9]+)/([0-9]+) : ", re.ASCII)
+BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15
+CA_BUNDLE_FIX = "--ca-bundle names the PEM file of the proxy's CA (a regular file)"
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
         files.update({f"build-inputs/wheelhouse/{p.name}": p for p in sorted(wheels.iterdir()) if p.is_file()})
     extra = {"build-inputs/wheelhouse/.keep": b""}
     if options.ca_bundle:
-        extra["build-inputs/ca-bundle.pem"] = options.ca_bundle.read_bytes()
+        extra["build-inputs/ca-bundle.pem"] = read_bytes(options.ca_bundle, CA_BUNDLE_FIX)
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         digest.update(name.encode())
@@ -192,6 +194,9 @@ class Builder:
         self.client = docker_client
         self.options = options
         self.progress = progress or Progress()
+        # The engine's errors repeat the build request's URL, build args and all: what goes to the log, the report
+        # and the console passes through this first.
+        self.secrets = Secrets.in_urls(options.pip_index_url, options.extra_index_url, *options.proxies.values())
         self.cancelled = threading.Event()
         self._intermediate: set[str] = set()
         self._step_images: list[str] = []
@@ -290,7 +295,8 @@ class Builder:
             inspected = self.client.api.inspect_image(image_id)
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
         except Exception as error:  # one image fails, the others go on
-            result.error = str(error) if isinstance(error, BuildFailed) else f"{type(error).__name__}: {error}"
+            result.error = self.secrets.redact(str(error) if isinstance(error, BuildFailed)
+                                               else f"{type(error).__name__}: {error}")
             if self.cancelled.is_set():
                 result.status, result.error = "cancelled", "build cancelled"
         finally:
@@ -310,15 +316,16 @@ class Builder:
         image_id = ""
         for event in stream:
             if "stream" in event:
-                text = event["stream"]
+                text = self.secrets.redact(str(event["stream"]))
                 log.write(text)
                 log.flush()
                 self._observe(spec.tag, text)
             if "aux" in event and "ID" in event["aux"]:
                 image_id = event["aux"]["ID"]
             if "error" in event:
-                log.write(f"ERROR: {event['error']}\n")
-                raise BuildFailed(event["error"].strip())
+                error = self.secrets.redact(str(event["error"]))
+                log.write(f"ERROR: {error}\n")
+                raise BuildFailed(error.strip())
         if not image_id:
             raise BuildFailed("the engine ended the build without an image")
         return image_id
@@ -346,7 +353,7 @@ class Builder:
         and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
         Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
         for image_id in reversed(self._step_images):
-            inspected = engine.inspect_image(self.client, image_id)
+            inspected = self.client.api.inspect_image(image_id)
             if not inspected or inspected.get("RepoTags"):
                 continue  # gone already, or a tagged image (the result, a base): `rmi ID` would untag it
             try:

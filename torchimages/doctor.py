@@ -131,7 +131,7 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
         client = engine.client(timeout=engine.PING_TIMEOUT_S)
     except InputError as error:
         return [Finding("engine", "fail", str(error.problems[0].message))] + arch_findings(specs, platform.machine())
-    info = client.info()
+    info = engine.daemon_info(client)
     findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
                                         f"{info.get('Architecture', '?')})")]
     findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()))

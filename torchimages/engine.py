@@ -1,4 +1,5 @@
-"""Talking to the Docker engine: connecting with a clear error, and explaining the engine's errors."""
+"""Talking to the Docker engine: connecting with a clear error, asking it questions within a bound and checking the
+shape of its answers, and explaining the engine's errors (without the credentials they may repeat)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,9 @@ import docker
 import docker.errors
 import requests
 
-from .model import InputError, Problem
+from .files import brief
+from .model import InputError, PeerError, Problem
+from .redaction import redact
 
 NO_ENGINE_HINT = "start one with `make engine` (then `source .engine/env`), or export DOCKER_HOST=unix:///path/to/docker.sock"
 NO_GPU_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
@@ -22,28 +25,83 @@ GPU_RUNTIME_HINT = ("this Docker engine has no NVIDIA runtime, so it cannot give
 
 
 PING_TIMEOUT_S = 10  # an engine that accepts connections but never answers is reported in seconds, not minutes
+# A question (info, an image's inspect) that a working engine answers at once: an engine that answered the ping and
+# then stalls is reported after this, not after the client's long timeout (meant for transfers and builds).
+QUESTION_TIMEOUT_S = 30
+
+
+def where() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
 def client(timeout: int = 600) -> docker.DockerClient:
     """A client for $DOCKER_HOST that is known to answer; otherwise an InputError (exit 2) saying what to do.
     `timeout` bounds every later call (a build's stream waits that long for its next line)."""
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    where_ = where()
     try:
         docker_client = docker.from_env(timeout=PING_TIMEOUT_S)
         docker_client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where} within {PING_TIMEOUT_S} s "
+        raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where_} within {PING_TIMEOUT_S} s "
                                                     f"({_short(error)}): {NO_ENGINE_HINT}")]) from None
     docker_client.api.timeout = timeout
     return docker_client
 
 
+def daemon_info(docker_client: docker.DockerClient) -> dict:
+    """The engine's /info, asked within QUESTION_TIMEOUT_S."""
+    return _ask(docker_client, "GET /info", "/info")
+
+
 def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | None:
-    """The engine's view of an image, or None when it has no such image."""
+    """The engine's view of an image, or None when it has no such image; a PeerError when the answer is not an
+    image's description (every caller reads Id, Size, Config.Labels, RepoTags and RepoDigests)."""
     try:
-        return docker_client.api.inspect_image(reference)
+        image = _ask(docker_client, f"the inspect of image {brief(reference)}", "/images/{0}/json", reference)
     except docker.errors.ImageNotFound:
         return None
+    problem = _image_shape_problem(image)
+    if problem:
+        raise PeerError(f"the Docker engine at {where()} described image {brief(reference)} with {problem}: "
+                        f"{brief(image)}; is DOCKER_HOST a Docker engine?")
+    return image
+
+
+def _image_shape_problem(image: dict) -> str | None:
+    config = image.get("Config")
+    labels = config.get("Labels") if isinstance(config, dict) else None
+    names_ok = all(isinstance(image.get(key) or [], list) and all(isinstance(name, str) for name in image.get(key) or [])
+                   for key in ("RepoTags", "RepoDigests"))
+    if not isinstance(image.get("Id"), str) or not image["Id"]:
+        return "no Id"
+    if not isinstance(config, dict) or not isinstance(labels or {}, dict):
+        return "no Config object with Labels"
+    if not isinstance(image.get("Size"), int) or not names_ok:
+        return "a Size or RepoTags/RepoDigests of the wrong type"
+    return None
+
+
+def _ask(docker_client: docker.DockerClient, what: str, path: str, *arguments: str) -> dict:
+    """GET path from the engine within QUESTION_TIMEOUT_S: a JSON object, or a PeerError naming the engine, what was
+    asked and what it did. (docker-py's public calls wait the client's one timeout, meant for builds and pulls.)"""
+    api = docker_client.api
+    try:
+        response = api._get(api._url(path, *arguments), timeout=QUESTION_TIMEOUT_S)
+        answer = api._result(response, json=True)
+    except docker.errors.NotFound:
+        raise  # ImageNotFound: the caller's answer
+    except requests.exceptions.Timeout:
+        raise PeerError(f"the Docker engine at {where()} did not answer {what} within {QUESTION_TIMEOUT_S} s "
+                        "(it answered its ping): it is overloaded or stuck; check dockerd's log") from None
+    except ValueError:  # requests' JSONDecodeError (a RequestException too)
+        raise PeerError(f"the Docker engine at {where()} answered {what} with what is not JSON: "
+                        f"{brief(response.text)}; is DOCKER_HOST a Docker engine?") from None
+    except (requests.exceptions.RequestException, docker.errors.DockerException) as error:
+        raise PeerError(f"the Docker engine at {where()} failed {what}: {_short(error)}") from None
+    if not isinstance(answer, dict):
+        raise PeerError(f"the Docker engine at {where()} answered {what} with a JSON {type(answer).__name__}, not an "
+                        f"object: {brief(answer)}; is DOCKER_HOST a Docker engine?")
+    return answer
 
 
 # dockerd registers its "nvidia" device driver (what --gpus asks for) whenever one of these is on its PATH, with or
@@ -57,7 +115,7 @@ GPU_START_ERRORS = ("nvidia-container-cli", "unsatisfied condition: cuda>=", "nv
 def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
     """Whether the engine can likely give containers GPUs: a hint for doctor and the default selection. Verification
     does not refuse on it: the container's start decides, and its error says what is missing."""
-    info = docker_client.info()
+    info = daemon_info(docker_client)
     return ("nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))
             or (_local_engine() and any(shutil.which(hook) for hook in NVIDIA_HOOKS)))
 
@@ -98,5 +156,7 @@ def _start_reason(error: docker.errors.APIError) -> str:
 
 
 def _short(error: Exception) -> str:
+    """The first line of an engine error, without credentials (a build's error repeats its URL with the build args)."""
     explanation = getattr(error, "explanation", None)
-    return str(explanation or error).strip().splitlines()[0] if str(explanation or error).strip() else type(error).__name__
+    text = str(explanation or error).strip()
+    return redact(text.splitlines()[0]) if text else type(error).__name__

@@ -19,6 +19,7 @@ import docker.errors
 from . import engine
 from .lockfile import LOCAL_ONLY_NOTE, LockedBase
 from .model import ImageSpec
+from .redaction import redact
 from .project import Project
 from .registry import (
     Registry,
@@ -76,7 +77,10 @@ class Resolver:
         if remote is not None:
             if self.pull and (local is None or remote not in _digests(local)):
                 self.log(f"{image}: pulling {remote}")
-                self.client.images.pull(image)
+                try:
+                    self.client.images.pull(image)
+                except docker.errors.APIError as error:
+                    raise UnresolvedBase(f"the engine could not pull {remote}: {redact(str(error))}") from None
                 local = engine.inspect_image(self.client, image)
             engine_copy = local["Id"] if local is not None and remote in _digests(local) else None
             return LockedBase(image, remote, engine_copy, "registry", "", now)

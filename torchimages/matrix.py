@@ -246,7 +246,7 @@ def _check_versions(row: _Row, misspelt: set[str], fail) -> bool:
             ok = False
     for key, (pattern, example) in VERSION_PATTERNS.items():
         value = row.get(key)
-        if value is not None and not (isinstance(value, str) and re.fullmatch(pattern, value)):
+        if value is not None and not (isinstance(value, str) and re.fullmatch(pattern, value, re.ASCII)):
             fail(key, f"'{key}' must be {example}, got {brief(value)}")
             ok = False
     if row.get("os") is not None and not isinstance(row.get("os"), str):
@@ -567,6 +567,7 @@ def select(specs: list[ImageSpec], selectors: list[str], matrix_file: str = "mat
         return list(specs)
     unmatched = [s for s in selectors if not any(fnmatchcase(spec.tag, s) for spec in specs)]
     if unmatched:
-        known = ", ".join(spec.tag for spec in specs)
-        raise InputError([Problem(matrix_file, 0, f"selector {brief(s)} matches no tag; known tags: {known}") for s in unmatched])
+        # The known tags once, not once per selector: output follows what was asked, not the matrix's size.
+        known = Problem(matrix_file, 0, f"known tags: {', '.join(spec.tag for spec in specs)} (`python build.py list`)")
+        raise InputError([Problem(matrix_file, 0, f"selector {brief(s)} matches no tag") for s in unmatched] + [known])
     return [spec for spec in specs if any(fnmatchcase(spec.tag, s) for s in selectors)]

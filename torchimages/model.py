@@ -101,7 +101,8 @@ class ImageSpec:
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
-SIZE_PATTERN = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)([kmgt]?)(?:i?b)?", re.IGNORECASE)
+# ASCII: in Unicode mode IGNORECASE lets the Kelvin sign (U+212A) pass as 'k'.
+SIZE_PATTERN = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)([kmgt]?)(?:i?b)?", re.IGNORECASE | re.ASCII)
 SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
@@ -134,3 +135,8 @@ class InputError(Exception):
 
     def __str__(self) -> str:
         return "\n".join(str(p) for p in self.problems)
+
+
+class PeerError(Exception):
+    """A peer (the Docker engine, a registry, pip) did not answer within its bound or answered what cannot be used:
+    exit 1, one line naming the peer and what it did or sent."""

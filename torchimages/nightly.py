@@ -32,6 +32,7 @@ from . import verify as verify_stage
 from .lockfile import read_lock, write_lock
 from .matrix import Matrix
 from .model import ImageSpec, InputError
+from .redaction import redact
 from .project import Project
 from .registry import RegistryClient, RegistryError
 from .reporting import utc_timestamp
@@ -108,7 +109,7 @@ class Nightly:
             refreshed = lock_stage.refresh(lock_stage.Resolver(client, pull=False, log=self.log), self.specs, current,
                                            everything=False)
         except docker.errors.APIError as error:
-            self.summary.notes.append(f"base refresh failed, building on the bases the engine has: {error}")
+            self.summary.notes.append(f"base refresh failed, building on the bases the engine has: {redact(str(error))}")
             return
         if refreshed.bases != current:
             write_lock(path, refreshed.bases)
@@ -157,7 +158,7 @@ class Nightly:
                 self.pull_base(client, spec)
                 ready.append(spec)
             except (docker.errors.APIError, InputError) as error:
-                self.summary.fail(spec.tag, "build", f"could not pull its base: {error}")
+                self.summary.fail(spec.tag, "build", f"could not pull its base: {redact(str(error))}")
         first_flavors = {spec.matrix_line: spec for spec in reversed(ready)}.values()
         for spec in first_flavors:  # later flavors share the first one's fresh layers (see Builder.build_all)
             self.pull_last_published(client, spec, catalog.images.get(spec.tag))
@@ -227,7 +228,7 @@ class Nightly:
     def passed_already(self, client, spec: ImageSpec) -> bool:
         """Whether the last verification passed for exactly this image (so publish would take it as it is)."""
         path = verify_report_path(self.project.reports, spec.tag)
-        image = client.api.inspect_image(build_stage.local_name(spec))
+        image = engine.inspect_image(client, build_stage.local_name(spec))
         return publish_stage.verification_refusal(spec, image, read_verify_report(path), path) is None
 
     def publish(self, client, specs: list[ImageSpec]) -> bool:
@@ -251,8 +252,8 @@ class Nightly:
 
     def prune(self) -> None:
         try:
-            pruned = publish_stage.prune(self.registry, self.summary.rows, self.options.retention, self.publishing.catalog_dir,
-                                         self.project.images, self.log)
+            pruned = publish_stage.prune(self.registry, self.specs, self.matrix.specs, self.options.retention,
+                                         self.publishing.catalog_dir, self.project.images, self.log)
         except RegistryError as error:
             self.summary.fail(REGISTRY_ROW, "prune", str(error))
             return

@@ -23,6 +23,7 @@ from . import sbom as sbom_stage
 from .builder import local_name
 from .files import read_json_document
 from .model import LABEL_PREFIX, ImageSpec
+from .redaction import redact
 from .registry import (
     Manifest,
     Registry,
@@ -68,9 +69,12 @@ def _short(image_id: str | None) -> str:
     return (image_id or "none").removeprefix("sha256:")[:12]
 
 
+DATED_TAG = re.compile(r"(.+)-([0-9]{8})(?:\.([0-9]+))?", re.ASCII)
+
+
 def dated_tags(tag: str, all_tags: list[str]) -> list[str]:
     """The row's dated tags (<tag>-<YYYYMMDD>, or <tag>-<YYYYMMDD>.<n> for a later digest that day), newest first."""
-    pattern = re.compile(re.escape(tag) + r"-(\d{8})(?:\.(\d+))?")
+    pattern = re.compile(re.escape(tag) + r"-([0-9]{8})(?:\.([0-9]+))?", re.ASCII)
     found = [(match.group(1), int(match.group(2) or 1), name) for name in all_tags if (match := pattern.fullmatch(name))]
     return [name for _, _, name in sorted(found, reverse=True)]
 
@@ -83,8 +87,8 @@ def new_pinned_tag(tag: str, date: str, existing: list[str]) -> str:
 
 def pinned_date(pinned: str) -> str:
     """'2.13.0-cpu-runtime-20261121' -> '2026-11-21'."""
-    match = re.search(r"-(\d{8})(?:\.\d+)?$", pinned)
-    return datetime.strptime(match.group(1), "%Y%m%d").strftime("%Y-%m-%d") if match else ""
+    match = DATED_TAG.fullmatch(pinned)
+    return datetime.strptime(match.group(2), "%Y%m%d").strftime("%Y-%m-%d") if match else ""
 
 
 def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Manifest]) -> str | None:
@@ -124,6 +128,25 @@ def verified_on(report: VerifyReport, facts: dict) -> dict:
         "ran": report.with_status("passed"),
         "skipped": report.with_status("skipped"),
     }
+
+
+def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list[str], retention: int) -> list[str]:
+    """The tags whose manifests pruning rows must read: none when no row has a dated tag past retention; else the
+    rows' own tags (dated, floating, aliases) and the tags no matrix row writes (a tag pushed by hand may name an
+    old digest). Other rows' tags are not read: each row's images carry its own labels, so they never share a digest
+    with another row's."""
+    own = {spec.tag: [spec.tag, *spec.aliases, *dated_tags(spec.tag, all_tags)] for spec in rows}
+    if not any(dated_tags(spec.tag, all_tags)[retention:] for spec in rows):
+        return []
+    written = {name for spec in matrix for name in (spec.tag, *spec.aliases)}
+
+    def is_foreign(tag: str) -> bool:
+        dated = DATED_TAG.fullmatch(tag)
+        return tag not in written and not (dated and dated.group(1) in written)
+
+    present = set(all_tags)
+    return sorted({name for names in own.values() for name in names if name in present}
+                  | {tag for tag in all_tags if is_foreign(tag)})
 
 
 @dataclass(frozen=True)
@@ -212,7 +235,7 @@ class Publisher:
         try:
             return self._publish_one(spec, catalog, all_tags, report, facts)
         except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
-            return PublishResult(spec.tag, "failed", message=f"{error} (nothing recorded for {spec.tag})")
+            return PublishResult(spec.tag, "failed", message=f"{redact(str(error))} (nothing recorded for {spec.tag})")
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
                      report: VerifyReport | None, facts: dict) -> PublishResult:
@@ -285,7 +308,7 @@ class Publisher:
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)
         entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
-                                         manifest.download_size(), check_counts(report), pinned, previous, scan,
+                                         manifest.download_size, check_counts(report), pinned, previous, scan,
                                          on_record)
         if previous is not None and catalog_stage.same_entry(previous, entry):
             return
@@ -301,15 +324,16 @@ class PruneResult:
     kept_shared: dict[str, str] = field(default_factory=dict)
 
 
-def prune(registry: RegistryClient, rows: list[str], retention: int, catalog_dir: Path, images_dir: Path,
-          log: Callable[[str], None]) -> PruneResult:
-    """Delete each row's dated tags beyond the `retention` newest, and forget them (and their SBOMs) in the catalog."""
+def prune(registry: RegistryClient, rows: list[ImageSpec], matrix: list[ImageSpec], retention: int, catalog_dir: Path,
+          images_dir: Path, log: Callable[[str], None]) -> PruneResult:
+    """Delete each row's dated tags beyond the `retention` newest, and forget them (and their SBOMs) in the catalog.
+    Reads the manifests of the tags that matter to these rows only (prune_lookups), not of the whole repository."""
     # Read and check before anything is deleted: a damaged catalog stops the run with the registry untouched.
     catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
     catalog_stage.require_folder(images_dir, "the images folder (--images DIR)")
     catalog_stage.require_sbom_folder(catalog_dir)
-    tag_digests = registry.tag_digests(registry.tags())
-    plan = prune_plan(rows, tag_digests, retention)
+    tag_digests = registry.tag_digests(prune_lookups(rows, matrix, registry.tags(), retention))
+    plan = prune_plan([spec.tag for spec in rows], tag_digests, retention)
     for name, kept in sorted(plan.kept_shared.items()):
         log(f"keeping {name}: its digest is also tagged {kept}")
     result = PruneResult(kept_shared=plan.kept_shared)

@@ -13,48 +13,66 @@ Credentials are found as Docker finds them: `$DOCKER_CONFIG/config.json` (defaul
 passed on as a credential helper for the one registry). A private CA is trusted from `<certs.d>/<host:port>/ca.crt`
 (default /etc/docker/certs.d) or `--registry-ca FILE`. Plain HTTP (and unverified TLS) only for a loopback registry
 with no CA configured, as Docker does, or with `--insecure-registry`. No credential ever reaches a message: whatever
-skopeo says is stripped of the secrets the Docker config holds for the registry.
+skopeo says is stripped of the secrets the Docker config holds for the registry (redaction.py).
+
+The registry is a peer that may stall or lie. Every file handed to skopeo is a copy, in a private folder, of a bounded
+regular file this module read and checked (a certs.d `ca.crt` linked to /dev/zero is refused, not streamed); every
+skopeo run has a bound (seconds for a question, half an hour for a transfer) and retries stop after a total bound;
+every answer (a manifest, a tag list) is checked for its shape before it is used, and a wrong one names the registry
+and what it sent.
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from .files import brief, read_json_document
-from .model import InputError, Problem
+import tenacity
 
-HOST_PATTERN = re.compile(r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::\d{1,5})?")
-REPOSITORY_PATTERN = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+from .files import brief, read_bytes, read_json_document
+from .model import InputError, PeerError, Problem
+from .redaction import Secrets
+
+HOST_PATTERN = re.compile(r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::[0-9]{1,5})?", re.ASCII)
+REPOSITORY_PATTERN = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
+                                re.ASCII)
 # What a registry or the engine says when the same request may work a little later.
 TRANSIENT_MESSAGE = re.compile(
     r"connection refused|connection reset|broken pipe|timed? ?out|\beof\b|temporar|too many requests|"
-    r"service unavailable|bad gateway|gateway time|internal server error|no such host|tls handshake",
-    re.IGNORECASE,
+    r"service unavailable|bad gateway|gateway time|internal server error|no such host|tls handshake|"
+    r"deadline exceeded",
+    re.IGNORECASE | re.ASCII,
 )
-UNREACHABLE_MESSAGE = re.compile(r"dial tcp|connection refused|connection reset|no such host|i/o timeout", re.IGNORECASE)
-MISSING_MESSAGE = re.compile(r"manifest unknown|name unknown|404 \(Not Found\)|repository name not known", re.IGNORECASE)
-AUTH_MESSAGE = re.compile(r"unauthorized|authentication required|invalid username/password|denied|\b403\b", re.IGNORECASE)
-TLS_MESSAGE = re.compile(r"x509|certificate|server gave HTTP response to HTTPS client", re.IGNORECASE)
-DELETE_REFUSED = re.compile(r"unsupported|405|method not allowed", re.IGNORECASE)
-SKOPEO_MESSAGE = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+UNREACHABLE_MESSAGE = re.compile(r"dial tcp|connection refused|connection reset|no such host|i/o timeout",
+                                 re.IGNORECASE | re.ASCII)
+STALLED_MESSAGE = re.compile(r"deadline exceeded|timeout awaiting|i/o timeout", re.IGNORECASE | re.ASCII)
+MISSING_MESSAGE = re.compile(r"manifest unknown|name unknown|404 \(Not Found\)|repository name not known",
+                             re.IGNORECASE | re.ASCII)
+AUTH_MESSAGE = re.compile(r"unauthorized|authentication required|invalid username/password|denied|\b403\b",
+                          re.IGNORECASE | re.ASCII)
+TLS_MESSAGE = re.compile(r"x509|certificate|server gave HTTP response to HTTPS client", re.IGNORECASE | re.ASCII)
+DELETE_REFUSED = re.compile(r"unsupported|405|method not allowed", re.IGNORECASE | re.ASCII)
+SKOPEO_MESSAGE = re.compile(r'msg="((?:[^"\\]|\\.)*)"', re.ASCII)
 SKOPEO = "skopeo"
-SKOPEO_TIMEOUT_S = 30 * 60  # a push of a CUDA image moves several GB
+# Bounds on one skopeo run, read when it starts (tests shorten them): a question (a manifest, the tag list, a
+# delete) is answered in seconds by any registry that works; a push of a CUDA image moves several GB.
+QUESTION_TIMEOUT_S = 30
+TRANSFER_TIMEOUT_S = 30 * 60
+KILL_GRACE_S = 5  # skopeo stops itself at its --command-timeout; this long after it, it is killed
 QUERIES_AT_ONCE = 4
 DEFAULT_CERTS_D = Path("/etc/docker/certs.d")
+CERT_SUFFIXES = (".crt", ".cert", ".key")  # what containers/image reads from a certs.d folder
 MAX_NAME_LENGTH = 255  # Docker's limit on a repository name
-REDACTED = "<redacted>"
 
 T = TypeVar("T")
 
@@ -116,11 +134,11 @@ def image_registry(image: str) -> tuple[Registry, str]:
 class RegistryAccess:
     """How skopeo reaches one registry the way Docker would."""
 
-    auth_file: Path | None  # Docker config (or a credential-helper stand-in for its credsStore); None: anonymous
-    cert_dir: Path | None  # CA (and client certificate) folder; None: containers/image's own certs.d look-up
+    auth_file: Path | None  # a copy of the Docker config (or a credential-helper stand-in); None: anonymous
+    cert_dir: Path | None  # a copy of the CA (and client certificate) folder; None: no CA for this registry
     tls_verify: bool
-    secrets: tuple[str, ...] = ()  # what the Docker config holds for this registry: never shown in a message
-    # Holds the generated files (CA folder, credential-helper stand-in) as long as the access is in use.
+    secrets: Secrets = Secrets()  # what the Docker config holds for this registry: never shown in a message
+    # Holds the copied files (Docker config, CA folder) as long as the access is in use.
     scratch: tempfile.TemporaryDirectory | None = field(default=None, compare=False, repr=False)
 
     def flags(self, role: str = "") -> list[str]:
@@ -136,9 +154,7 @@ class RegistryAccess:
         return flags
 
     def redact(self, text: str) -> str:
-        for secret in sorted(self.secrets, key=len, reverse=True):
-            text = text.replace(secret, REDACTED)
-        return re.sub(r"(?i)\b(basic|bearer)\s+[A-Za-z0-9+/=._~-]{8,}", rf"\1 {REDACTED}", text)
+        return self.secrets.redact(text)
 
 
 def docker_config_dir() -> Path:
@@ -150,68 +166,110 @@ def registry_access(registry: Registry, config_dir: Path | None = None, certs_d:
                     ca_file: Path | None = None, insecure: bool = False) -> RegistryAccess:
     """Credentials from the Docker config, CAs from certs.d/<host>/ and ca_file, TLS as Docker decides it."""
     config_file = (config_dir or docker_config_dir()) / "config.json"
-    config = read_json_document(config_file, "fix it, or log in again with `docker login HOST`", default={})
-    if not isinstance(config, dict):
-        raise InputError([Problem(str(config_file), 1, "not a Docker config (an object with 'auths'): "
-                                                       "log in again with `docker login HOST`")])
-    needs_files = ca_file is not None or _creds_store_for(config, registry) is not None
-    scratch = tempfile.TemporaryDirectory(prefix="torchimages-registry-") if needs_files else None
-    auth_file = _auth_file(config, config_file, registry, scratch)
+    config = docker_config(config_file)
     host_certs = certs_d / registry.host
-    cert_dir = _cert_dir(host_certs, ca_file, scratch) if ca_file else (host_certs if host_certs.is_dir() else None)
+    certificates = _certificates(host_certs, ca_file)
+    scratch = tempfile.TemporaryDirectory(prefix="torchimages-registry-") if config or certificates else None
+    auth_file = _auth_file(config, registry, scratch)
+    cert_dir = _cert_dir(certificates, scratch) if certificates else None
     # Docker's rule: a loopback registry may be plain HTTP, unless a CA for it says it speaks TLS.
-    tls_verify = not insecure and not (registry.is_loopback and cert_dir is None)
+    tls_verify = not insecure and not (registry.is_loopback and cert_dir is None and not host_certs.is_dir())
     return RegistryAccess(auth_file, cert_dir, tls_verify, _secrets(config, registry), scratch)
+
+
+LOGIN_AGAIN = "log in again with `docker login HOST` (or fix the file by hand)"
+# The fields of config.json this module reads, and what each must be.
+CONFIG_STRINGS = ("auth", "username", "password", "identitytoken", "registrytoken")
+
+
+def docker_config(config_file: Path) -> dict | None:
+    """The Docker config (None when there is none), checked for the shape `docker login` writes: anything else is an
+    InputError naming the file and the key, since it would otherwise be a traceback or a login silently dropped."""
+    config = read_json_document(config_file, LOGIN_AGAIN, default=None)
+    if config is None:
+        return None
+    problems = []
+
+    def require(ok: bool, key: str, what: str) -> bool:
+        if not ok:
+            problems.append(Problem(str(config_file), 1, f"{key} must be {what}: {LOGIN_AGAIN}"))
+        return ok
+
+    if require(isinstance(config, dict), "the document", "an object with 'auths'"):
+        if require(isinstance(config.get("auths", {}), dict), "'auths'", "an object of registry -> login"):
+            for host, entry in (config.get("auths") or {}).items():
+                if require(isinstance(entry, dict), f"auths[{brief(host)}]", "an object"):
+                    for key in CONFIG_STRINGS:
+                        require(isinstance(entry.get(key, ""), str), f"auths[{brief(host)}].{key}", "a string")
+        helpers = config.get("credHelpers", {})
+        if require(isinstance(helpers, dict), "'credHelpers'", "an object of registry -> helper name"):
+            for host, helper in helpers.items():
+                require(isinstance(helper, str), f"credHelpers[{brief(host)}]", "a helper name (a string)")
+        require(isinstance(config.get("credsStore", ""), str), "'credsStore'", "a helper name (a string)")
+    if problems:
+        raise InputError(problems)
+    return config
 
 
 def _creds_store_for(config: dict, registry: Registry) -> str | None:
     """The credsStore helper Docker would ask for this registry: when credHelpers names none for it (containers/image
     reads credHelpers itself) and the config holds no inline login for it."""
-    helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
-    if helpers.get(registry.host):
+    if (config.get("credHelpers") or {}).get(registry.host):
         return None  # containers/image reads credHelpers itself
-    inline = (config.get("auths") or {}).get(registry.host) if isinstance(config.get("auths"), dict) else None
+    inline = (config.get("auths") or {}).get(registry.host) or {}
     store = config.get("credsStore")
-    return store if isinstance(store, str) and store and not (isinstance(inline, dict) and inline.get("auth")) else None
+    return store if store and not inline.get("auth") else None
 
 
-def _auth_file(config: dict, config_file: Path, registry: Registry,
-               scratch: tempfile.TemporaryDirectory | None) -> Path | None:
+def _auth_file(config: dict | None, registry: Registry, scratch: tempfile.TemporaryDirectory | None) -> Path | None:
+    """What skopeo reads as its auth file: the config as checked here (a copy, so that skopeo reads what was checked),
+    or a stand-in naming the credsStore helper for this registry."""
+    if config is None:
+        return None
     store = _creds_store_for(config, registry)
-    if store:
-        stand_in = Path(scratch.name) / "auth.json"
-        stand_in.write_text(json.dumps({"credHelpers": {registry.host: store}}))
-        return stand_in
-    return config_file if config_file.is_file() else None
+    copy = Path(scratch.name) / "auth.json"
+    copy.write_text(json.dumps({"credHelpers": {registry.host: store}} if store else config))
+    copy.chmod(0o600)
+    return copy
 
 
-def _cert_dir(host_certs: Path, ca_file: Path, scratch: tempfile.TemporaryDirectory) -> Path:
-    """A certs.d-style folder: the host's own certs.d entries (client certificates too) plus ca_file."""
-    if not ca_file.is_file():
-        raise InputError([Problem("--registry-ca", 0, f"--registry-ca {ca_file} is not a file: name the PEM file of "
-                                                      "the CA that signed the registry's certificate")])
-    folder = Path(scratch.name) / "certs"
+def _certificates(host_certs: Path, ca_file: Path | None) -> dict[str, bytes]:
+    """The host's certs.d files (CAs, client certificates and keys) and ca_file, each a bounded regular file read
+    here; a FIFO, a device or a link to one is an InputError naming it."""
+    fix = "put PEM files there (regular files, not links to devices or FIFOs)"
+    found = {}
     if host_certs.is_dir():
-        shutil.copytree(host_certs, folder)
-    folder.mkdir(exist_ok=True)
-    shutil.copyfile(ca_file, folder / "registry-ca.crt")
+        for path in sorted(host_certs.iterdir()):
+            if path.name.endswith(CERT_SUFFIXES):
+                found[path.name] = read_bytes(path, fix)
+    if ca_file is not None:
+        found["registry-ca.crt"] = read_bytes(ca_file, "--registry-ca names the PEM file of the CA that signed the "
+                                                       "registry's certificate")
+    return found
+
+
+def _cert_dir(certificates: dict[str, bytes], scratch: tempfile.TemporaryDirectory) -> Path:
+    """A certs.d-style folder of copies: skopeo reads only what was checked."""
+    folder = Path(scratch.name) / "certs"
+    folder.mkdir()
+    for name, content in certificates.items():
+        (folder / name).write_bytes(content)
     return folder
 
 
-def _secrets(config: dict, registry: Registry) -> tuple[str, ...]:
-    auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+def _secrets(config: dict | None, registry: Registry) -> Secrets:
+    auths = (config or {}).get("auths") or {}
     # Docker Hub's login is filed under its old index address.
     names = [registry.host, *(["https://index.docker.io/v1/"] if registry.host == "docker.io" else [])]
-    entry = next((auths[name] for name in names if isinstance(auths.get(name), dict)), None)
+    entry = next((auths[name] for name in names if name in auths), None)
     if entry is None:
-        return ()
+        return Secrets()
     found = [entry.get(key) for key in ("auth", "password", "identitytoken", "registrytoken")]
     try:
         user_password = base64.b64decode(entry.get("auth") or "").decode()
-    except ValueError:
+    except (binascii.Error, ValueError):  # not base64, or not text: skopeo will say the login is bad
         user_password = ""
-    found += [user_password, user_password.partition(":")[2]]
-    return tuple(value for value in found if isinstance(value, str) and len(value) >= 4)
+    return Secrets.of(*found, user_password, user_password.partition(":")[2])
 
 
 @dataclass(frozen=True)
@@ -228,8 +286,8 @@ class AccessSettings:
 
 # --------------------------------------------------------------------------------------------------------- retries
 
-class RegistryError(Exception):
-    """A registry operation failed; transient failures (network, 5xx, 429) are worth another try."""
+class RegistryError(PeerError):
+    """A registry operation failed; transient failures (network, 5xx, 429, no answer in time) are worth another try."""
 
     def __init__(self, message: str, transient: bool):
         super().__init__(message)
@@ -238,25 +296,23 @@ class RegistryError(Exception):
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """Exponential backoff (1 s, 2 s, 4 s...) for `retries` more tries, all of them within `total_s`."""
+
     retries: int = 3
     first_delay_s: float = 1.0
-
-    def delays(self) -> list[float]:
-        """Exponential backoff: 1 s, 2 s, 4 s, ..."""
-        return [self.first_delay_s * 2**attempt for attempt in range(self.retries)]
+    total_s: float = 10 * 60
 
 
 def with_retries(operation: Callable[[], T], policy: RetryPolicy, on_retry: Callable[[str, float], None]) -> T:
     """Run operation, trying again after each transient RegistryError while the policy allows."""
-    for delay in policy.delays():
-        try:
-            return operation()
-        except RegistryError as error:
-            if not error.transient:
-                raise
-            on_retry(str(error), delay)
-            time.sleep(delay)
-    return operation()
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.retries + 1) | tenacity.stop_after_delay(policy.total_s),
+        wait=tenacity.wait_exponential(multiplier=policy.first_delay_s, exp_base=2),
+        retry=tenacity.retry_if_exception(lambda error: isinstance(error, RegistryError) and error.transient),
+        before_sleep=lambda state: on_retry(str(state.outcome.exception()), state.next_action.sleep),
+        reraise=True,
+    )
+    return retrying(operation)
 
 
 def is_transient(message: str) -> bool:
@@ -270,21 +326,29 @@ class Manifest:
     body: bytes
     media_type: str
     digest: str
+    config_digest: str  # single-platform image: the digest of its config, the image id the engine gives it; else ""
+    download_size: int  # compressed bytes a pull transfers (config + layers) for one platform; 0 for an index
 
     @classmethod
     def from_body(cls, body: bytes) -> Manifest:
-        """The manifest as the registry stored it: its digest is the sha256 of exactly these bytes."""
-        return cls(body, json.loads(body).get("mediaType", ""), "sha256:" + hashlib.sha256(body).hexdigest())
-
-    @property
-    def config_digest(self) -> str:
-        """For a single-platform image: the digest of its config, which is the image id the engine gives it."""
-        return (json.loads(self.body).get("config") or {}).get("digest", "")
-
-    def download_size(self) -> int:
-        """Compressed bytes a pull transfers (config + layers) for a single-platform manifest; 0 for an index."""
-        document = json.loads(self.body)
-        return sum(part.get("size", 0) for part in [document.get("config") or {}, *(document.get("layers") or [])])
+        """The manifest as the registry stored it (its digest is the sha256 of exactly these bytes); a ValueError
+        saying what is wrong when it is not a manifest's shape."""
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            raise ValueError("not JSON") from None
+        if not isinstance(document, dict):
+            raise ValueError(f"a JSON {type(document).__name__}, not an object")
+        config, layers = document.get("config") or {}, document.get("layers") or []
+        parts = [config, *layers] if isinstance(layers, list) else [None]
+        if not isinstance(document.get("mediaType", ""), str) or not all(
+                isinstance(part, dict) and isinstance(part.get("size", 0), int) for part in parts):
+            raise ValueError("an object without a manifest's mediaType, config and layers")
+        config_digest = config.get("digest", "")
+        if not isinstance(config_digest, str):
+            raise ValueError("a manifest whose config digest is not a string")
+        return cls(body, document.get("mediaType", ""), "sha256:" + hashlib.sha256(body).hexdigest(), config_digest,
+                   sum(part.get("size", 0) for part in parts))
 
 
 class RegistryClient:
@@ -319,7 +383,12 @@ class RegistryClient:
 
     def manifest_or_none(self, reference: str) -> Manifest | None:
         body = self._skopeo("inspect", "--raw", *self.access.flags(), self.registry.reference(reference), missing_ok=True)
-        return None if body is None else Manifest.from_body(body)
+        if body is None:
+            return None
+        try:
+            return Manifest.from_body(body)
+        except ValueError as error:
+            raise self._garbage(f"the manifest of {reference}", str(error), body) from None
 
     def digest_of(self, reference: str) -> str | None:
         manifest = self.manifest_or_none(reference)
@@ -341,20 +410,21 @@ class RegistryClient:
             digest_file = Path(folder) / "digest"
             daemon = ["--src-daemon-host", daemon_host] if daemon_host else []
             self._skopeo("copy", "--quiet", "--digestfile", str(digest_file), *daemon, *self.access.flags("dest"),
-                         f"docker-daemon:{image_id}", self.registry.reference(tag))
+                         f"docker-daemon:{image_id}", self.registry.reference(tag), transfer=True)
             return digest_file.read_text().strip()
 
     def pull(self, digest: str, local_name: str, daemon_host: str | None) -> None:
         """Copy repository@digest into the engine as local_name (no `docker pull`: the engine needs no login)."""
         daemon = ["--dest-daemon-host", daemon_host] if daemon_host else []
         self._retried(lambda: self._skopeo("copy", "--quiet", *daemon, *self.access.flags("src"),
-                                           self.registry.reference(digest), f"docker-daemon:{local_name}"))
+                                           self.registry.reference(digest), f"docker-daemon:{local_name}",
+                                           transfer=True))
 
     def copy_tag(self, digest: str, tag: str) -> None:
         """Point tag at a manifest the repository already holds, byte for byte (the digest does not change)."""
         self._retried(lambda: self._skopeo("copy", "--quiet", "--preserve-digests", *self.access.flags("src"),
                                            *self.access.flags("dest"), self.registry.reference(digest),
-                                           self.registry.reference(tag)))
+                                           self.registry.reference(tag), transfer=True))
 
     def delete(self, digest: str) -> None:
         """Delete a manifest; the registry drops every tag naming it."""
@@ -362,28 +432,50 @@ class RegistryClient:
 
     def _list_tags(self) -> list[str]:
         output = self._skopeo("list-tags", *self.access.flags(), f"docker://{self.registry.name}", missing_ok=True)
-        return [] if output is None else sorted(json.loads(output).get("Tags") or [])
+        if output is None:
+            return []
+        try:
+            tags = json.loads(output).get("Tags") or []
+        except (ValueError, RecursionError, AttributeError):  # not JSON, or not an object
+            raise self._garbage("its tag list", "not a JSON object", output) from None
+        if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+            raise self._garbage("its tag list", "Tags is not a list of names", output)
+        return sorted(tags)
+
+    def _garbage(self, what: str, why: str, sent: bytes) -> RegistryError:
+        return RegistryError(f"registry {self.registry.host} sent {what} as {why}: "
+                             f"{self.access.redact(brief(sent))}", transient=False)
 
     def _retried(self, operation: Callable[[], T]) -> T:
         return with_retries(operation, self.policy, lambda message, delay: self.log(f"{message}; retrying in {delay:g} s"))
 
-    def _skopeo(self, *arguments: str, missing_ok: bool = False) -> bytes | None:
-        """skopeo's output; None for a missing image or repository when missing_ok; else a RegistryError."""
+    def _skopeo(self, *arguments: str, missing_ok: bool = False, transfer: bool = False) -> bytes | None:
+        """skopeo's output; None for a missing image or repository when missing_ok; else a RegistryError. Within its
+        bound: a question's or a transfer's, after which the registry is said not to answer."""
+        bound = TRANSFER_TIMEOUT_S if transfer else QUESTION_TIMEOUT_S
+        command = [SKOPEO, f"--command-timeout={bound}s", *arguments]
         try:
-            done = subprocess.run([SKOPEO, *arguments], capture_output=True, timeout=SKOPEO_TIMEOUT_S, check=False)
+            done = subprocess.run(command, capture_output=True, timeout=bound + KILL_GRACE_S, check=False)
         except FileNotFoundError:
             raise RegistryError("publishing needs skopeo, which is not installed: `apt-get install skopeo` "
                                 "(`make engine` installs it)", transient=False) from None
         except subprocess.TimeoutExpired:
-            raise RegistryError(f"registry {self.registry.host}: skopeo {arguments[0]} timed out", transient=True) from None
+            raise self._stalled(arguments[0], bound) from None
         if done.returncode == 0:
             return done.stdout
         message = self._message(done.stderr.decode(errors="replace"))
         if missing_ok and MISSING_MESSAGE.search(message):
             return None
+        if STALLED_MESSAGE.search(message):
+            raise self._stalled(arguments[0], bound)
         where = "does not answer" if UNREACHABLE_MESSAGE.search(message) else "says"
         raise RegistryError(f"registry {self.registry.host} {where}: {message}{self._hint(message)}",
                             transient=is_transient(message) and not AUTH_MESSAGE.search(message))
+
+    def _stalled(self, operation: str, bound: int) -> RegistryError:
+        return RegistryError(f"registry {self.registry.host} did not answer within {bound} s (skopeo {operation}): "
+                             "it accepts connections but does not respond; check that it is up and not overloaded",
+                             transient=True)
 
     def _message(self, stderr: str) -> str:
         """skopeo's own words, without log decoration and with every credential taken out."""

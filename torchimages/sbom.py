@@ -44,7 +44,7 @@ if command -v python >/dev/null 2>&1; then python -m pip list --format=json --di
 PURL_TYPES = {"dpkg": "deb", "rpm": "rpm", "apk": "apk"}  # package database -> package-url type
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
 DEFAULT_FAIL_ON = ("CRITICAL", "HIGH")
-VULNERABILITY_ID = re.compile(r"CVE-\d{4}-\d{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}")
+VULNERABILITY_ID = re.compile(r"CVE-[0-9]{4}-[0-9]{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}", re.ASCII)
 ALLOWLIST_KEYS = ("cve", "reason", "expires")
 SCAN_TIMEOUT_S = 1800
 

@@ -1,15 +1,17 @@
 """Package sources: fetch on the host the wheels rows install, for offline (air-gapped) builds."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .builder import wheel_dir
+from .builder import PROXY_ARGS, wheel_dir
 from .matrix import PYPI
 from .model import ImageSpec
+from .redaction import Secrets
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
 
@@ -88,7 +90,9 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
             f"({download.index}) into {download.dest}")
         result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True, text=True)
         if result.returncode != 0:
-            raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{result.stderr.strip()[-2000:]}")
+            secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
+            said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
+            raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
         files = sorted(path for path in download.dest.iterdir() if path.is_file())
         new = [path for path in files if path.name not in before]
         fetched.append(Fetched(download.dest, len(files), len(new), sum(p.stat().st_size for p in new),

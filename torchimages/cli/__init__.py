@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .. import plan, verify
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
-from ..model import InputError, Problem, parse_size
+from ..model import InputError, PeerError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..registry import parse_registry
 from . import compat, images, nightly, publishing
@@ -21,7 +21,6 @@ from .options import parse_date
 from .streams import (
     BAD_PATH,
     EXIT_TERMINATED,
-    PeerError,
     Terminated,
     handling_sigterm,
     os_error_line,

@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import builder as build_stage
 from .. import catalog as catalog_stage
 from .. import sbom as sbom_stage
+from ..files import read_bytes
 from ..model import InputError, Problem
 from ..project import Project
 from ..publish import ALLOWLIST_NAME, PublishOptions
@@ -47,6 +48,8 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
         path = getattr(args, name)
         if path is not None and not path.exists():
             raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
+    if args.ca_bundle is not None:
+        read_bytes(args.ca_bundle, build_stage.CA_BUNDLE_FIX)  # a FIFO or /dev/zero: refused now, not in a build
     return build_stage.BuildOptions(
         images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
         pull=args.pull, force=args.force, fail_fast=args.fail_fast, keep_build_stages=args.keep_build_stages,
@@ -129,7 +132,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
 
 def parse_date(text: str) -> str:
     try:
-        valid = bool(re.fullmatch(r"\d{8}", text)) and bool(datetime.strptime(text, "%Y%m%d"))
+        valid = bool(re.fullmatch(r"[0-9]{8}", text, re.ASCII)) and bool(datetime.strptime(text, "%Y%m%d"))
     except ValueError:
         valid = False
     if not valid:

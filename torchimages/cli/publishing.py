@@ -78,7 +78,7 @@ def cmd_prune(project: Project, args) -> int:
     registry = RegistryClient(address, access_settings(args).access(address), RetryPolicy(retries=args.retries), log)
     try:
         registry.ping()
-        result = publish_stage.prune(registry, [spec.tag for spec in specs], args.retention,
+        result = publish_stage.prune(registry, specs, project.load().specs, args.retention,
                                      catalog_dir(project, args), project.images, log)
     except RegistryError as error:
         print(f"error: {error}; nothing pruned from the catalog", file=sys.stderr)

@@ -10,16 +10,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .. import model
 from .display import log
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
 # Errors that say the path named is wrong (fix the path: exit 2); the others say the run failed (exit 1).
 BAD_PATH = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENOENT,
             errno.EEXIST, errno.ENAMETOOLONG, errno.ENXIO}
-# A peer (engine, registry) that did not answer or answered garbage: exit 1, one line. model.PeerError comes with
-# issue 18's peer half; until it is there, nothing is caught here (`except ()` catches nothing).
-PeerError = getattr(model, "PeerError", ())
 STANDARD = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
 
 

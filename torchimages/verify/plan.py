@@ -67,7 +67,7 @@ def parse_gpus(text: str) -> GpuRequest:
     value = text.strip()
     if value in ("all", "none"):
         return GpuRequest(value, -1 if value == "all" else 0)
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # not full-width digits, which int() would take
         return GpuRequest(value, int(value))
     if value.startswith("device="):
         devices = tuple(d.strip() for d in value.removeprefix("device=").split(",") if d.strip())

@@ -1,0 +1,74 @@
+"""No credential in any output: every text a peer sends back (the engine's errors, skopeo's, pip's) passes through
+`Secrets.redact` before it is printed, logged or written to a report.
+
+Two layers. The secrets this run knows (the password of --pip-index-url, proxy logins, what the Docker config holds
+for a registry) are taken out in every spelling a peer may repeat them in: as given, percent-encoded (docker-py puts
+the build args, as JSON, in the build request's URL, and its HTTP errors repeat that URL) and JSON-escaped. Then the
+shapes of credentials this run does not know: the user and password of any URL, plain or percent-encoded,
+Authorization headers, and password or token parameters.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from urllib.parse import quote, quote_plus, unquote
+
+REDACTED = "<redacted>"
+SHORTEST_SECRET = 4  # shorter values (a user name 'ci') would redact ordinary words
+# scheme://USER:PASSWORD@ or scheme://TOKEN@ (userinfo holds no '/', no '@', no space)
+URL_LOGIN = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@'\"]+@", re.IGNORECASE | re.ASCII)
+# The same with '://' and '@' percent-encoded: a URL inside a URL's query (docker-py's build request).
+ENCODED_URL_LOGIN = re.compile(r"(%3A%2F%2F)(?:(?!%40|%2F)[^\s&/?#'\"])+%40", re.IGNORECASE | re.ASCII)
+AUTH_HEADER = re.compile(r"\b(basic|bearer)\s+[A-Za-z0-9+/=._~-]{8,}", re.IGNORECASE | re.ASCII)
+SECRET_PARAMETER = re.compile(r"\b(password|passwd|token|access_token|secret)=[^\s&'\"]+", re.IGNORECASE | re.ASCII)
+
+
+def _spellings(secret: str) -> set[str]:
+    """secret as a peer may repeat it: as given, decoded, percent-encoded (both ways), JSON-escaped and both."""
+    forms = set()
+    for value in {secret, unquote(secret)}:
+        escaped = json.dumps(value)[1:-1]
+        forms |= {value, escaped, quote(value, safe=""), quote_plus(value), quote_plus(escaped), quote(escaped, safe="")}
+    return {form for form in forms if len(form) >= SHORTEST_SECRET}
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What this run must never show; `redact` takes it out of a peer's text."""
+
+    values: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, *values: object) -> Secrets:
+        found = {value for value in values if isinstance(value, str) and len(value) >= SHORTEST_SECRET}
+        return cls(frozenset(form for value in found for form in _spellings(value)))
+
+    @classmethod
+    def in_urls(cls, *urls: str | None) -> Secrets:
+        """The logins inside URLs: an index URL with a password, a proxy with a login. Read by hand, not with
+        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password)."""
+        found = []
+        for url in urls:
+            _, separator, rest = (url or "").partition("://")
+            userinfo, at, _ = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")
+            if separator and at:
+                user, colon, password = userinfo.partition(":")
+                found += [userinfo, password] if colon else [user]
+        return cls.of(*found)
+
+    def __or__(self, other: Secrets) -> Secrets:
+        return Secrets(self.values | other.values)
+
+    def redact(self, text: str) -> str:
+        for secret in sorted(self.values, key=len, reverse=True):
+            text = text.replace(secret, REDACTED)
+        return redact(text)
+
+
+def redact(text: str) -> str:
+    """text without anything shaped like a credential (for text from a peer when no secret is known)."""
+    text = URL_LOGIN.sub(rf"\1{REDACTED}@", text)
+    text = ENCODED_URL_LOGIN.sub(rf"\1{REDACTED}%40", text)
+    text = AUTH_HEADER.sub(rf"\1 {REDACTED}", text)
+    return SECRET_PARAMETER.sub(rf"\1={REDACTED}", text)
