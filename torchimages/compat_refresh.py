@@ -434,7 +434,7 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     yaml.dump({"torch": document["torch"]}, stream)
     text = path.read_text()
     start = re.search(r"^torch:", text, re.MULTILINE).start()
-    following = re.compile(r"^[^\s#]", re.MULTILINE).search(text, start + 1)
+    following = re.compile(r"^[^\s#]", re.MULTILINE | re.ASCII).search(text, start + 1)
     end = following.start() if following else len(text)
     section = text[start:end]
     blank_lines_after = section[len(section.rstrip("\n")):]

@@ -13,7 +13,7 @@ from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
 COMPAT_FILE = Path(__file__).with_name("compat.yaml")
-DRIVER_VERSION = re.compile(r"\d+(\.\d+)*")  # 580, 525.60.13
+DRIVER_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")  # 580, 525.60.13
 
 TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
 VARIANT_KEYS = (
