@@ -12,6 +12,7 @@ from rich.text import Text
 from .. import builder as build_stage
 from .. import doctor, engine, verify
 from .. import render as render_stage
+from ..checks import checklist
 from .. import wheels as wheel_sources
 from ..model import ImageSpec
 from ..project import EXIT_FAILED, EXIT_OK, Project
@@ -188,10 +189,10 @@ def register(commands) -> None:
     add_build_arguments(main_job)
     main_job.set_defaults(handler=cmd_images, writes=writes_reports)
     testing = commands.add_parser(
-        "test", help="verify images inside containers (identity, GPU, cuDNN, AMP, shm, devel, PyTorch's smoke test, "
-                     "torchrun, derived images, hygiene)",
+        "test", help=f"verify images inside containers ({', '.join(checklist.NAMES)})",
         description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
-                    "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime).")
+                    "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime). Checks: "
+                    f"{checklist.help_text()}.")
     add_selectors(testing)
     testing.add_argument("--image", metavar="REF",
                          help="check this image (e.g. an official pytorch/pytorch one) against the one selected row")

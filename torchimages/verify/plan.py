@@ -9,12 +9,11 @@ import docker.errors
 import docker.types
 
 from .. import engine
+from ..checks import checklist
 from ..builder import local_name
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
 
-CHECKS = ("identity", "gpu", "driver", "cudnn", "amp", "shm", "multi-gpu", "devel", "smoke", "distributed",
-          "downstream", "hygiene")
-GPU_CHECKS = ("gpu", "driver", "cudnn", "multi-gpu")
+CHECKS, GPU_CHECKS = checklist.NAMES, checklist.GPU_CHECKS  # declared once, in torchimages/checks/checklist.py
 VERIFY_LABEL = f"{LABEL_PREFIX}.verify"
 CHECKS_DIR = Path(__file__).resolve().parent.parent / "checks"
 SUITE = CHECKS_DIR / "suite"
