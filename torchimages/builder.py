@@ -353,7 +353,7 @@ class Builder:
         and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
         Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
         for image_id in reversed(self._step_images):
-            inspected = self.client.api.inspect_image(image_id)
+            inspected = engine.inspect_image(self.client, image_id)
             if not inspected or inspected.get("RepoTags"):
                 continue  # gone already, or a tagged image (the result, a base): `rmi ID` would untag it
             try:
