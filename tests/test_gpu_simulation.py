@@ -5,8 +5,6 @@ architecture) and the verdict a real host gives, per check and per doctor row, w
 probe's own functions gather the GPU facts under a stand-in nvidia-smi and the test environment's torch answering
 as the host's torch.cuda does (tests/gpu_hosts/__init__.py); the real suite then judges them, as `build.py test`
 does with a container's facts. No GPU and no engine are needed, so this runs in `make test-fast`."""
-import json
-
 import pytest
 
 from torchimages.checks import probe
@@ -14,15 +12,14 @@ from torchimages.checks.probe import arch_flags_for
 from torchimages.checks.suite.helpers import driver_verdict
 from torchimages.doctor import arch_findings, gpu_findings
 from torchimages.matrix import load_matrix
-from torchimages.verify.plan import SUITE, parse_gpus
+from torchimages.verify import record
+from torchimages.verify.plan import parse_gpus
 
 from . import gpu_hosts
 from .conftest import ROOT
 
 SPECS = load_matrix(ROOT / "matrix.yaml").specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
-# The suites that judge GPU facts; the others read facts only a container gives (files, users, the smoke run).
-GPU_SUITES = ("test_gpu.py", "test_cudnn.py", "test_amp.py")
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]
 
 
@@ -57,23 +54,9 @@ def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
             probe.multi_gpu_in_subprocess = original
 
 
-def judge(tmp_path, spec, run: dict, gpu: dict, flags: list[str]) -> dict:
+def judge(spec, run: dict, gpu: dict, flags: list[str]) -> dict:
     """The real check suite on these facts; {check: verdict} as verify.json records them."""
-    expect = {"tag": spec.tag, "image": spec.tag, "image_id": "sha256:simulated", "container_id": "simulated",
-              "spec": spec.to_json(), "gpus": parse_gpus(run["gpus"]).to_json(), "host_gpu_runtime": True,
-              "shm_size": spec.shm_size, "arbitrary_uid": 12345,
-              "arch_rows": {row.tag: list(row.arch_list) for row in SPECS if row.is_gpu}}
-    facts = {"main": {"torch": torch_facts(spec, flags), "gpu": gpu}, "image": {"labels": {}}}
-    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
-    paths["expect"].write_text(json.dumps(expect))
-    paths["facts"].write_text(json.dumps(facts, default=str))
-    code = pytest.main([*(str(SUITE / name) for name in GPU_SUITES), "--hosts=local://", "-p", "torchimages.checkplugin",
-                        f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
-                        "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "--confcutdir", str(SUITE), "-q",
-                        "-p", "no:cacheprovider", "-p", "no:unraisableexception", "--no-header", "--no-summary",
-                        "-W", "ignore::DeprecationWarning"])
-    assert code in (0, 1), f"the suite could not run (pytest exit {code})"
-    return json.loads(paths["checks"].read_text())
+    return record.judge(spec, run["gpus"], torch_facts(spec, flags), gpu, SPECS)
 
 
 def verdict_of(check: dict) -> str:
@@ -86,7 +69,7 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
     spec = BY_TAG[run["row"]]
     flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))
     gpu = gather_gpu_facts(host, spec, flags)
-    checks = judge(tmp_path, spec, run, gpu, flags)
+    checks = judge(spec, run, gpu, flags)
     got = {name: verdict_of(checks[name]) for name in run["expect"]}
     assert got == run["expect"], (f"{host['name']} with {spec.tag}: {run['why']}\n"
                                   + "\n".join(f"{name}: {checks[name]['message']}" for name in run["expect"]))
@@ -111,7 +94,7 @@ def test_doctor_gives_the_verdict_a_real_host_gives(host):
 def test_an_nvml_error_is_quoted_not_reported_as_no_nvidia_smi(host, tmp_path):
     spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
     flags = arch_flags_for(list(spec.arch_list))
-    checks = judge(tmp_path, spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
     assert "Failed to initialize NVML: Unknown Error" in checks["gpu"]["message"]
     assert "exit 255" in checks["gpu"]["message"] and "not present" not in checks["gpu"]["message"]
     assert "CUDA unknown error" in checks["gpu"]["message"]  # torch's first-call warning, kept
@@ -136,7 +119,7 @@ def test_mig_devices_are_recorded_and_one_cuda_device_is_expected(host, tmp_path
     assert len(facts["nvidia_smi_gpus"]) == 2 and [len(v) for v in facts["mig_devices"].values()] == [2, 1]
     spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
     flags = arch_flags_for(list(spec.arch_list))
-    checks = judge(tmp_path, spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
     [count_test] = [t for t in checks["gpu"]["tests"] if "device_count" in t["test"]]
     assert count_test["status"] == "passed" and parse_gpus("device=0:0,0:1").expected_count == 1
 

@@ -12,9 +12,9 @@ from rich.text import Text
 from .. import builder as build_stage
 from .. import doctor, engine, verify
 from .. import render as render_stage
-from ..checks import checklist
 from .. import wheels as wheel_sources
-from ..model import ImageSpec
+from ..checks import checklist
+from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
@@ -151,6 +151,30 @@ def cmd_doctor(project: Project, args) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_gpu_record(project: Project, args) -> int:
+    """The GPU side on this host, judged by the real checks, as docs/gpu-validation.md's record line."""
+    from datetime import date
+
+    from ..verify import record
+
+    specs = project.select([args.tag])
+    if len(specs) != 1:
+        raise InputError([Problem(args.tag, 0, f"{args.tag} names {len(specs)} rows: name one tag")])
+    [spec] = specs
+    if args.facts:
+        facts, source = json.loads(args.facts.read_text()), f"facts {args.facts.name}"
+    elif args.image:
+        facts, source = record.image_gpu_facts(engine.client(), spec, args.image), args.image
+    else:
+        facts, source = record.host_gpu_facts(), "host Python (no Docker)"
+    checks = record.judge(spec, "all", facts["torch"], facts["gpu"], project.load().specs)
+    result = record.record(date.today().isoformat(), spec, source, facts, checks)
+    for name, check in result.checks.items():
+        print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
+    print(result.line)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
     """Every row on an engine that can give containers GPUs; the CPU rows elsewhere, saying so."""
     specs = project.load().specs
@@ -210,3 +234,12 @@ def register(commands) -> None:
     add_selectors(checking)
     checking.add_argument("--format", choices=("table", "json"), default="table")
     checking.set_defaults(handler=cmd_doctor)
+    recording = commands.add_parser(
+        "gpu-record", help="on a GPU host: run the GPU side, judge it with the GPU checks, print the record line of "
+                           "docs/gpu-validation.md (exit 1 when a GPU check failed)")
+    recording.add_argument("tag", help="the row whose expectations apply (driver floor, arch list, cuDNN)")
+    source = recording.add_mutually_exclusive_group()
+    source.add_argument("--image", metavar="REF", help="run the GPU side in a container of this image (Docker, every "
+                                                      "GPU); default: this Python's own torch, no Docker")
+    source.add_argument("--facts", type=Path, metavar="FILE", help="judge saved `probe.py --gpu-only` facts")
+    recording.set_defaults(handler=cmd_gpu_record)
