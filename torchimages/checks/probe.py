@@ -886,7 +886,7 @@ torch::Tensor add_one_cuda(torch::Tensor x) {
 """
 
 
-def build_extension(torch, with_cuda: bool, arch_list: list[str], run_on_gpu: str = "") -> dict:
+def build_extension(torch, with_cuda: bool, arch_list: list[str], skip_gpu: str = "") -> dict:
     """Compile, link and load a small extension the way users do (load_inline): C++ on CPU rows, CUDA for every
     arch of the row on GPU rows (no GPU needed); run its CPU function, and its kernel where a GPU is visible."""
     from torch.utils.cpp_extension import load_inline
@@ -903,8 +903,8 @@ def build_extension(torch, with_cuda: bool, arch_list: list[str], run_on_gpu: st
     cpu_ok = bool(torch.equal(module.add_one(torch.zeros(4)), torch.ones(4)))
     facts = {"ok": cpu_ok, "compiled": True, "language": "CUDA" if with_cuda else "C++", "cpu_ok": cpu_ok,
              "arch_list": arch_list if with_cuda else [], "cuda_ran": False}
-    if with_cuda and run_on_gpu:
-        facts["cuda_skipped"] = run_on_gpu
+    if with_cuda and skip_gpu:
+        facts["cuda_skipped"] = skip_gpu
     elif with_cuda and torch.cuda.is_available():
         result = module.add_one_cuda(torch.zeros(1000, device="cuda"))
         torch.cuda.synchronize()

@@ -1,5 +1,5 @@
-"""distributed: `torchrun --standalone --nproc-per-node 2`, as users start a single-node job, runs an all-reduce:
-over gloo on the CPU, over NCCL when 2 or more GPUs are visible."""
+"""distributed: `torchrun --standalone`, as users start a single-node job, runs an all-reduce: 2 processes over gloo
+on the CPU, one process per GPU (up to 8, as DDP and FSDP run) over NCCL when 2 or more GPUs are visible."""
 import pytest
 
 pytestmark = pytest.mark.check("distributed")
@@ -32,6 +32,8 @@ def test_torchrun_all_reduce_over_nccl(main, devices):
     if len(devices) < 2:
         pytest.skip(f"{len(devices)} GPU visible: an NCCL all-reduce needs 2 or more (--gpus all on a multi-GPU host)")
     result = main["distributed"]
+    assert result["processes"] == min(len(devices), 8), (
+        f"torchrun ran {result['processes']} processes for {len(devices)} GPUs: DDP and FSDP run one per GPU")
     assert result["ok"] and all(rank["backend"] == "nccl" for rank in result["ranks"]), (
         f"{_what_happened(result)}; expected {result['processes']} processes, one per GPU, to all-reduce over NCCL: "
         f"{FIX}. With NCCL errors about shared memory, raise --shm-size or use --ipc=host")
