@@ -207,7 +207,7 @@ def test_the_ca_is_trusted_from_certs_d_or_a_flag_and_a_wrong_ca_is_refused(spac
     refused = space.publish(RUNTIME, check_exit=1, extra=("--certs-d", str(empty_certs_d), "--registry-ca", str(other_ca)))
     assert "certificate signed by unknown authority" in refused.stdout and "--registry-ca FILE" in refused.stdout
     missing = space.publish(RUNTIME, check_exit=2, extra=("--registry-ca", str(tmp_path / "nope.crt")))
-    assert "--registry-ca" in missing.stderr and "is not a file" in missing.stderr and "Traceback" not in missing.stderr
+    assert "--registry-ca" in missing.stderr and "cannot read it (No such file or directory)" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_credentials_from_a_credential_helper_and_a_creds_store(space, docker_client, tmp_path):
