@@ -41,7 +41,7 @@ images: render-check engine
 test: render-check lint engine
 	source $(ENGINE_ENV) && $(PYTHON) -m pytest --durations=15 $(PYTEST_ARGS)
 
-# Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input (under a minute).
+# Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
 test-fast: render-check lint
 	$(PYTHON) -m pytest -m "not engine" $(PYTEST_ARGS)
 
