@@ -47,6 +47,7 @@ def test_a_host_whose_driver_cannot_run_the_row_prints_a_failed_line_and_exits_1
 def test_peaks_are_found_by_device_name():
     assert peak_tflops("NVIDIA GH200 480GB") == 989.4 and peak_tflops("NVIDIA H100 PCIe") == 756.5
     assert peak_tflops("NVIDIA L40S") == 362.05 and peak_tflops("NVIDIA L4") == 121.0
+    assert peak_tflops("NVIDIA L40") == 181.05 and peak_tflops("NVIDIA GB200") == 2500.0  # not the L4's, the B200's
     assert peak_tflops("Tesla T4") is None
 
 
