@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,8 +20,13 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 
 class LocalIndex:
-    def __init__(self, folder: Path):
+    """`files_url`: where the project pages say the wheels are (another server, e.g. one that never answers);
+    `ranges`: False for a file host that ignores Range and sends every file whole."""
+
+    def __init__(self, folder: Path, files_url: str | None = None, ranges: bool = True):
         self.folder = folder
+        self.files_url = files_url
+        self.ranges = ranges
         self.sent: Counter[str] = Counter()  # file name -> bytes sent
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
@@ -38,8 +44,8 @@ class LocalIndex:
         wheels = sorted(p for p in self.folder.glob("*.whl") if parse_wheel_filename(p.name)[0] == project)
         if not wheels:
             return None
-        base = self.url.rsplit("/simple", 1)[0]
-        files = [{"filename": p.name, "url": f"{base}/files/{p.name}", "size": p.stat().st_size,
+        base = self.files_url or self.url.rsplit("/simple", 1)[0] + "/files"
+        files = [{"filename": p.name, "url": f"{base}/{p.name}", "size": p.stat().st_size,
                   "hashes": {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()},
                   "upload-time": "2026-11-20T10:00:00Z"} for p in wheels]
         return json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
@@ -61,7 +67,7 @@ class LocalIndex:
                 if path is None or not path.is_file():
                     return self._send(404, b"not found")
                 data = path.read_bytes()
-                wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+                wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", "")) if index.ranges else None
                 if not wanted:
                     index.sent[path.name] += len(data)
                     return self._send(200, data)
@@ -83,6 +89,32 @@ class LocalIndex:
                 self.wfile.write(body)
 
         return Handler
+
+
+class SilentServer:
+    """A server that accepts connections and never answers: a stalled index or file host."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.socket.accept()[0])
+            except OSError:
+                return
+
+    def __enter__(self) -> "SilentServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.socket.close()
+        for connection in self.held:
+            connection.close()
 
 
 PINS = ("cuda-toolkit[cublas,cudart]==13.2.2; platform_system == \"Linux\"",

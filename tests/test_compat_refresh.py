@@ -9,7 +9,7 @@ from torchimages.compat_refresh import arch_list, metadata_facts, python_max
 from torchimages.matrix import COMPAT_FILE, load_matrix
 
 from .conftest import run_cli_in_process
-from .index_fixtures import PINS, LocalIndex, make_release
+from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
 
 
 @pytest.fixture
@@ -127,3 +127,74 @@ def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypat
     result = refresh(index, compat, "2.16.0", check_exit=2)
     assert "torch/lib/libtorch_python.so is larger than a torch wheel's" in result.stderr
     assert compat.read_text() == before
+
+
+def test_facts_the_index_cannot_confirm_are_named_not_passed_as_read(index, compat, tmp_path):
+    """A build compat.yaml lists that the index does not have (typed from release pages, or read from another index)
+    is kept but named as not read from a wheel, with the index to read it from; a CPU build read is sourced too."""
+    refresh(index, compat, "2.16.0", check_exit=0)
+    facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
+    assert facts["cpu_source"]["file"] == "torch-2.16.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert facts["cpu_source"]["index"] == index.url and len(facts["cpu_source"]["sha256"]) == 64
+    hand_typed = '      "12.6":\n        wheel_index: cu126\n        cudnn: "9.10.2.21"\n'
+    compat.write_text(compat.read_text().replace('    cuda:\n      "13.2":\n', '    cuda:\n' + hand_typed + '      "13.2":\n', 1))
+    result = refresh(index, compat, "2.16.0", "--check", check_exit=0)
+    assert ("unread: torch 2.16.0 cuda 12.6: the index has no cu126 build; compat.yaml's facts for it are not read "
+            "from a wheel (read them with --index-url https://download.pytorch.org/whl/cu126)") in result.stdout
+    assert "cuda 13.2" not in result.stdout.split("unread:", 1)[1], "the builds read are not named"
+    without_cpu = tmp_path / "without-cpu"
+    make_release(without_cpu)
+    for wheel in without_cpu.glob("*+cpu*"):
+        wheel.unlink()
+    with LocalIndex(without_cpu) as other:
+        result = refresh(other, compat, "2.16.0", "--check", check_exit=0)
+    assert "unread: torch 2.16.0 cpu: the index has no +cpu build" in result.stdout
+    assert "https://download.pytorch.org/whl/cpu" in result.stdout
+
+
+def test_the_pypi_facts_of_2_15_0_and_2_14_1_are_all_read_from_wheels():
+    """compat.yaml keeps, for the releases the matrix builds from PyPI, only what a wheel said: every build has its
+    source, and a CPU build is claimed only with the wheel it was read from. 2.14.1's cu126 build (a matrix row)
+    is the one exception, named as unread by every refresh (its index is not reachable from CI)."""
+    facts = yaml.safe_load(COMPAT_FILE.read_text())["torch"]
+    for torch in ("2.15.0", "2.14.1"):
+        assert not facts[torch].get("cpu") or facts[torch].get("cpu_source"), torch
+        unread = [cuda for cuda, build in facts[torch]["cuda"].items() if not build.get("source")]
+        assert unread == ([] if torch == "2.15.0" else ["12.6"]), torch
+        assert facts[torch]["torchvision_source"]["file"].startswith("torchvision-")
+
+
+def test_a_wheel_that_is_not_a_zip_is_exit_2_naming_it(tmp_path, compat):
+    folder = make_release(tmp_path / "index")
+    (folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"<html>not found</html>" * 100)
+    before = compat.read_text()
+    with LocalIndex(folder) as served:
+        result = refresh(served, compat, "2.16.0", check_exit=2)
+    assert "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl" in result.stderr and "zip" in result.stderr
+    assert compat.read_text() == before
+
+
+def test_a_file_host_without_range_requests_is_refused_not_downloaded(tmp_path, compat):
+    """A host that ignores Range would send each 550 MB wheel whole: refused, naming the need."""
+    with LocalIndex(make_release(tmp_path / "index"), ranges=False) as served:
+        result = refresh(served, compat, "2.16.0", check_exit=2)
+    assert "range requests" in result.stderr and "files/torch-2.16.0" in result.stderr
+
+
+@pytest.mark.parametrize("stalls", ["index", "file host"])
+def test_a_stalled_index_or_file_host_ends_the_refresh_naming_it(tmp_path, compat, monkeypatch, stalls):
+    """Every request is bounded: an index (or the host its files are on) that accepts and never answers is exit 2
+    naming its URL once the timeout passes, instead of a nightly job hanging until it is killed."""
+    import torchimages.compat_refresh as compat_refresh
+
+    monkeypatch.setattr(compat_refresh, "TIMEOUT_S", 0.5, raising=False)
+    with SilentServer() as silent:
+        if stalls == "index":
+            result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", silent.url + "/simple",
+                                        "--compat", str(compat))
+        else:
+            with LocalIndex(make_release(tmp_path / "index"), files_url=silent.url + "/files") as served:
+                result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", served.url,
+                                            "--compat", str(compat))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert silent.url in result.stderr and "timed out" in result.stderr

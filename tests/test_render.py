@@ -258,7 +258,7 @@ def test_inserting_removing_or_moving_a_row_changes_no_other_rows_inputs(tmp_pat
     rebuilds nothing else."""
     document = yaml.safe_load((ROOT / "matrix.yaml").read_text())
     original = input_hashes(yaml.safe_dump(document, sort_keys=False), tmp_path / "original")
-    new_row = {"torch": "2.14.1", "cuda": "cpu", "flavors": ["runtime"]}
+    new_row = {"torch": "2.13.0", "cuda": "cpu", "os": "ubuntu24.04", "python": "3.12", "flavors": ["runtime"]}
     edits = {
         "inserted": [new_row, *document["variants"]],
         "removed": document["variants"][1:],

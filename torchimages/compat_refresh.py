@@ -7,6 +7,7 @@ is added, with its source; what disagrees is reported with both values and chang
 from __future__ import annotations
 
 import re
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
@@ -18,7 +19,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple
-from remotezip import RemoteIOError, RemoteZip
+from remotezip import RangeNotSupported, RemoteZip, RemoteZipError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
 from ruamel.yaml.error import CommentMark
@@ -38,6 +39,10 @@ ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_[0-9]{2,3}(?: (?:sm|compute)_[0-
 # What is read of a wheel is held in memory: libtorch_python.so is 34 MB in 2.14; a member claiming far more is not
 # a torch wheel's.
 MAX_MEMBER_BYTES = 256 << 20
+# Every request to the index or its file host is bounded: seconds to connect, and between two reads of an answer.
+TIMEOUT_S = 30.0
+# Where a build PyPI lacks is published (a refresh names it for a fact it could not read).
+PYTORCH_INDEX = "https://download.pytorch.org/whl/"
 VERSION_LINE = re.compile(r"^(__version__|cuda)(?:: [^=]+)? = '([^']*)'", re.MULTILINE)
 
 
@@ -95,6 +100,7 @@ class Refresh:
     added: list[Difference] = field(default_factory=list)
     disagreements: list[Difference] = field(default_factory=list)
     not_on_index: list[str] = field(default_factory=list)  # releases compat.yaml lists that the index lacks: kept
+    unread: list[str] = field(default_factory=list)  # builds compat.yaml claims that no wheel read confirms: kept
 
 
 # Pure: wheel contents -> facts.
@@ -175,24 +181,36 @@ class Index:
 
     def packages(self, project: str) -> list[DistributionPackage]:
         try:
-            return [p for p in self.client.get_project_page(project).packages if p.package_type == "wheel"]
+            page = self.client.get_project_page(project, timeout=TIMEOUT_S)
+            return [p for p in page.packages if p.package_type == "wheel"]
         except NoSuchProjectError:
             return []
+        except requests.Timeout:
+            raise unreadable(self.url, f"cannot read {project}'s page: timed out after {TIMEOUT_S:g} s") from None
         except requests.RequestException as error:
             raise unreadable(self.url, f"cannot read {project}'s page: {error}") from None
 
     def read_members(self, package: DistributionPackage, want: Callable[[str], bool]) -> dict[str, bytes]:
         """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
         try:
-            with RemoteZip(package.url, session=self.session) as wheel:
+            with RemoteZip(package.url, session=self.session, timeout=TIMEOUT_S) as wheel:
                 members = [info for info in wheel.infolist() if want(info.filename)]
                 too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
                 if too_large:
                     raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
                                                   f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
                 return {info.filename: wheel.read(info) for info in members}
-        except (RemoteIOError, requests.RequestException, OSError) as error:
-            raise unreadable(package.url, f"cannot read the wheel: {error}") from None
+        except RangeNotSupported:
+            raise unreadable(package.url, "the file host does not answer range requests (it would send the whole "
+                                          "wheel)") from None
+        except (RemoteZipError, requests.RequestException, OSError, zipfile.BadZipFile) as error:
+            reason = f"timed out after {TIMEOUT_S:g} s" if _timed_out(error) else error
+            raise unreadable(package.url, f"cannot read the wheel as a zip: {reason}") from None
+
+
+def _timed_out(error: BaseException) -> bool:
+    """remotezip reports a timeout as its own error with the message; requests as Timeout."""
+    return isinstance(error, requests.Timeout) or "timed out" in str(error).lower()
 
 
 def unreadable(url: str, what: str) -> InputError:
@@ -294,6 +312,7 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
     for build in release.builds:
         if build.cuda is None:
             merge(block, "cpu", True, "cpu", build.source)
+            block["cpu_source"] = build.source.to_yaml()
             continue
         facts = cuda.setdefault(build.cuda, {})
         merge(facts, "wheel_index", build.build, f"cuda {build.cuda} wheel_index", build.source)
@@ -306,6 +325,24 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
         facts["source"] = build.source.to_yaml()
     block["cuda"] = cuda
     return block, added, disagree
+
+
+def unread(release: ReleaseFacts, block: dict) -> list[str]:
+    """The builds a release's compat.yaml block claims that this read of the index did not confirm from a wheel:
+    typed from release pages, or read once from another index. They are kept; a refresh names them."""
+    read = {build.cuda for build in release.builds}
+    found = []
+    for cuda, facts in (block.get("cuda") or {}).items():
+        if cuda not in read:
+            local = (facts or {}).get("wheel_index") or "cu" + str(cuda).replace(".", "")
+            sourced = "read from another index (source:)" if (facts or {}).get("source") else "not read from a wheel"
+            found.append(f"torch {release.torch} cuda {cuda}: the index has no {local} build; compat.yaml's facts "
+                         f"for it are {sourced} (read them with --index-url {PYTORCH_INDEX}{local})")
+    if block.get("cpu") and None not in read:
+        sourced = "read from another index (cpu_source:)" if block.get("cpu_source") else "not read from a wheel"
+        found.append(f"torch {release.torch} cpu: the index has no +cpu build; compat.yaml's cpu: true is {sourced} "
+                     f"(read it with --index-url {PYTORCH_INDEX}cpu)")
+    return found
 
 
 def _python_key(version: str) -> tuple[int, ...]:
@@ -354,6 +391,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
         block, added, disagree = compare(release, plain(torch_section.get(torch)))
         result.added += added
         result.disagreements += disagree
+        result.unread += unread(release, block)
         if options.correct:
             block = corrected(block, disagree)
         _update(torch_section, torch, block, index.url)

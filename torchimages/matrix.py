@@ -401,7 +401,9 @@ def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:
 def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: bool, fail) -> dict:
     if cuda == "cpu":
         if torch_facts is not None and not torch_facts.get("cpu"):
-            fail("cuda", f"torch {torch} has no CPU wheels")
+            fail("cuda", f"torchimages/compat.yaml lists no CPU build of torch {torch} (none read from a wheel): "
+                         f"read it where its +cpu wheels are, `python build.py compat refresh {torch} --index-url "
+                         f"https://download.pytorch.org/whl/cpu`, or pick a release that lists cpu")
         return {"wheel_index": "cpu"}
     listed = (torch_facts or {}).get("cuda", {}).get(cuda)
     if listed is not None:

@@ -27,6 +27,8 @@ def cmd_compat_refresh(project: Project, args) -> int:
         out.print(facts_table(release))
     for torch in result.not_on_index:
         out.print(f"torch {torch}: not on {args.index_url}; its facts are kept as compat.yaml has them, unchecked")
+    for line in result.unread:
+        out.print(f"unread: {line}")
     for difference in result.added:
         out.print(f"{'missing' if args.check else 'added'}: torch {difference.torch} {difference.where} = "
                   f"{difference.index} (from {difference.source})")
