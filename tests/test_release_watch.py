@@ -42,7 +42,8 @@ def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(projec
         report = json.loads((project / "reports" / "release-watch.json").read_text())
         assert report["release"] == "2.16.0" and report["newest_in_matrix"] == "2.15.0"
         proposed = ["2.16.0-cuda13.2-cudnn9-runtime", "2.16.0-cuda13.2-cudnn9-devel",
-                    "2.16.0-cuda13.2-cudnn9-runtime-ubuntu24.04", "2.16.0-cuda13.2-cudnn9-devel-ubuntu24.04"]
+                    "2.16.0-cuda13.2-cudnn9-runtime-ubuntu24.04", "2.16.0-cuda13.2-cudnn9-devel-ubuntu24.04",
+                    "2.16.0-cpu-runtime", "2.16.0-cpu-devel"]
         assert report["tags"] == proposed and "- `2.16.0-cuda13.2-cudnn9-runtime`" in result.stdout
         matrix_text = (project / "matrix.yaml").read_text()
         assert "# Proposed by the release watch (torch 2.16.0 on http://127.0.0.1" in matrix_text
@@ -57,6 +58,8 @@ def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(projec
         assert set(after) - set(before) == set(proposed)
         assert {tag: after[tag] for tag in before} == before, "no other row's folder changes"
         assert "torch==2.16.0 torchvision==0.31.0" in after["2.16.0-cuda13.2-cudnn9-runtime"].decode()
+        assert "torch==2.16.0+cpu " in after["2.16.0-cpu-runtime"].decode(), "the CPU rows follow: the index has +cpu"
+        assert "2.13.0-cpu-runtime" in specs, "the rows copied stay"
         rendered = render_files(list(specs.values()), ROOT / "templates", "matrix.yaml", "localhost:5000/ml/pytorch")
         assert stale_paths(project / "images", rendered) == [], "images/ is what render makes of the proposal"
         # The next night: the matrix has the newest release; nothing changes.
@@ -83,3 +86,18 @@ def test_an_unreachable_index_is_exit_2_and_changes_nothing(project):
     result = watch(project, "http://127.0.0.1:9/simple", check_exit=2)
     assert "http://127.0.0.1:9/simple" in result.stderr and "--index-url" in result.stderr
     assert (project / "matrix.yaml").read_text() == matrix and (project / "compat.yaml").read_text() == compat
+
+
+def test_cpu_rows_the_index_cannot_move_are_named_in_the_proposal(project, tmp_path):
+    """PyPI has no +cpu build: the proposal moves the CUDA rows and says the CPU rows stay behind, and why."""
+    index_folder = make_release(tmp_path / "index", cuda_library_size=1024)
+    for wheel in index_folder.glob("torch-*+cpu-*"):
+        wheel.unlink()
+    with LocalIndex(index_folder) as index:
+        result = watch(project, index.url)
+    report = json.loads((project / "reports" / "release-watch.json").read_text())
+    assert report["tags"] and not [tag for tag in report["tags"] if "-cpu-" in tag]
+    note = f"the CPU rows stay at torch 2.13.0: {index.url} has no +cpu build of torch 2.16.0"
+    assert any(item.startswith(note) for item in report["notes"]), report["notes"]
+    assert "download.pytorch.org/whl/cpu" in (project / "reports" / "release-watch.md").read_text()
+    assert "note: the CPU rows stay at torch 2.13.0" in result.stdout

@@ -57,7 +57,7 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
     release = refreshed.releases[0]
     compat = matrix_stage.load_compat(options.compat_file)
     variants = load_yaml(options.matrix_file)["variants"]
-    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes)
+    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, options.index_url)
     if rows:
         text = with_proposed_rows(options.matrix_file.read_text(), variants, proposal.newest_in_matrix, rows,
                                   f"torch {newest} on {options.index_url}")
@@ -70,15 +70,25 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
 
 
 def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.ReleaseFacts, compat: dict,
-                 notes: list[str]) -> list:
+                 notes: list[str], index_url: str = "the index") -> list:
     """A copy of each row of the matrix's newest release, for the new one: its torchvision, the same CUDA where
-    the new release has that build (else PyPI's build for a row on PyPI's), cuDNN's major as the wheel pins it."""
+    the new release has that build (else PyPI's build for a row on PyPI's), cuDNN's major as the wheel pins it.
+    CPU rows held at an older release (their +cpu wheels were out of reach) follow when the index has the new
+    release's CPU build; when it does not, the proposal says they stay behind, and why."""
     new_facts = compat["torch"][release.torch]
     old_facts = compat["torch"].get(newest_in_matrix, {})
     pypi_build = next((cuda for cuda, facts in new_facts.get("cuda", {}).items() if facts.get("pypi")), None)
+    cpu_versions = [Version(str(row.get("torch"))) for row in variants if str(row.get("cuda")) == "cpu"]
+    newest_cpu = str(max(cpu_versions)) if cpu_versions else None
+    if newest_cpu and newest_cpu != newest_in_matrix and not new_facts.get("cpu"):
+        notes.append(f"the CPU rows stay at torch {newest_cpu}: {index_url} has no +cpu build of torch "
+                     f"{release.torch} (its CPU wheels are on {compat_refresh.PYTORCH_INDEX}cpu; where that index is "
+                     f"reachable, `compat refresh {release.torch} --index-url {compat_refresh.PYTORCH_INDEX}cpu` "
+                     "reads it and the CPU rows can move)")
     proposed = []
     for row in variants:
-        if str(row.get("torch")) != newest_in_matrix:
+        held_cpu_row = str(row.get("cuda")) == "cpu" and str(row.get("torch")) == newest_cpu
+        if str(row.get("torch")) != newest_in_matrix and not (held_cpu_row and new_facts.get("cpu")):
             continue
         cuda = str(row.get("cuda"))
         if cuda != "cpu" and cuda not in new_facts.get("cuda", {}):
@@ -117,7 +127,8 @@ def with_proposed_rows(text: str, variants, newest_in_matrix: str, rows: list[di
     stream = StringIO()
     compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
-              f"  # shaped like the {newest_in_matrix} rows: review its facts in torchimages/compat.yaml.\n"]
+              f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
+              "facts in torchimages/compat.yaml.\n"]
     proposed = header + stream.getvalue().splitlines(keepends=True) + ["\n"]
     return "".join(lines[:at] + proposed + lines[at:])
 
