@@ -2,6 +2,7 @@
 release is read, proposed as rows shaped like the newest ones, and rendered; the other rows' folders do not change."""
 import json
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -101,3 +102,52 @@ def test_cpu_rows_the_index_cannot_move_are_named_in_the_proposal(project, tmp_p
     assert any(item.startswith(note) for item in report["notes"]), report["notes"]
     assert "download.pytorch.org/whl/cpu" in (project / "reports" / "release-watch.md").read_text()
     assert "note: the CPU rows stay at torch 2.13.0" in result.stdout
+
+
+def workflow_step(job: str, name: str) -> dict:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
+    return next(step for step in workflow["jobs"][job]["steps"] if step.get("name") == name)
+
+
+@pytest.mark.parametrize("newer", [True, False])
+def test_the_workflows_watch_step_hands_the_release_and_tags_to_the_pull_request_steps(project, tmp_path, newer):
+    """The release-watch job's "Watch" step, run as the runner runs it (bash -eo pipefail, in the checkout), with
+    build.py being the real watch against the local index: $GITHUB_OUTPUT gets the release and the proposed tags
+    (space separated, as the build step splits them), empty when there is nothing newer; the pull request opens
+    for any newer release, with a token that lets the project's CI run on it."""
+    import sys
+
+    index_folder = make_release(tmp_path / "index", cuda_library_size=1024)
+    if not newer:
+        for wheel in index_folder.glob("torch-2.16.0*"):
+            wheel.rename(wheel.with_name(wheel.name.replace("2.16.0", "2.15.0")))
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (checkout / ".venv" / "bin" / "python").chmod(0o755)
+    step = workflow_step("release-watch", "Watch the index for a newer torch")
+    output = tmp_path / "github-output"
+    output.write_text("")
+    with LocalIndex(index_folder) as index:
+        (checkout / "build.py").write_text(
+            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom torchimages.cli import main\n"
+            f"assert sys.argv[1:] == ['watch']\n"
+            f"sys.exit(main(['--matrix', {str(project / 'matrix.yaml')!r}, '--images', {str(project / 'images')!r}, "
+            f"'--reports', 'reports', 'watch', '--index-url', {index.url!r}, '--compat', "
+            f"{str(project / 'compat.yaml')!r}]))\n")
+        result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=checkout,
+                                env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}, capture_output=True,
+                                text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    if newer:
+        assert outputs["release"] == "2.16.0"
+        assert outputs["tags"].split(" ") == json.loads((checkout / "reports" / "release-watch.json").read_text())[
+            "tags"] and "2.16.0-cuda13.2-cudnn9-runtime" in outputs["tags"].split(" ")
+    else:
+        assert outputs == {"release": "", "tags": ""}
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
+    opens = next(step for step in workflow["jobs"]["release-watch"]["steps"]
+                 if str(step.get("uses", "")).startswith("peter-evans/create-pull-request"))
+    assert opens["if"] == "steps.watch.outputs.release != ''", "a newer release opens a pull request, rows or none"
+    assert "secrets.RELEASE_WATCH_TOKEN" in opens["with"]["token"], "GITHUB_TOKEN's pull requests start no CI"
