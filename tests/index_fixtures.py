@@ -2,6 +2,7 @@
 file host does, and counting the bytes it sends (a refresh must not download whole wheels)."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -23,8 +24,12 @@ class LocalIndex:
     """`files_url`: where the project pages say the wheels are (another server, e.g. one that never answers);
     `ranges`: False for a file host that ignores Range and sends every file whole."""
 
-    def __init__(self, folder: Path, files_url: str | None = None, ranges: bool = True):
+    def __init__(self, folder: Path, files_url: str | None = None, ranges: bool = True,
+                 login: tuple[str, str] | None = None):
         self.folder = folder
+        # A mirror that wants a login (Basic) for its pages and files; every Authorization it was sent is kept.
+        self.login = "Basic " + base64.b64encode(":".join(login).encode()).decode() if login else None
+        self.authorizations: list[str] = []
         self.files_url = files_url
         self.ranges = ranges
         self.sent: Counter[str] = Counter()  # file name -> bytes sent
@@ -58,6 +63,9 @@ class LocalIndex:
                 pass
 
             def do_GET(self) -> None:
+                index.authorizations.append(self.headers.get("Authorization", ""))
+                if index.login and self.headers.get("Authorization") != index.login:
+                    return self._send(401, b"login required", extra={"WWW-Authenticate": 'Basic realm="mirror"'})
                 page = re.fullmatch(r"/simple/([^/]+)/", self.path)
                 if page:
                     body = index.project_page(page[1])

@@ -137,7 +137,8 @@ def test_facts_the_index_cannot_confirm_are_named_not_passed_as_read(index, comp
     assert facts["cpu_source"]["file"] == "torch-2.16.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
     assert facts["cpu_source"]["index"] == index.url and len(facts["cpu_source"]["sha256"]) == 64
     hand_typed = '      "12.6":\n        wheel_index: cu126\n        cudnn: "9.10.2.21"\n'
-    compat.write_text(compat.read_text().replace('    cuda:\n      "13.2":\n', '    cuda:\n' + hand_typed + '      "13.2":\n', 1))
+    before_13_2 = '    cuda:\n      "13.2":\n'
+    compat.write_text(compat.read_text().replace(before_13_2, '    cuda:\n' + hand_typed + '      "13.2":\n', 1))
     result = refresh(index, compat, "2.16.0", "--check", check_exit=0)
     assert ("unread: torch 2.16.0 cuda 12.6: the index has no cu126 build; compat.yaml's facts for it are not read "
             "from a wheel (read them with --index-url https://download.pytorch.org/whl/cu126)") in result.stdout
@@ -198,3 +199,21 @@ def test_a_stalled_index_or_file_host_ends_the_refresh_naming_it(tmp_path, compa
                                             "--compat", str(compat))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert silent.url in result.stderr and "timed out" in result.stderr
+
+
+def test_a_mirror_login_is_used_but_never_written_or_printed(tmp_path, compat):
+    """--index-url https://USER:PASSWORD@mirror/simple: the login reaches the mirror (its pages and its files), and
+    appears nowhere else: not in compat.yaml's sources, its comment, the output, or an error."""
+    secret = "s3cret-mirror-pass"
+    with LocalIndex(make_release(tmp_path / "index"), login=("ci", secret)) as served:
+        with_login = served.url.replace("http://", f"http://ci:{secret}@")
+        result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", with_login, "--compat", str(compat))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert served.authorizations and all(served.authorizations), "every request carried the login"
+        missing = run_cli_in_process("compat", "refresh", "2.99.0", "--index-url", with_login, "--compat",
+                                     str(compat))
+    assert missing.returncode == 2 and served.url in missing.stderr
+    facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
+    assert facts["cuda"]["13.2"]["source"]["index"] == served.url
+    for text in (compat.read_text(), result.stdout, result.stderr, missing.stdout, missing.stderr):
+        assert secret not in text

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from packaging.requirements import Requirement
@@ -28,6 +29,7 @@ from ruamel.yaml.tokens import CommentToken
 
 from .files import atomic_write, brief
 from .model import PYPI, InputError, Problem
+from .redaction import redact
 
 # The wheel a build's facts are read from: every build has one for this interpreter and machine.
 READ_PYTHON, READ_PLATFORM = "cp311", "x86_64"
@@ -172,12 +174,16 @@ def _tags(filename: str):
 # I/O: the index and the remote wheels.
 
 class Index:
-    """A PEP 691 index; wheels inside it read with range requests."""
+    """A PEP 691 index; wheels inside it read with range requests. A login in its URL (a mirror's) is sent to the
+    index's own host only, for its pages and files, and is never part of `url`, which sources and messages show."""
 
     def __init__(self, url: str = PYPI, session: requests.Session | None = None):
-        self.url = url.rstrip("/")
+        parts = urlsplit(url.rstrip("/"))
+        self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
+        self.host = parts.hostname or ""
+        self.url = urlunsplit(parts._replace(netloc=self.host + (f":{parts.port}" if parts.port else "")))
         self.session = session or requests.Session()
-        self.client = PyPISimple(self.url + "/", session=self.session)
+        self.client = PyPISimple(self.url + "/", session=self.session, auth=self.auth)
 
     def packages(self, project: str) -> list[DistributionPackage]:
         try:
@@ -193,7 +199,8 @@ class Index:
     def read_members(self, package: DistributionPackage, want: Callable[[str], bool]) -> dict[str, bytes]:
         """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
         try:
-            with RemoteZip(package.url, session=self.session, timeout=TIMEOUT_S) as wheel:
+            auth = self.auth if urlsplit(package.url).hostname == self.host else None
+            with RemoteZip(package.url, session=self.session, timeout=TIMEOUT_S, auth=auth) as wheel:
                 members = [info for info in wheel.infolist() if want(info.filename)]
                 too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
                 if too_large:
@@ -215,8 +222,8 @@ def _timed_out(error: BaseException) -> bool:
 
 def unreadable(url: str, what: str) -> InputError:
     """The index (or a wheel on it) could not be read: the URL given is wrong or out of reach."""
-    return InputError([Problem(url, 0, f"{what}: check --index-url and the network (a mirror must answer range "
-                                       "requests)")])
+    return InputError([Problem(redact(url), 0, f"{redact(what)}: check --index-url and the network (a mirror must "
+                                               "answer range requests)")])
 
 
 def read_release(index: Index, torch: str) -> ReleaseFacts | None:
@@ -383,7 +390,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
         release = read_release(index, torch)
         if release is None:
             if options.versions:
-                raise InputError([Problem(options.index_url, 0, f"the index has no torch {brief(torch)} wheels: "
+                raise InputError([Problem(index.url, 0, f"the index has no torch {brief(torch)} wheels: "
                                                                 "name a release it has")])
             result.not_on_index.append(torch)
             continue

@@ -57,10 +57,10 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
     release = refreshed.releases[0]
     compat = matrix_stage.load_compat(options.compat_file)
     variants = load_yaml(options.matrix_file)["variants"]
-    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, options.index_url)
+    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, index.url)
     if rows:
         text = with_proposed_rows(options.matrix_file.read_text(), variants, proposal.newest_in_matrix, rows,
-                                  f"torch {newest} on {options.index_url}")
+                                  f"torch {newest} on {index.url}")
         _write_checked(options, text)
         specs = matrix_stage.load_matrix(options.matrix_file, options.compat_file).specs
         proposal.tags = [spec.tag for spec in specs if spec.torch == newest]

@@ -10,6 +10,7 @@ from rich.table import Table
 from ..matrix import COMPAT_FILE
 from ..model import PYPI
 from ..project import EXIT_FAILED, EXIT_OK, Project
+from ..redaction import redact
 from .display import console, errors
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ def cmd_compat_refresh(project: Project, args) -> int:
     for release in result.releases:
         out.print(facts_table(release))
     for torch in result.not_on_index:
-        out.print(f"torch {torch}: not on {args.index_url}; its facts are kept as compat.yaml has them, unchecked")
+        out.print(f"torch {torch}: not on {redact(args.index_url)}; its facts are kept as compat.yaml has them, "
+                  "unchecked")
     for line in result.unread:
         out.print(f"unread: {line}")
     for difference in result.added:
