@@ -30,6 +30,8 @@ class LocalIndex:
         # A mirror that wants a login (Basic) for its pages and files; every Authorization it was sent is kept.
         self.login = "Basic " + base64.b64encode(":".join(login).encode()).decode() if login else None
         self.authorizations: list[str] = []
+        self.yanked: set[str] = set()  # file names the pages mark yanked (PEP 592)
+        self.pages: Counter[str] = Counter()  # project -> pages served
         self.files_url = files_url
         self.ranges = ranges
         self.sent: Counter[str] = Counter()  # file name -> bytes sent
@@ -52,7 +54,8 @@ class LocalIndex:
         base = self.files_url or self.url.rsplit("/simple", 1)[0] + "/files"
         files = [{"filename": p.name, "url": f"{base}/{p.name}", "size": p.stat().st_size,
                   "hashes": {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()},
-                  "upload-time": "2026-11-20T10:00:00Z"} for p in wheels]
+                  "upload-time": "2026-11-20T10:00:00Z", **({"yanked": "broken"} if p.name in self.yanked else {})}
+                 for p in wheels]
         return json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
 
     def _handler(self):
@@ -68,6 +71,7 @@ class LocalIndex:
                     return self._send(401, b"login required", extra={"WWW-Authenticate": 'Basic realm="mirror"'})
                 page = re.fullmatch(r"/simple/([^/]+)/", self.path)
                 if page:
+                    index.pages[page[1]] += 1
                     body = index.project_page(page[1])
                     return self._send(200, body, JSON_TYPE) if body else self._send(404, b"not found")
                 wheel = re.fullmatch(r"/files/([^/]+\.whl)", self.path)

@@ -151,3 +151,16 @@ def test_the_workflows_watch_step_hands_the_release_and_tags_to_the_pull_request
                  if str(step.get("uses", "")).startswith("peter-evans/create-pull-request"))
     assert opens["if"] == "steps.watch.outputs.release != ''", "a newer release opens a pull request, rows or none"
     assert "secrets.RELEASE_WATCH_TOKEN" in opens["with"]["token"], "GITHUB_TOKEN's pull requests start no CI"
+
+
+def test_a_yanked_release_is_not_proposed(project, tmp_path):
+    """A release pulled from the index (PEP 592 yanked) is no release to build: the watch proposes nothing, and
+    reads the index's torch page once."""
+    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024)) as index:
+        index.yanked = {wheel.name for wheel in index.folder.glob("torch-2.16.0*")}
+        result = watch(project, index.url)
+        assert "No torch release newer than the matrix's 2.15.0" in result.stdout
+        index.yanked = set()
+        index.pages.clear()
+        watch(project, index.url)
+        assert index.pages["torch"] == 1, "one read of the torch page per run"

@@ -184,8 +184,14 @@ class Index:
         self.url = urlunsplit(parts._replace(netloc=self.host + (f":{parts.port}" if parts.port else "")))
         self.session = session or requests.Session()
         self.client = PyPISimple(self.url + "/", session=self.session, auth=self.auth)
+        self._pages: dict[str, list[DistributionPackage]] = {}  # a project's page is read once per run (torch: 1 MB)
 
     def packages(self, project: str) -> list[DistributionPackage]:
+        if project not in self._pages:
+            self._pages[project] = self._read_page(project)
+        return self._pages[project]
+
+    def _read_page(self, project: str) -> list[DistributionPackage]:
         try:
             page = self.client.get_project_page(project, timeout=TIMEOUT_S)
             return [p for p in page.packages if p.package_type == "wheel"]
@@ -238,8 +244,8 @@ def read_release(index: Index, torch: str) -> ReleaseFacts | None:
 
 
 def newest_release(index: Index) -> str | None:
-    """The newest final torch release the index has."""
-    versions = {Version(_base_version(p.version)) for p in index.packages("torch") if p.version}
+    """The newest final torch release the index has (a yanked one is no release: PEP 592)."""
+    versions = {Version(_base_version(p.version)) for p in index.packages("torch") if p.version and not p.is_yanked}
     finals = [v for v in versions if not v.is_prerelease and not v.is_devrelease]
     return str(max(finals)) if finals else None
 
