@@ -144,7 +144,7 @@ def test_facts_the_index_cannot_confirm_are_named_not_passed_as_read(index, comp
             "from a wheel (read them with --index-url https://download.pytorch.org/whl/cu126)") in result.stdout
     assert "cuda 13.2" not in result.stdout.split("unread:", 1)[1], "the builds read are not named"
     without_cpu = tmp_path / "without-cpu"
-    make_release(without_cpu)
+    shutil.copytree(index.folder, without_cpu)  # the same wheels (a new make_release would be other bytes)
     for wheel in without_cpu.glob("*+cpu*"):
         wheel.unlink()
     with LocalIndex(without_cpu) as other:
@@ -217,3 +217,19 @@ def test_a_mirror_login_is_used_but_never_written_or_printed(tmp_path, compat):
     assert facts["cuda"]["13.2"]["source"]["index"] == served.url
     for text in (compat.read_text(), result.stdout, result.stderr, missing.stdout, missing.stderr):
         assert secret not in text
+
+
+def test_a_wheel_whose_sha256_changed_is_a_disagreement_not_a_new_source(index, compat):
+    """The same file name with other bytes (a mirror serving something else, a wheel replaced) is reported with
+    both digests and the recorded source is kept until --correct, like any fact."""
+    refresh(index, compat, "2.16.0", check_exit=0)
+    facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
+    real = facts["cuda"]["13.2"]["source"]["sha256"]
+    compat.write_text(compat.read_text().replace(real, "0" * 64))
+    recorded = compat.read_text()
+    result = refresh(index, compat, "2.16.0", "--check", check_exit=1)
+    assert f"cuda 13.2 sha256: compat.yaml says {'0' * 64}, the index says {real}" in result.stderr
+    refresh(index, compat, "2.16.0", check_exit=1)
+    assert compat.read_text() == recorded, "the recorded source is kept"
+    refresh(index, compat, "2.16.0", "--correct", check_exit=0)
+    assert yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["cuda"]["13.2"]["source"]["sha256"] == real

@@ -312,6 +312,15 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
         elif target[key] != value:
             disagree.append(Difference(release.torch, where, target[key], value, source.file if source else ""))
 
+    def record(target: dict, key: str, source: Source, where: str) -> None:
+        """The source a fact was read from. The same file with other bytes is a disagreement: the recorded
+        source stays until the caller corrects it."""
+        before = target.get(key) or {}
+        if before.get("file") == source.file and before.get("sha256") and before["sha256"] != source.sha256:
+            disagree.append(Difference(release.torch, f"{where} sha256", before["sha256"], source.sha256, source.file))
+            return
+        target[key] = source.to_yaml()
+
     first = release.builds[0].source if release.builds else None
     python = dict(block.get("python") or {})
     merge(python, "min", min((b.python_min for b in release.builds), default="", key=_python_key), "python.min", first)
@@ -320,12 +329,12 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
     paired = ".".join(release.torchvision.split(".")[:2]) if release.torchvision else None
     merge(block, "torchvision", paired, "torchvision", release.torchvision_source)
     if release.torchvision_source:
-        block["torchvision_source"] = release.torchvision_source.to_yaml()
+        record(block, "torchvision_source", release.torchvision_source, "torchvision")
     cuda = {version: dict(facts) for version, facts in (block.get("cuda") or {}).items()}
     for build in release.builds:
         if build.cuda is None:
             merge(block, "cpu", True, "cpu", build.source)
-            block["cpu_source"] = build.source.to_yaml()
+            record(block, "cpu_source", build.source, "cpu")
             continue
         facts = cuda.setdefault(build.cuda, {})
         merge(facts, "wheel_index", build.build, f"cuda {build.cuda} wheel_index", build.source)
@@ -335,7 +344,7 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
             merge(facts, key, version, f"cuda {build.cuda} {key}", build.source)
         merge(facts, "triton", build.triton, f"cuda {build.cuda} triton", build.source)
         merge(facts, "arch_list", build.arch_list, f"cuda {build.cuda} arch_list", build.source)
-        facts["source"] = build.source.to_yaml()
+        record(facts, "source", build.source, f"cuda {build.cuda}")
     block["cuda"] = cuda
     return block, added, disagree
 
@@ -365,7 +374,12 @@ def _python_key(version: str) -> tuple[int, ...]:
 def corrected(block: dict, differences: list[Difference]) -> dict:
     """A block with the index's values where they disagree (`--correct`: each one is reported)."""
     for difference in differences:
-        if difference.where.startswith("python."):
+        if difference.where.endswith(" sha256"):
+            where = difference.where.removesuffix(" sha256")
+            target = block["cuda"][where.split(" ")[1]] if where.startswith("cuda ") else block
+            key = "source" if where.startswith("cuda ") else f"{where}_source"
+            target[key] = {**target[key], "sha256": difference.index}
+        elif difference.where.startswith("python."):
             block["python"][difference.where.split(".")[1]] = difference.index
         elif difference.where.startswith("cuda "):
             _, version, key = difference.where.split(" ")
