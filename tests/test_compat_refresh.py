@@ -233,3 +233,19 @@ def test_a_wheel_whose_sha256_changed_is_a_disagreement_not_a_new_source(index, 
     assert compat.read_text() == recorded, "the recorded source is kept"
     refresh(index, compat, "2.16.0", "--correct", check_exit=0)
     assert yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["cuda"]["13.2"]["source"]["sha256"] == real
+
+
+def test_a_release_the_wheels_cannot_describe_is_not_written(tmp_path, compat):
+    """A torch wheel without Requires-Python leaves the release with no Python range: compat.yaml would stop being
+    readable by every command, so nothing is written and the problem is named."""
+    from .index_fixtures import ARCH_FLAGS, version_py
+    from .wheels_fixtures import make_wheel
+
+    folder = tmp_path / "index"
+    make_wheel(folder, "torch", "2.16.0", PINS, "", files={"torch/version.py": version_py("2.16.0+cu132", "13.2"),
+                                                            "torch/lib/libtorch_python.so": ARCH_FLAGS})
+    before = compat.read_text()
+    with LocalIndex(folder) as served:
+        result = refresh(served, compat, "2.16.0", check_exit=2)
+    assert "not written" in result.stderr and "torch '2.16.0' needs python" in result.stderr
+    assert compat.read_text() == before

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.model import InputError
 from torchimages.render import render_files, stale_paths
 
 from .conftest import ROOT, run_cli_in_process
@@ -164,3 +165,46 @@ def test_a_yanked_release_is_not_proposed(project, tmp_path):
         index.pages.clear()
         watch(project, index.url)
         assert index.pages["torch"] == 1, "one read of the torch page per run"
+
+
+def test_a_release_on_a_cuda_compat_yaml_does_not_know_is_proposed_as_facts_and_a_note(project, tmp_path):
+    """PyPI's build of the new release is on a CUDA the compat data has no driver facts for (they are NVIDIA's, not
+    the wheel's): the watch still ends well, with the release's facts read and a note saying what a person adds, so
+    the pull request opens instead of the job failing."""
+    from .index_fixtures import ARCH_FLAGS, PINS, version_py
+    from .wheels_fixtures import make_wheel
+
+    folder = tmp_path / "index"
+    make_wheel(folder, "torch", "2.16.0", PINS, ">=3.11", files={
+        "torch/version.py": version_py("2.16.0+cu134", "13.4"),
+        "torch/lib/libtorch_python.so": b"\x7fELF" + ARCH_FLAGS})
+    make_wheel(folder, "torchvision", "0.31.0", ("torch==2.16.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    matrix = (project / "matrix.yaml").read_text()
+    with LocalIndex(folder) as index:
+        result = watch(project, index.url)
+    report = json.loads((project / "reports" / "release-watch.json").read_text())
+    assert report["release"] == "2.16.0" and report["tags"] == []
+    assert any("unknown CUDA 13.4" in note and "not proposed" in note for note in report["notes"]), report["notes"]
+    assert yaml.safe_load((project / "compat.yaml").read_text())["torch"]["2.16.0"]["cuda"]["13.4"]["source"]
+    assert (project / "matrix.yaml").read_text() == matrix and "no rows could be proposed" in result.stdout
+
+
+def test_a_release_before_its_torchvision_is_proposed_without_it(project, tmp_path):
+    """Release day, torchvision not out yet: compat.yaml takes the release with no torchvision paired (and stays a
+    compat.yaml every command reads), and the rows are proposed without torchvision, saying so."""
+    folder = make_release(tmp_path / "index", cuda_library_size=1024)
+    for wheel in folder.glob("torchvision-0.31.0*"):
+        wheel.unlink()
+    with LocalIndex(folder) as index:
+        result = watch(project, index.url)
+    report = json.loads((project / "reports" / "release-watch.json").read_text())
+    assert "2.16.0-cuda13.2-cudnn9-runtime" in report["tags"], result.stdout
+    assert "no torchvision on the index takes torch 2.16.0: proposed without it" in report["notes"]
+    specs = {spec.tag: spec for spec in load_matrix(project / "matrix.yaml", project / "compat.yaml").specs}
+    assert specs["2.16.0-cuda13.2-cudnn9-runtime"].torchvision is None
+    assert "torchvision" not in yaml.safe_load((project / "compat.yaml").read_text())["torch"]["2.16.0"]
+    row = "  - {torch: 2.16.0, torchvision: 0.31.0, cuda: \"13.2\", cudnn: 9, flavors: [runtime]}\n"
+    (project / "matrix.yaml").write_text((project / "matrix.yaml").read_text().replace("variants:\n",
+                                                                                      "variants:\n" + row, 1))
+    with pytest.raises(InputError, match="no torchvision is paired with torch 2.16.0"):
+        load_matrix(project / "matrix.yaml", project / "compat.yaml")

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple
@@ -28,8 +28,10 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from ruamel.yaml.tokens import CommentToken
 
 from .files import atomic_write, brief
+from .matrix import compat_shape_problems
 from .model import PYPI, InputError, Problem
 from .redaction import redact
+from .yamlsource import load_yaml
 
 # The wheel a build's facts are read from: every build has one for this interpreter and machine.
 READ_PYTHON, READ_PLATFORM = "cp311", "x86_64"
@@ -126,7 +128,7 @@ def metadata_facts(metadata: str) -> tuple[str, dict[str, str], str]:
     python_min, pins, triton = "", {}, ""
     for line in metadata.splitlines():
         if line.startswith("Requires-Python:"):
-            python_min = line.split(">=", 1)[-1].split(",")[0].strip()
+            python_min = _python_floor(line.split(":", 1)[1])
         elif line.startswith("Requires-Dist:"):
             requirement = Requirement(line.split(":", 1)[1].strip())
             if requirement.name == "triton":
@@ -136,6 +138,15 @@ def metadata_facts(metadata: str) -> tuple[str, dict[str, str], str]:
             if key and exact:
                 pins[key] = exact[0]
     return python_min, pins, triton
+
+
+def _python_floor(requires_python: str) -> str:
+    """The X.Y a Requires-Python's >= admits first ("" when it names none, or is not a specifier)."""
+    try:
+        floors = [spec.version for spec in SpecifierSet(requires_python.strip()) if spec.operator == ">="]
+    except InvalidSpecifier:
+        return ""
+    return ".".join(floors[0].split(".")[:2]) if floors and re.fullmatch(r"[0-9]+(\.[0-9]+)*", floors[0]) else ""
 
 
 def version_facts(version_py: str) -> tuple[str, str | None]:
@@ -503,4 +514,20 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     end = following.start() if following else len(text)
     section = text[start:end]
     blank_lines_after = section[len(section.rstrip("\n")):]
-    atomic_write(path, text[:start] + stream.getvalue().rstrip("\n") + blank_lines_after + text[end:])
+    new_text = text[:start] + stream.getvalue().rstrip("\n") + blank_lines_after + text[end:]
+    _check_shape(new_text, path)
+    atomic_write(path, new_text)
+
+
+def _check_shape(text: str, path: Path) -> None:
+    """What is written is a compat.yaml every command reads: a release block the wheels could not fill (no Python
+    range read, say) is refused, naming it, and the file stays as it was."""
+    candidate = path.with_name(f".{path.name}.refreshed")
+    candidate.write_text(text)
+    try:
+        problems = compat_shape_problems(load_yaml(candidate, "compat refresh wrote it"))
+    finally:
+        candidate.unlink(missing_ok=True)
+    if problems:
+        raise InputError([Problem(str(path), line, f"not written: what the index gave leaves {message}")
+                          for line, message in problems])

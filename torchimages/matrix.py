@@ -77,7 +77,8 @@ def compat_shape_problems(compat) -> list[tuple[int, str]]:
                 problems.append((section.line_of(key), f"{name} entry {brief(key)} must be a mapping"))
             elif name == "torch" and not _torch_facts_ok(entry):
                 problems.append((section.line_of(key), f"torch {brief(key)} needs python: {{min:, max:}}, "
-                                                       "torchvision: and a cuda: mapping of mappings"))
+                                                       "torchvision: (when one is paired) and a cuda: mapping of "
+                                                       "mappings"))
             elif name == "os" and not ({"python", "image", "glibc", "family"} <= set(entry)
                                        and entry["family"] in (compat.get("families") or {})):
                 problems.append((section.line_of(key), f"os {brief(key)} needs python:, image:, glibc: and a "
@@ -103,7 +104,7 @@ def _driver_facts_ok(entry: dict) -> bool:
 def _torch_facts_ok(entry: dict) -> bool:
     python, cuda = entry.get("python"), entry.get("cuda", {})
     return (isinstance(python, dict) and all(isinstance(python.get(k), str) for k in ("min", "max"))
-            and isinstance(entry.get("torchvision"), str) and isinstance(cuda, dict)
+            and isinstance(entry.get("torchvision", ""), str) and isinstance(cuda, dict)
             and all(isinstance(wheel, dict) for wheel in cuda.values()))
 
 
@@ -444,8 +445,12 @@ def _torchvision(row: _Row, torch_facts, allow_unlisted: bool, fail) -> str | No
     torchvision = row.get("torchvision")
     if torchvision is None or torch_facts is None or allow_unlisted:
         return torchvision
-    paired = torch_facts["torchvision"]
-    if not torchvision.startswith(paired + "."):
+    paired = torch_facts.get("torchvision")
+    if paired is None:
+        fail("torchvision", f"no torchvision is paired with torch {row.get('torch')} in torchimages/compat.yaml (none on "
+                            f"the index took it when it was read): drop torchvision from the row, or run `python "
+                            f"build.py compat refresh {row.get('torch')}` once one is released")
+    elif not torchvision.startswith(paired + "."):
         fail("torchvision", f"torchvision {torchvision} is not the release paired with this torch (use {paired}.x)")
     return torchvision
 

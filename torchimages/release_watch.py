@@ -57,10 +57,21 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
     release = refreshed.releases[0]
     compat = matrix_stage.load_compat(options.compat_file)
     variants = load_yaml(options.matrix_file)["variants"]
-    rows = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, index.url)
-    if rows:
-        text = with_proposed_rows(options.matrix_file.read_text(), variants, proposal.newest_in_matrix, rows,
-                                  f"torch {newest} on {index.url}")
+    pairs = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, index.url)
+    matrix_text, origin = options.matrix_file.read_text(), f"torch {newest} on {index.url}"
+    valid = []
+    for pair in pairs:  # a row the matrix would refuse (a CUDA or Python the data lacks) is a note, not a failure
+        problems = _problems(options, with_proposed_rows(matrix_text, variants, proposal.newest_in_matrix, [pair],
+                                                         origin))
+        if problems:
+            row = pair[1]
+            proposal.notes.append(f"the row like line {pair[0].line} (torch {row['torch']}, cuda {row.get('cuda')}"
+                                  f"{', ' + str(row['os']) if row.get('os') else ''}) is not proposed: "
+                                  + "; ".join(problems))
+        else:
+            valid.append(pair)
+    if valid:
+        text = with_proposed_rows(matrix_text, variants, proposal.newest_in_matrix, valid, origin)
         _write_checked(options, text)
         specs = matrix_stage.load_matrix(options.matrix_file, options.compat_file).specs
         proposal.tags = [spec.tag for spec in specs if spec.torch == newest]
@@ -70,11 +81,11 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
 
 
 def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.ReleaseFacts, compat: dict,
-                 notes: list[str], index_url: str = "the index") -> list:
+                 notes: list[str], index_url: str = "the index") -> list[tuple]:
     """A copy of each row of the matrix's newest release, for the new one: its torchvision, the same CUDA where
     the new release has that build (else PyPI's build for a row on PyPI's), cuDNN's major as the wheel pins it.
     CPU rows held at an older release (their +cpu wheels were out of reach) follow when the index has the new
-    release's CPU build; when it does not, the proposal says they stay behind, and why."""
+    release's CPU build; when it does not, the proposal says they stay behind, and why. Pairs: (row copied, copy)."""
     new_facts = compat["torch"][release.torch]
     old_facts = compat["torch"].get(newest_in_matrix, {})
     pypi_build = next((cuda for cuda, facts in new_facts.get("cuda", {}).items() if facts.get("pypi")), None)
@@ -111,19 +122,20 @@ def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.Releas
             else:
                 del row_copy["torchvision"]
                 notes.append(f"no torchvision on the index takes torch {release.torch}: proposed without it")
-        proposed.append(row_copy)
+        proposed.append((row, row_copy))
     return proposed
 
 
-def with_proposed_rows(text: str, variants, newest_in_matrix: str, rows: list[dict], origin: str) -> str:
-    """matrix.yaml's text with the proposed rows above the rows they copy (their comments and everything else kept
-    as written); the copied rows' aliases move to them (`latest` follows the newest release)."""
+def with_proposed_rows(text: str, variants, newest_in_matrix: str, pairs: list[tuple], origin: str) -> str:
+    """matrix.yaml's text with the proposed rows above the newest release's rows (their comments and everything else
+    kept as written); a copied row's aliases move to its copy (`latest` follows the newest release)."""
     lines = text.splitlines(keepends=True)
-    copied = [row for row in variants if str(row.get("torch")) == newest_in_matrix]
-    for row in sorted(copied, key=lambda row: -row.line_of("aliases") if "aliases" in row else 0):
-        if "aliases" in row:
-            del lines[row.line_of("aliases") - 1:_end_of_value(lines, row.line_of("aliases"))]
-    at = _start_of_comment_above(lines, copied[0].line - 1)  # the aliases removed are below this line
+    rows = [copy for _, copy in pairs]
+    moved = [source for source, _ in pairs if "aliases" in source]
+    for row in sorted(moved, key=lambda row: -row.line_of("aliases")):
+        del lines[row.line_of("aliases") - 1:_end_of_value(lines, row.line_of("aliases"))]
+    first = min(row.line for row in variants if str(row.get("torch")) == newest_in_matrix)
+    at = _start_of_comment_above(lines, first - 1)  # the aliases removed are below this line
     stream = StringIO()
     compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
@@ -162,6 +174,19 @@ def _flow(value):
               else CommentedMap((key, _flow(item)) for key, item in value.items()))
     styled.fa.set_flow_style()
     return styled
+
+
+def _problems(options: WatchOptions, text: str) -> list[str]:
+    """What the matrix check says of a matrix text (nothing when it validates); matrix.yaml is not touched."""
+    candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
+    candidate.write_text(text)
+    try:
+        matrix_stage.load_matrix(candidate, options.compat_file)
+    except InputError as error:
+        return list(dict.fromkeys(problem.message for problem in error.problems))
+    finally:
+        candidate.unlink(missing_ok=True)
+    return []
 
 
 def _write_checked(options: WatchOptions, text: str) -> None:
