@@ -1,5 +1,6 @@
 """compat refresh against a PEP 691 index on 127.0.0.1 serving small real wheels made here (range requests, no
 separate metadata files, as PyPI), and one read of the real 2.14.1 from PyPI in the slow lane."""
+import hashlib
 import shutil
 
 import pytest
@@ -249,3 +250,34 @@ def test_a_release_the_wheels_cannot_describe_is_not_written(tmp_path, compat):
         result = refresh(served, compat, "2.16.0", check_exit=2)
     assert "not written" in result.stderr and "torch '2.16.0' needs python" in result.stderr
     assert compat.read_text() == before
+
+
+def test_a_wheelhouse_folder_is_read_offline(tmp_path, compat):
+    """--index-url FOLDER (what `build.py wheels --dest` makes, one folder per row or flat): the same facts, read
+    from the files, each with its file's sha256; a path that is neither an index nor a folder is exit 2."""
+    folder = make_release(tmp_path / "wheelhouse" / "cu132-py3.11")
+    result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "wheelhouse"),
+                                "--compat", str(compat))
+    assert result.returncode == 0, result.stdout + result.stderr
+    facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
+    build = facts["cuda"]["13.2"]
+    assert build["cudnn"] == "9.30.0.1" and build["arch_list"] == ["7.5", "9.0", "12.0+PTX"] and build["pypi"]
+    assert build["source"]["index"] == str(tmp_path / "wheelhouse")
+    wheel = folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert build["source"]["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert facts["cpu_source"]["file"].startswith("torch-2.16.0+cpu-") and facts["torchvision"] == "0.31"
+    missing = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "nowhere"),
+                                 "--compat", str(compat))
+    assert missing.returncode == 2 and "neither an http(s) package index nor a wheelhouse folder" in missing.stderr
+
+
+def test_a_partial_wheelhouse_does_not_contradict_the_python_range(tmp_path, index, compat):
+    """A wheelhouse holds the wheels a row needed (one Python), not the release: its newest Python is no fact."""
+    refresh(index, compat, "2.16.0", check_exit=0)
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    shutil.copy(index.folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl", folder)
+    result = run_cli_in_process("compat", "refresh", "2.16.0", "--check", "--index-url", str(folder),
+                                "--compat", str(compat))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "python.max" not in result.stderr

@@ -6,6 +6,7 @@ from inside the remote zip with HTTP range requests. Facts from the wheel are co
 is added, with its source; what disagrees is reported with both values and changed only when asked."""
 from __future__ import annotations
 
+import hashlib
 import re
 import zipfile
 from collections.abc import Callable
@@ -85,6 +86,9 @@ class ReleaseFacts:
     torchvision: str | None  # the newest torchvision release whose torch requirement admits this torch
     torchvision_source: Source | None
     builds: tuple[BuildFacts, ...]
+    # Read from a wheelhouse (the wheels a row needed, not the release): python_max is the newest there, kept only
+    # for a release compat.yaml does not list yet, never held against it.
+    python_max_partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,8 @@ class Index:
     """A PEP 691 index; wheels inside it read with range requests. A login in its URL (a mirror's) is sent to the
     index's own host only, for its pages and files, and is never part of `url`, which sources and messages show."""
 
+    whole_release = True  # it lists every wheel of a release, so the newest CPython among them is the release's
+
     def __init__(self, url: str = PYPI, session: requests.Session | None = None):
         parts = urlsplit(url.rstrip("/"))
         self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
@@ -237,6 +243,73 @@ def _timed_out(error: BaseException) -> bool:
     return isinstance(error, requests.Timeout) or "timed out" in str(error).lower()
 
 
+@dataclass(frozen=True)
+class LocalWheel:
+    """A wheel in a wheelhouse folder, with what the index's package records carry."""
+
+    filename: str
+    url: str  # its path
+    version: str
+    digests: dict
+    upload_time: None = None
+    is_yanked: bool = False
+
+
+class Wheelhouse(Index):
+    """A folder of wheels (offline; `build.py wheels --dest` makes one): the same facts, read from the files. It
+    holds the wheels someone fetched, not the release: the newest Python is not read from it."""
+
+    whole_release = False
+
+    def __init__(self, folder: Path):
+        self.url = str(folder)
+        self.folder = folder
+        self._pages = {}
+
+    def _read_page(self, project: str) -> list:
+        wheels = []
+        for path in sorted([*self.folder.glob("*.whl"), *self.folder.glob("*/*.whl")]):
+            try:
+                name, version, _, _ = parse_wheel_filename(path.name)
+            except InvalidWheelFilename:
+                continue
+            if name == project:
+                wheels.append(LocalWheel(path.name, str(path), str(version), {"sha256": _sha256(path)}))
+        return wheels
+
+    def read_members(self, package, want: Callable[[str], bool]) -> dict[str, bytes]:
+        try:
+            with zipfile.ZipFile(package.url) as wheel:
+                members = [info for info in wheel.infolist() if want(info.filename)]
+                too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
+                if too_large:
+                    raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
+                                                  f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
+                return {info.filename: wheel.read(info) for info in members}
+        except (OSError, zipfile.BadZipFile) as error:
+            raise unreadable(package.url, f"cannot read the wheel as a zip: {error}") from None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def open_index(url: str) -> Index:
+    """The index a URL names: a PEP 691 index over HTTP(S), or a wheelhouse folder (a path or file:// URL)."""
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        return Index(url)
+    folder = Path(unquote(parts.path) if parts.scheme == "file" else url)
+    if parts.scheme not in ("", "file") or not folder.is_dir():
+        raise InputError([Problem(redact(url), 0, "is neither an http(s) package index nor a wheelhouse folder: "
+                                                  "give --index-url https://.../simple or a folder of wheels")])
+    return Wheelhouse(folder)
+
+
 def unreadable(url: str, what: str) -> InputError:
     """The index (or a wheel on it) could not be read: the URL given is wrong or out of reach."""
     return InputError([Problem(redact(url), 0, f"{redact(what)}: check --index-url and the network (a mirror must "
@@ -251,7 +324,7 @@ def read_release(index: Index, torch: str) -> ReleaseFacts | None:
     builds = [_read_build(index, torch, package) for package in _readable(wheels)]
     torchvision, torchvision_source = _torchvision_for(index, torch)
     return ReleaseFacts(torch, python_max([p.filename for p in wheels]), torchvision, torchvision_source,
-                        tuple(builds))
+                        tuple(builds), python_max_partial=not index.whole_release)
 
 
 def newest_release(index: Index) -> str | None:
@@ -335,7 +408,8 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
     first = release.builds[0].source if release.builds else None
     python = dict(block.get("python") or {})
     merge(python, "min", min((b.python_min for b in release.builds), default="", key=_python_key), "python.min", first)
-    merge(python, "max", release.python_max, "python.max", first)
+    if not (release.python_max_partial and "max" in python):
+        merge(python, "max", release.python_max, "python.max", first)
     block["python"] = python
     paired = ".".join(release.torchvision.split(".")[:2]) if release.torchvision else None
     merge(block, "torchvision", paired, "torchvision", release.torchvision_source)
@@ -412,7 +486,7 @@ class RefreshOptions:
 def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     """Read the releases' facts from the index, compare them with compat.yaml, and (unless checking) write what
     they add, each build with its source; disagreements change compat.yaml only with `correct`."""
-    index = index or Index(options.index_url)
+    index = index or open_index(options.index_url)
     yaml = round_trip_yaml()
     document = _load(yaml, options.compat_file)
     torch_section = document["torch"]

@@ -43,7 +43,7 @@ class Proposal:
 
 
 def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> Proposal:
-    index = index or compat_refresh.Index(options.index_url)
+    index = index or compat_refresh.open_index(options.index_url)
     matrix = matrix_stage.load_matrix(options.matrix_file, options.compat_file)
     proposal = Proposal(newest_in_matrix=str(max(Version(spec.torch) for spec in matrix.specs)))
     newest = compat_refresh.newest_release(index)

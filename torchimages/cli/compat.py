@@ -67,6 +67,7 @@ def register(commands) -> None:
                          help="change nothing; exit 1 when compat.yaml lacks a fact or disagrees with the index")
     refresh.add_argument("--correct", action="store_true",
                          help="replace facts that disagree with the index's values (each is reported)")
-    refresh.add_argument("--index-url", default=PYPI, help="a PEP 691 package index (default: %(default)s)")
+    refresh.add_argument("--index-url", default=PYPI, help="a PEP 691 package index, or a folder of wheels (offline; "
+                         "default: %(default)s)")
     refresh.add_argument("--compat", type=Path, default=COMPAT_FILE, help=argparse.SUPPRESS)
     refresh.set_defaults(handler=cmd_compat_refresh)
