@@ -198,7 +198,7 @@ class Index:
         parts = urlsplit(url.rstrip("/"))
         self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
         self.host = parts.hostname or ""
-        self.url = urlunsplit(parts._replace(netloc=self.host + (f":{parts.port}" if parts.port else "")))
+        self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # [::1]:8080 stays as it is
         self.session = session or requests.Session()
         self.client = PyPISimple(self.url + "/", session=self.session, auth=self.auth)
         self._pages: dict[str, list[DistributionPackage]] = {}  # a project's page is read once per run (torch: 1 MB)
