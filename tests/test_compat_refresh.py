@@ -281,3 +281,12 @@ def test_a_partial_wheelhouse_does_not_contradict_the_python_range(tmp_path, ind
                                 "--compat", str(compat))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "python.max" not in result.stderr
+
+
+def test_an_index_page_larger_than_any_index_sends_is_refused(index, compat, monkeypatch):
+    """An index page is held in memory: one larger than the bound is exit 2 naming the index, not read on."""
+    import torchimages.compat_refresh as compat_refresh
+
+    monkeypatch.setattr(compat_refresh, "MAX_PAGE_BYTES", 256)
+    result = refresh(index, compat, "2.16.0", check_exit=2)
+    assert "larger than an index page" in result.stderr and index.url in result.stderr

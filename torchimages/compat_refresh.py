@@ -44,6 +44,8 @@ ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_[0-9]{2,3}(?: (?:sm|compute)_[0-
 # What is read of a wheel is held in memory: libtorch_python.so is 34 MB in 2.14; a member claiming far more is not
 # a torch wheel's.
 MAX_MEMBER_BYTES = 256 << 20
+# An index page is read whole into memory: PyPI's torch page is 0.9 MB; one claiming far more is not an index's.
+MAX_PAGE_BYTES = 64 << 20
 # Every request to the index or its file host is bounded: seconds to connect, and between two reads of an answer.
 TIMEOUT_S = 30.0
 # Where a build PyPI lacks is published (a refresh names it for a fact it could not read).
@@ -199,7 +201,7 @@ class Index:
         self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
         self.host = parts.hostname or ""
         self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # [::1]:8080 stays as it is
-        self.session = session or requests.Session()
+        self.session = session or BoundedSession()
         self.client = PyPISimple(self.url + "/", session=self.session, auth=self.auth)
         self._pages: dict[str, list[DistributionPackage]] = {}  # a project's page is read once per run (torch: 1 MB)
 
@@ -241,6 +243,23 @@ class Index:
 def _timed_out(error: BaseException) -> bool:
     """remotezip reports a timeout as its own error with the message; requests as Timeout."""
     return isinstance(error, requests.Timeout) or "timed out" in str(error).lower()
+
+
+class BoundedSession(requests.Session):
+    """Index pages read at most MAX_PAGE_BYTES (a hostile or broken index cannot fill memory); the wheels' range
+    reads (streamed: remotezip asks for the bytes it needs) pass as they are."""
+
+    def request(self, method, url, *args, **kwargs):
+        if kwargs.get("stream"):
+            return super().request(method, url, *args, **kwargs)
+        kwargs["stream"] = True
+        response = super().request(method, url, *args, **kwargs)
+        body = response.raw.read(MAX_PAGE_BYTES + 1, decode_content=True)
+        response.close()
+        if len(body) > MAX_PAGE_BYTES:
+            raise requests.RequestException(f"the answer is larger than an index page ({MAX_PAGE_BYTES >> 20} MiB)")
+        response._content = body
+        return response
 
 
 @dataclass(frozen=True)
