@@ -25,10 +25,11 @@ RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(
 
 @pytest.fixture
 def host(request, tmp_path, monkeypatch):
-    """The scenario's nvidia-smi first on PATH and its libcuda's cuDriverGetVersion."""
+    """The scenario's nvidia-smi first on PATH, its /proc/driver/nvidia/version and its libcuda's cuDriverGetVersion."""
     scenario = gpu_hosts.load(request.param)
     for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
     monkeypatch.setattr(probe, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
     return scenario
 

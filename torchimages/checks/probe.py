@@ -53,6 +53,7 @@ EXTENSION_TIMEOUT_S = 540  # a CUDA extension for six arches on two cores
 # is writable, that import leaves it behind, and processes started after it (torchrun's, the arbitrary uid's) import
 # torch in a third of the time instead of compiling the same bytecode again side by side.
 TORCH_IMPORTED = "/tmp/torchimages-torch-imported"
+NVIDIA_DRIVER_PROC = "/proc/driver/nvidia/version"  # the loaded kernel module's version, readable without NVML
 TORCH_IMPORTED_WAIT_S = 60
 PROBE_STARTED = time.monotonic()
 EXCLUSIVE_REASON = ("not run: a GPU is in {mode} compute mode (one CUDA context per GPU at a time), and the probe's "
@@ -676,7 +677,7 @@ def driver_facts() -> dict:
             facts["compute_modes"] = [row[1] for row in rows]
     if facts["driver_version"] is None:
         try:
-            with open("/proc/driver/nvidia/version", encoding="utf-8") as stream:
+            with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:
                 match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", stream.read())
             facts["driver_version"] = match.group(1) if match else None
         except OSError:
