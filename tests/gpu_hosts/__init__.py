@@ -5,6 +5,7 @@ environment's CPU torch answer as that host's torch.cuda does, so that the probe
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import types
@@ -31,6 +32,20 @@ def stand_in_nvidia_smi(scenario: dict, folder: Path) -> dict[str, str]:
     launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "nvidia-smi"}" "$@"\n')
     launcher.chmod(0o755)
     return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "TORCHIMAGES_GPU_HOST": scenario["path"]}
+
+
+def as_run(scenario: dict, run: dict, folder: Path) -> dict:
+    """The host as one run's container sees it: the GPUs it was given (`nvidia_smi_gpus`: indices into the host's
+    nvidia-smi list) and what torch.cuda reports there (`torch_cuda`), where the run says; written for the stand-in."""
+    seen = copy.deepcopy(scenario)
+    if "nvidia_smi_gpus" in run:
+        seen["nvidia_smi"]["gpus"] = [scenario["nvidia_smi"]["gpus"][index] for index in run["nvidia_smi_gpus"]]
+    if "torch_cuda" in run:
+        seen["torch_cuda"] = run["torch_cuda"]
+    folder.mkdir(parents=True, exist_ok=True)
+    seen["path"] = str(folder / f"{scenario['name']}.yaml")
+    Path(seen["path"]).write_text(yaml.safe_dump({key: value for key, value in seen.items() if key != "path"}))
+    return seen
 
 
 def proc_driver_version(scenario: dict, folder: Path) -> str:
