@@ -103,6 +103,20 @@ def test_an_nvml_error_is_quoted_not_reported_as_no_nvidia_smi(host, tmp_path):
     assert "CUDA unknown error" in checks["gpu"]["message"]  # torch's first-call warning, kept
 
 
+@pytest.mark.parametrize(("host", "cause", "host_nvidia_smi_fails"), [
+    ("driver-library-mismatch", "reboot the host", True),
+    ("rtx4090-forward-compat", "does not support forward compatibility", False),  # the compat libcuda is the image's
+], indirect=["host"])
+def test_a_driver_that_stops_cuda_fails_the_driver_check_naming_the_cause(host, cause, host_nvidia_smi_fails):
+    """The versions alone would pass: the mismatch's libcuda and kernel module, or a compat libcuda, say 13.0."""
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    assert checks["driver"]["status"] == "failed" and cause in checks["driver"]["message"]
+    assert cause in checks["gpu"]["message"]
+    assert (cause in gpu_findings([spec])[0].detail) == host_nvidia_smi_fails
+
+
 @pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
 def test_torchs_first_cuda_warning_is_kept_when_another_part_called_cuda_first(host):
     import torch

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import engine
 from .builder import local_name
 from .checks.probe import arch_covers, arch_flags_for
-from .checks.suite.helpers import driver_verdict
+from .checks.suite.helpers import driver_start_failure, driver_verdict
 from .model import ImageSpec, InputError, parse_size
 from .reporting import human_size
 
@@ -168,7 +168,8 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
         return [Finding("host gpus", "warn", "no NVIDIA driver on this host (no nvidia-smi): GPU rows can be built and "
                                              "statically checked here; run `build.py test --gpus all` on a GPU host")]
     if isinstance(gpus, str):
-        return [Finding("host gpus", "fail", f"{gpus}: check the driver with `nvidia-smi`")]
+        cause = driver_start_failure({"nvidia_smi_error": {"output": gpus}})
+        return [Finding("host gpus", "fail", f"{gpus}: {cause or 'check the driver with `nvidia-smi`'}")]
     findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
                                                      for gpu in gpus) + f", driver {gpus[0].driver}")]
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]

@@ -86,12 +86,39 @@ def cuda_version_number(cuda: str) -> int:
     return int(major) * 1000 + int(minor or 0) * 10
 
 
+# Why CUDA cannot start, where the host's driver is the cause (whatever the versions say): the words nvidia-smi and
+# torch's first CUDA call print, and what to do. Sources: nvml.h NVML_ERROR_LIB_RM_VERSION_MISMATCH (nvidia-smi's
+# "Driver/library version mismatch"); CUDA Runtime API cudaError: cudaErrorSystemDriverMismatch = 803,
+# cudaErrorCompatNotSupportedOnDevice = 804 (torch warns "Error 803: ..." / "Error 804: ..."); NVIDIA "CUDA
+# Compatibility", Forward Compatibility: cuda-compat serves datacenter GPUs only.
+DRIVER_START_FAILURES = (
+    (("Driver/library version mismatch", "Error 803"),
+     "the loaded NVIDIA kernel module and the driver's user-space libraries (libcuda, NVML) are different versions, "
+     "as after a driver upgrade without a reboot: reboot the host, or unload and reload the nvidia kernel modules"),
+    (("Error 804",),
+     "a forward-compatible libcuda (cuda-compat) is loaded, but this GPU does not support forward compatibility "
+     "(datacenter GPUs only): upgrade the host driver to the CUDA release's own, or take cuda-compat off the loader "
+     "path"),
+)
+
+
+def driver_start_failure(gpu: dict) -> str | None:
+    """The host-driver reason CUDA could not start, from nvidia-smi's failure and torch's warnings; None if none."""
+    said = [(gpu.get("nvidia_smi_error") or {}).get("output") or "", *gpu.get("warnings", [])]
+    for words, meaning in DRIVER_START_FAILURES:
+        quoted = next((text for text in said for word in words if word in text), None)
+        if quoted:
+            return f"{meaning} (seen: {quoted.strip()[-300:]!r})"
+    return None
+
+
 def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
                    minimum: tuple[str, str] | None = None) -> tuple[str, str]:
     """ok | warn | fail for a row on a host driver (the kernel module's version, as nvidia-smi reports it), with why.
 
     A libcuda that supports the row's CUDA (cuDriverGetVersion, e.g. a cuda-compat forward-compatibility libcuda on
-    an older datacenter branch) decides alone. Otherwise: below the CUDA major's minor-version-compatibility floor
+    an older datacenter branch) decides alone; pass it only where CUDA started (a compat libcuda on a GPU without
+    forward compatibility reports its version all the same). Otherwise: below the CUDA major's minor-version-compatibility floor
     CUDA does not start; between the floor and the release's GA driver the cubins run but PTX newer than the driver
     cannot be JIT-compiled and newer features fail; at or above the GA driver everything works."""
     ga, source = minimum or (spec.min_driver or "", f"row {spec.tag}")
