@@ -9,7 +9,7 @@ import pytest
 
 from torchimages.checks import probe
 from torchimages.checks.probe import arch_flags_for
-from torchimages.checks.suite.helpers import driver_verdict
+from torchimages.checks.suite.helpers import driver_verdict, expected_device_count
 from torchimages.doctor import arch_findings, gpu_findings
 from torchimages.matrix import load_matrix
 from torchimages.verify import record
@@ -203,3 +203,15 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
     monkeypatch.setattr(torch.cuda.gds, "GdsFile", no_o_direct)
     result = probe.gds_errors_reach_python(torch)
     assert result["ok"] and "Invalid argument" in result["not_testable"]
+
+
+@pytest.mark.parametrize(("gpus", "smi_gpus", "mig_devices", "allowed"), [
+    ("all", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"], "1": ["MIG 1g.10gb Device 0:"]}, 1),
+    ("all", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"]}, range(1, 3)),  # one GPU whole, one in MIG mode
+    ("device=MIG-a,MIG-b", ["GPU 0"], {"0": ["MIG 1g.10gb Device 0:", "MIG 1g.10gb Device 1:"]}, 1),
+    ("device=1,MIG-a", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"]}, range(1, 3)),
+    ("all", ["GPU 0", "GPU 1"], {}, 2),
+])
+def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_devices, allowed):
+    expect = {"gpus": parse_gpus(gpus).to_json()}
+    assert expected_device_count(expect, {"nvidia_smi_gpus": smi_gpus, "mig_devices": mig_devices})[0] == allowed

@@ -21,14 +21,32 @@ def gpu_skip_reason(spec: ImageSpec, expect: dict) -> str | None:
 
 MIG_ENUMERATION = ("one CUDA process enumerates a single MIG device, however many it is given (NVIDIA MIG User Guide, "
                    "\"CUDA Device Enumeration\"; pytorch#130181)")
+# Beside GPUs with MIG disabled, CUDA's count is not documented: it lists them and appends the first MIG device
+# (DataDog/datadog-agent#36377), or was seen to list one device in all (kokkos/kokkos#6529). Either is a good image.
+MIXED_MIG_ENUMERATION = ("beside {whole} GPU(s) with MIG disabled, CUDA enumerates those and at most one MIG device "
+                         "(its order and count on mixed hosts are undocumented: datadog-agent#36377, kokkos#6529)")
 
 
-def expected_device_count(expect: dict, gpu: dict) -> tuple[int | None, str]:
-    """How many devices torch must see, and where that number comes from."""
+def _mig_device_count(expect: dict, gpu: dict) -> tuple[int | range, str]:
+    """What torch may see where MIG devices are given: exactly 1 with MIG devices alone, 1 to (whole GPUs + 1) with
+    GPUs in MIG mode beside whole ones."""
+    if expect["gpus"].get("mig"):
+        where = f"--gpus {expect['gpus']['text']}"
+        whole = sum(1 for device in expect["gpus"].get("device_ids", []) if not device.startswith("MIG-")
+                    and ":" not in device)
+    else:
+        where = "nvidia-smi -L lists MIG devices"
+        whole = len(gpu.get("nvidia_smi_gpus") or []) - len(gpu["mig_devices"])
+    if whole <= 0:
+        return 1, f"{where}: {MIG_ENUMERATION}"
+    return range(1, whole + 2), f"{where}: {MIG_ENUMERATION}; {MIXED_MIG_ENUMERATION.format(whole=whole)}"
+
+
+def expected_device_count(expect: dict, gpu: dict) -> tuple[int | range | None, str]:
+    """How many devices torch must see (a range where CUDA's count is not determined), and where that comes from."""
     requested = expect["gpus"]["expected_count"]
     if expect["gpus"].get("mig") or gpu.get("mig_devices"):
-        where = f"--gpus {expect['gpus']['text']}" if expect["gpus"].get("mig") else "nvidia-smi -L lists MIG devices"
-        return 1, f"{where}: {MIG_ENUMERATION}"
+        return _mig_device_count(expect, gpu)
     if requested is not None:
         expected, source = requested, f"--gpus {expect['gpus']['text']}"
     elif gpu.get("nvidia_smi_gpus") is not None:
