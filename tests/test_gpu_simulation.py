@@ -215,3 +215,26 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
 def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_devices, allowed):
     expect = {"gpus": parse_gpus(gpus).to_json()}
     assert expected_device_count(expect, {"nvidia_smi_gpus": smi_gpus, "mig_devices": mig_devices})[0] == allowed
+
+
+@pytest.mark.parametrize(("modes", "exclusive", "children_stay_off", "unusable"), [
+    (["Default", "[N/A]", "[Not Supported]"], False, False, False),  # no mode reported limits nothing
+    (["Exclusive_Process", "Default"], True, True, False),
+    (["Default", "Prohibited"], False, True, True),
+])
+def test_only_exclusive_and_prohibited_compute_modes_limit_the_probe(modes, exclusive, children_stay_off,
+                                                                     unusable):
+    listed = [f"GPU {index}" for index in range(len(modes))]
+    limits = probe.compute_mode_limits({"compute_modes": modes, "nvidia_smi_gpus": listed})
+    assert (limits.exclusive, bool(limits.children_skip), bool(limits.unusable)) == (exclusive, children_stay_off, unusable)
+
+
+@pytest.mark.parametrize("host", ["prohibited"], indirect=True)
+def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    for name in ("gpu", "amp", "multi-gpu"):
+        assert checks[name]["status"] == "skipped"
+        assert "GPU 1: NVIDIA H100 PCIe" in checks[name]["message"]
+        assert "nvidia-smi -i INDEX -c DEFAULT" in checks[name]["message"]

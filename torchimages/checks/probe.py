@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+import typing
 import warnings
 
 PROBE_VERSION = 3
@@ -56,8 +57,17 @@ TORCH_IMPORTED = "/tmp/torchimages-torch-imported"
 NVIDIA_DRIVER_PROC = "/proc/driver/nvidia/version"  # the loaded kernel module's version, readable without NVML
 TORCH_IMPORTED_WAIT_S = 60
 PROBE_STARTED = time.monotonic()
+# nvidia-smi's compute_mode per GPU (nvidia-smi documentation, "compute_mode"; CUDA C++ Programming Guide, "Compute
+# Modes"): Exclusive_Process takes one CUDA context per GPU at a time, Prohibited none at all (CUDA still lists the GPU,
+# and a context on it fails with "CUDA-capable device(s) is/are busy or unavailable"). Default, and "[N/A]" or
+# "[Not Supported]" where the GPU or driver does not report a mode, limit nothing.
+EXCLUSIVE_COMPUTE_MODES = ("Exclusive_Process", "Exclusive_Thread")
+PROHIBITED_COMPUTE_MODE = "Prohibited"
 EXCLUSIVE_REASON = ("not run: a GPU is in {mode} compute mode (one CUDA context per GPU at a time), and the probe's "
                     "own process holds it; run on GPUs in Default compute mode (nvidia-smi -c DEFAULT) to test this")
+PROHIBITED_REASON = ("not run: {gpus} in Prohibited compute mode: no process may use it, so the host, not the image, "
+                     "stops the GPU checks; give the container only usable GPUs (--gpus device=...), or set the mode "
+                     "back with `nvidia-smi -i INDEX -c DEFAULT`")
 
 CUDA_LIBRARY = re.compile(
     r"^(libcudart|libcublas|libcublasLt|libcudnn(?:_[a-z_]+)?|libnccl|libcufft|libcufftw|libcurand|libcusolver|"
@@ -686,6 +696,25 @@ def driver_facts() -> dict:
     return facts
 
 
+class ComputeModeLimits(typing.NamedTuple):
+    exclusive: bool  # a GPU takes one CUDA context at a time
+    children_skip: str  # why the probe's child processes must stay off the GPUs ("" if they may use them)
+    unusable: str  # why no GPU work can run here at all ("" if it can)
+
+
+def compute_mode_limits(host: dict) -> ComputeModeLimits:
+    """What the GPUs' compute modes (nvidia-smi's view of the container's GPUs) allow the probe."""
+    modes = host.get("compute_modes") or []
+    names = host.get("nvidia_smi_gpus") or []
+    prohibited = [names[index] if index < len(names) else f"GPU {index}"
+                  for index, mode in enumerate(modes) if mode == PROHIBITED_COMPUTE_MODE]
+    exclusive = next((mode for mode in modes if mode in EXCLUSIVE_COMPUTE_MODES), None)
+    if prohibited:
+        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"))
+        return ComputeModeLimits(bool(exclusive), reason, reason)
+    return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
+
+
 def libcuda_driver_version() -> int | None:
     """cuDriverGetVersion from the libcuda.so.1 this process loads (13000 = CUDA 13.0): a forward-compatible libcuda
     (cuda-compat) supports a newer CUDA than the kernel driver's branch; None without a libcuda."""
@@ -852,7 +881,8 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
     availability = availability or cuda_availability(torch)
     facts = {"ok": True, **availability, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              **(host or driver_facts())}
-    if not facts["available"]:
+    facts["unusable"] = compute_mode_limits(facts).unusable
+    if not facts["available"] or facts["unusable"]:
         return facts
     count = facts["device_count"]
     facts["devices"] = [device_facts(torch, index, flags) for index in range(count)]
@@ -1249,8 +1279,8 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     # exclusive compute mode a GPU takes one CUDA context at a time: the children stay off the GPUs, and torchrun's
     # ranks and the multi-GPU process run to their end before this process makes its own contexts.
     host = driver_facts()
-    exclusive = next((mode for mode in host.get("compute_modes") or [] if mode not in ("Default", "[N/A]")), None)
-    skip_gpu = EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else ""
+    limits = compute_mode_limits(host)
+    skip_gpu, exclusive = limits.children_skip, limits.exclusive
     compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
     extension = (ChildSection("the extension build", EXTENSION_TIMEOUT_S, build_extension, torch, cuda_extension,
                               arch_list, skip_gpu) if devel else None)

@@ -71,7 +71,8 @@ def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, 
 
 
 @pytest.mark.check("driver")
-def test_host_driver_meets_the_cuda_minimum(gpu, image, spec):
+def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
+    gpu = gpu_host
     cause = driver_start_failure(gpu)
     assert not cause, f"CUDA cannot start on this host, whatever the versions: {cause}"
     found = gpu.get("driver_version")
