@@ -238,3 +238,11 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
         assert checks[name]["status"] == "skipped"
         assert "GPU 1: NVIDIA H100 PCIe" in checks[name]["message"]
         assert "nvidia-smi -i INDEX -c DEFAULT" in checks[name]["message"]
+
+
+@pytest.mark.parametrize(("capability", "forced"), [
+    ((7, 5), False), ((8, 0), True), ((8, 9), True), ((10, 3), True), ((12, 1), True),
+    ((13, 0), False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+])
+def test_cudnn_attention_is_forced_where_torch_runs_it(capability, forced):
+    assert probe.cudnn_attention_runs_on(capability) == forced

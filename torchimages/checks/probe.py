@@ -779,10 +779,21 @@ def cudnn_conv(torch) -> dict:
             "grads_ok": grads_ok, "benchmark": True, "runtime_version": torch.backends.cudnn.version()}
 
 
+# The GPUs torch runs cuDNN attention on: check_cudnn_hardware_support allows sm80 to sm121 (pytorch
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); outside it, forcing the backend fails with "No available
+# kernel" on a good image, and torch picks another backend by itself.
+CUDNN_ATTENTION_CAPABILITIES = ((8, 0), (12, 1))
+
+
+def cudnn_attention_runs_on(capability: tuple[int, int]) -> bool:
+    lowest, highest = CUDNN_ATTENTION_CAPABILITIES
+    return lowest <= tuple(capability) <= highest
+
+
 def cudnn_attention(torch) -> dict:
     """Upstream's smoke test_sdpa on CUDA (fp16 q/k/v 1x16x77x64, float mask, no NaN): the regression test for
-    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). On 8.0+ cuDNN attention is forced, so
-    that path really runs (elsewhere torch picks another backend)."""
+    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention, it is
+    forced, so that path really runs (elsewhere torch picks another backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     functional = torch.nn.functional
@@ -791,7 +802,7 @@ def cudnn_attention(torch) -> dict:
     mask = torch.randn(1, 1, 77, 77, dtype=torch.float16, device="cuda")
     reference = functional.scaled_dot_product_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
                                                         attn_mask=mask.float().cpu())
-    forced = torch.cuda.get_device_capability() >= (8, 0)
+    forced = cudnn_attention_runs_on(torch.cuda.get_device_capability())
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if forced else contextlib.nullcontext():
         output = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.cuda.synchronize()
