@@ -39,8 +39,8 @@ DECLARED = (
           " and gradients equal to the CPU's; fp16 SDPA with a float mask as upstream's smoke test runs it, "
           "cuDNN attention forced on 8.0+ (pytorch#167602)",
           needs="gpu",
-          skipped_when="CPU rows; GPU rows run with --gpus none, or a GPU in Prohibited compute mode (the static "
-                       "half, loaded = compiled cuDNN, still runs where torch imports)"),
+          skipped_when="CPU rows; GPU rows run with --gpus none; torch sees no GPU, or a GPU is in Prohibited "
+                       "compute mode (no conv or attention ran: identity checks the loaded cuDNN without a GPU)"),
     Check("amp",
           "fp16 autocast + GradScaler training steps with finite, falling loss; bf16 where native (CPU bf16 on "
           "CPU rows)",
