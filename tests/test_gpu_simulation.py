@@ -205,16 +205,22 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
     assert result["ok"] and "Invalid argument" in result["not_testable"]
 
 
-@pytest.mark.parametrize(("gpus", "smi_gpus", "mig_devices", "allowed"), [
-    ("all", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"], "1": ["MIG 1g.10gb Device 0:"]}, 1),
-    ("all", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"]}, range(1, 3)),  # one GPU whole, one in MIG mode
-    ("device=MIG-a,MIG-b", ["GPU 0"], {"0": ["MIG 1g.10gb Device 0:", "MIG 1g.10gb Device 1:"]}, 1),
-    ("device=1,MIG-a", ["GPU 0", "GPU 1"], {"0": ["MIG 1g.10gb Device 0:"]}, range(1, 3)),
-    ("all", ["GPU 0", "GPU 1"], {}, 2),
+MIG_LINE = "MIG 1g.10gb Device 0:"
+
+
+@pytest.mark.parametrize(("gpus", "smi_gpus", "mig_modes", "mig_devices", "allowed"), [
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Enabled"], {"0": [MIG_LINE], "1": [MIG_LINE]}, 1),
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {"0": [MIG_LINE]}, range(1, 3)),  # one whole, one in MIG
+    ("all", ["GPU 0", "GPU 1"], None, {"0": [MIG_LINE]}, range(1, 3)),  # the modes not read: MIG lines tell
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {}, 1),  # MIG on, no MIG device made yet: CUDA skips it
+    ("device=MIG-a,MIG-b", ["GPU 0"], ["Enabled"], {"0": [MIG_LINE, MIG_LINE]}, 1),
+    ("device=1,MIG-a", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {"0": [MIG_LINE]}, range(1, 3)),
+    ("all", ["GPU 0", "GPU 1"], ["[N/A]", "[N/A]"], {}, 2),  # GPUs without MIG
 ])
-def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_devices, allowed):
+def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_modes, mig_devices, allowed):
     expect = {"gpus": parse_gpus(gpus).to_json()}
-    assert expected_device_count(expect, {"nvidia_smi_gpus": smi_gpus, "mig_devices": mig_devices})[0] == allowed
+    gpu = {"nvidia_smi_gpus": smi_gpus, "mig_modes": mig_modes, "mig_devices": mig_devices}
+    assert expected_device_count(expect, gpu)[0] == allowed
 
 
 @pytest.mark.parametrize(("modes", "exclusive", "children_stay_off", "unusable"), [

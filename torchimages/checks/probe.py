@@ -669,7 +669,7 @@ def driver_facts() -> dict:
     """The host driver as the container sees it: nvidia-smi's GPU and MIG lines, compute modes, driver version;
     when nvidia-smi fails, its exit code and words (an NVML error is the cause to report, not "no GPUs")."""
     facts = {"driver_version": None, "nvidia_smi_gpus": None, "mig_devices": {}, "compute_modes": None,
-             "nvidia_smi_error": None}
+             "mig_modes": None, "nvidia_smi_error": None}
     smi = shutil.which("nvidia-smi")
     facts["nvidia_smi"] = smi
     if smi:
@@ -679,12 +679,14 @@ def driver_facts() -> dict:
         else:
             facts["nvidia_smi_error"] = {"returncode": listing.get("returncode"),
                                          "output": (listing.get("output") or listing.get("error") or "").strip()[-500:]}
-        query = run_tool([smi, "--query-gpu=driver_version,compute_mode", "--format=csv,noheader"])
+        # mig.mode.current: Enabled, Disabled, or [N/A] where the GPU has no MIG (nvidia-smi documentation).
+        query = run_tool([smi, "--query-gpu=driver_version,compute_mode,mig.mode.current", "--format=csv,noheader"])
         rows = [[part.strip() for part in line.split(",")] for line in query.get("output", "").splitlines()
-                if line.count(",") == 1] if query.get("ok") else []
+                if line.count(",") == 2] if query.get("ok") else []
         if rows:
             facts["driver_version"] = rows[0][0]
             facts["compute_modes"] = [row[1] for row in rows]
+            facts["mig_modes"] = [row[2] for row in rows]
     if facts["driver_version"] is None:
         try:
             with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:

@@ -27,16 +27,32 @@ MIXED_MIG_ENUMERATION = ("beside {whole} GPU(s) with MIG disabled, CUDA enumerat
                          "(its order and count on mixed hosts are undocumented: datadog-agent#36377, kokkos#6529)")
 
 
+MIG_WITHOUT_DEVICES = ("a GPU in MIG mode runs CUDA only in the MIG devices made on it, and {unusable} has none "
+                       "(NVIDIA MIG User Guide, \"Getting Started with MIG\")")
+
+
+def _whole_gpus(gpu: dict) -> int:
+    """GPUs in the container that CUDA uses whole: MIG mode off (nvidia-smi's mig.mode.current), else those without
+    MIG devices under them where the mode was not read."""
+    modes = gpu.get("mig_modes")
+    if modes:
+        return sum(1 for mode in modes if mode != "Enabled")
+    return len(gpu.get("nvidia_smi_gpus") or []) - len(gpu.get("mig_devices") or {})
+
+
 def _mig_device_count(expect: dict, gpu: dict) -> tuple[int | range, str]:
-    """What torch may see where MIG devices are given: exactly 1 with MIG devices alone, 1 to (whole GPUs + 1) with
-    GPUs in MIG mode beside whole ones."""
+    """What torch may see where MIG is on: exactly 1 with MIG devices alone, 1 to (whole GPUs + 1) with MIG devices
+    beside whole GPUs, the whole GPUs alone where no GPU in MIG mode has a MIG device."""
     if expect["gpus"].get("mig"):
         where = f"--gpus {expect['gpus']['text']}"
         whole = sum(1 for device in expect["gpus"].get("device_ids", []) if not device.startswith("MIG-")
                     and ":" not in device)
     else:
-        where = "nvidia-smi -L lists MIG devices"
-        whole = len(gpu.get("nvidia_smi_gpus") or []) - len(gpu["mig_devices"])
+        where = "nvidia-smi in the container"
+        whole = _whole_gpus(gpu)
+        if not gpu.get("mig_devices"):
+            unusable = len(gpu.get("nvidia_smi_gpus") or []) - whole
+            return whole, f"{where}: {MIG_WITHOUT_DEVICES.format(unusable=f'{unusable} GPU(s) in MIG mode')}"
     if whole <= 0:
         return 1, f"{where}: {MIG_ENUMERATION}"
     return range(1, whole + 2), f"{where}: {MIG_ENUMERATION}; {MIXED_MIG_ENUMERATION.format(whole=whole)}"
@@ -45,7 +61,7 @@ def _mig_device_count(expect: dict, gpu: dict) -> tuple[int | range, str]:
 def expected_device_count(expect: dict, gpu: dict) -> tuple[int | range | None, str]:
     """How many devices torch must see (a range where CUDA's count is not determined), and where that comes from."""
     requested = expect["gpus"]["expected_count"]
-    if expect["gpus"].get("mig") or gpu.get("mig_devices"):
+    if expect["gpus"].get("mig") or gpu.get("mig_devices") or "Enabled" in (gpu.get("mig_modes") or []):
         return _mig_device_count(expect, gpu)
     if requested is not None:
         expected, source = requested, f"--gpus {expect['gpus']['text']}"
