@@ -252,3 +252,19 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
 ])
 def test_cudnn_attention_is_forced_where_torch_runs_it(capability, forced):
     assert probe.cudnn_attention_runs_on(capability) == forced
+
+
+@pytest.mark.parametrize("host", ["exclusive-process"], indirect=True)
+def test_the_records_multi_gpu_process_runs_before_the_probe_makes_its_contexts(host, monkeypatch):
+    """gpu-record on an Exclusive_Process node: a multi-GPU process started after the probe's own contexts would find
+    every GPU busy and fail a good image."""
+    import torch
+
+    order = []
+    monkeypatch.setattr(probe, "multi_gpu_in_subprocess", lambda: order.append("multi-gpu process") or {"ok": True})
+    make_context = probe.device_facts
+    monkeypatch.setattr(probe, "device_facts", lambda *args: order.append("own context") or make_context(*args))
+    monkeypatch.setattr(probe, "bf16_matmul_throughput", lambda torch: {"ok": True, "tflops": 1.0})
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+        facts = probe.record_gpu_facts(torch, ["sm_90"])
+    assert order[0] == "multi-gpu process" and facts["multi_gpu"] == {"ok": True}

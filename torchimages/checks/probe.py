@@ -1331,13 +1331,23 @@ def smoke_facts() -> dict:
     return {"part": "smoke", "torch": facts, "smoke": smoke}
 
 
+def record_gpu_facts(torch, flags: list[str]) -> dict:
+    """gpu_facts with the bf16 throughput, for the record: under an exclusive compute mode the multi-GPU process runs
+    to its end before this process makes its own contexts (it would find every GPU busy after)."""
+    host = driver_facts()
+    availability = cuda_availability(torch)
+    exclusive = compute_mode_limits(host).exclusive
+    multi_gpu = multi_gpu_in_subprocess() if exclusive and availability["device_count"] >= 2 else None
+    return gpu_facts(torch, flags, True, availability, host, multi_gpu)
+
+
 def gpu_only_facts() -> dict:
     """For a GPU host's own torch (docs/gpu-validation.md): the GPU facts, then the smoke test on each GPU."""
     torch, facts = import_torch()
     if torch is None:
         return {"part": "gpu-only", "torch": facts}
     facts.update(torch_versions(torch))
-    result = {"part": "gpu-only", "torch": facts, "gpu": section(gpu_facts, torch, facts["arch_flags"], True)}
+    result = {"part": "gpu-only", "torch": facts, "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
     result.update({"smoke": smoke_facts()["smoke"], "libraries_loaded": loaded_libraries()})
     return result
 
