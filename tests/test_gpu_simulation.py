@@ -117,6 +117,14 @@ def test_a_driver_that_stops_cuda_fails_the_driver_check_naming_the_cause(host, 
     assert (cause in gpu_findings([spec])[0].detail) == host_nvidia_smi_fails
 
 
+@pytest.mark.parametrize("host", ["hgx-h100-no-fabricmanager"], indirect=True)
+def test_a_host_service_that_stops_cuda_is_named_in_the_gpu_check_and_spares_the_driver(host):
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    assert "start nvidia-fabricmanager" in checks["gpu"]["message"] and checks["driver"]["status"] == "passed"
+
+
 @pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
 def test_torchs_first_cuda_warning_is_kept_when_another_part_called_cuda_first(host):
     import torch

@@ -136,14 +136,33 @@ DRIVER_START_FAILURES = (
 )
 
 
-def driver_start_failure(gpu: dict) -> str | None:
-    """The host-driver reason CUDA could not start, from nvidia-smi's failure and torch's warnings; None if none."""
+# Why CUDA cannot start where a host service is the cause, the driver being right: cudaErrorSystemNotReady = 802,
+# "system not yet initialized" (CUDA Runtime API, cudaError): on NVSwitch systems CUDA starts only once the Fabric
+# Manager runs (NVIDIA Fabric Manager User Guide).
+HOST_SERVICE_FAILURES = (
+    (("Error 802",),
+     "CUDA waits for a host service: on NVSwitch systems (HGX/DGX A100, H100, B200) start nvidia-fabricmanager, of the "
+     "driver's own version (`systemctl status nvidia-fabricmanager`)"),
+)
+
+
+def _start_failure(table: tuple, gpu: dict) -> str | None:
     said = [(gpu.get("nvidia_smi_error") or {}).get("output") or "", *gpu.get("warnings", [])]
-    for words, meaning in DRIVER_START_FAILURES:
+    for words, meaning in table:
         quoted = next((text for text in said for word in words if word in text), None)
         if quoted:
             return f"{meaning} (seen: {quoted.strip()[-300:]!r})"
     return None
+
+
+def driver_start_failure(gpu: dict) -> str | None:
+    """The host-driver reason CUDA could not start, from nvidia-smi's failure and torch's warnings; None if none."""
+    return _start_failure(DRIVER_START_FAILURES, gpu)
+
+
+def host_start_failure(gpu: dict) -> str | None:
+    """Why CUDA could not start, where the host (its driver or a service) is the cause; None if no known cause."""
+    return driver_start_failure(gpu) or _start_failure(HOST_SERVICE_FAILURES, gpu)
 
 
 def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,

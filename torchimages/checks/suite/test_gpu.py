@@ -7,7 +7,7 @@ import pytest
 from torchimages.checkplugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for
 
-from .helpers import driver_start_failure, driver_verdict, expected_device_count, minimum_driver
+from .helpers import driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -24,8 +24,8 @@ def _nvidia_smi_says(gpu: dict) -> str:
 
 @pytest.mark.check("gpu")
 def test_cuda_is_available(gpu, expect):
-    cause = driver_start_failure(gpu)
-    fix = (f"The host driver is the cause: {cause}" if cause else "Check the host driver (see the driver check) and "
+    cause = host_start_failure(gpu)
+    fix = (f"The host is the cause: {cause}" if cause else "Check the host driver (see the driver check) and "
            "that the NVIDIA runtime passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
     assert gpu["available"], (
         f"torch.cuda.is_available() is False although GPUs were requested (--gpus {expect['gpus']['text']}); "
