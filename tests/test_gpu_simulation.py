@@ -20,6 +20,7 @@ from .conftest import ROOT
 
 SPECS = load_matrix(ROOT / "matrix.yaml").specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
+DOCTOR_ORDER = ("none", "ok", "warn", "fail")  # a subject's worst finding; "none": doctor says nothing about it
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]
 
 
@@ -81,13 +82,13 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
 @pytest.mark.parametrize("host", [name for name in gpu_hosts.SCENARIOS if gpu_hosts.load(name)["expect_doctor"]],
                          indirect=True)
 def test_doctor_gives_the_verdict_a_real_host_gives(host):
-    """Per row, and per host subject ("host gpus") where named; "none": doctor says nothing about it."""
+    """Per row, and per host subject ("host gpus") where named."""
     rows = [BY_TAG[tag] for tag in host["expect_doctor"] if tag in BY_TAG]
     findings = gpu_findings(rows) + arch_findings(rows, host["machine"])
     worst = dict.fromkeys(host["expect_doctor"], "none")
     for finding in findings:
         if finding.subject in worst:
-            worst[finding.subject] = max(worst[finding.subject], finding.status, key=("none", "ok", "warn", "fail").index)
+            worst[finding.subject] = max(worst[finding.subject], finding.status, key=DOCTOR_ORDER.index)
     assert worst == host["expect_doctor"], [f"{f.subject}: {f.status}: {f.detail}" for f in findings]
 
 
@@ -240,7 +241,8 @@ def test_only_exclusive_and_prohibited_compute_modes_limit_the_probe(modes, excl
                                                                      unusable):
     listed = [f"GPU {index}" for index in range(len(modes))]
     limits = probe.compute_mode_limits({"compute_modes": modes, "nvidia_smi_gpus": listed})
-    assert (limits.exclusive, bool(limits.children_skip), bool(limits.unusable)) == (exclusive, children_stay_off, unusable)
+    decided = (limits.exclusive, bool(limits.children_skip), bool(limits.unusable))
+    assert decided == (exclusive, children_stay_off, unusable)
 
 
 @pytest.mark.parametrize("host", ["prohibited"], indirect=True)

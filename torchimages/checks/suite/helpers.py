@@ -171,9 +171,10 @@ def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
 
     A libcuda that supports the row's CUDA (cuDriverGetVersion, e.g. a cuda-compat forward-compatibility libcuda on
     an older datacenter branch) decides alone; pass it only where CUDA started (a compat libcuda on a GPU without
-    forward compatibility reports its version all the same). Otherwise: below the CUDA major's minor-version-compatibility floor
-    CUDA does not start; between the floor and the release's GA driver the cubins run but PTX newer than the driver
-    cannot be JIT-compiled and newer features fail; at or above the GA driver everything works."""
+    forward compatibility reports its version all the same). Otherwise: below the CUDA major's
+    minor-version-compatibility floor CUDA does not start; between the floor and the release's GA driver the cubins
+    run but PTX newer than the driver cannot be JIT-compiled and newer features fail; at or above the GA driver
+    everything works."""
     ga, source = minimum or (spec.min_driver or "", f"row {spec.tag}")
     floor = spec.driver_floor or ga
     if libcuda and spec.cuda and libcuda >= cuda_version_number(spec.cuda):
