@@ -188,6 +188,11 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
     (["sm_100"], (10, 3), "cubin sm_100"),  # plain cubins: same major, minor at or below
     (["sm_120", "compute_120"], (13, 0), "PTX compute_120 (JIT-compiled on first use)"),
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (11, 0), None),  # Thor: no cubin, no PTX
+    (["sm_80", "sm_86"], (8, 7), None),  # Orin is Tegra: no binary compatibility with desktop cubins
+    (["sm_86", "sm_87"], (8, 7), "cubin sm_87"),
+    (["sm_87"], (8, 9), None),  # nor the other way
+    (["sm_86", "compute_86"], (8, 7), "PTX compute_86 (JIT-compiled on first use)"),
+    (["sm_80", "sm_86"], (8, 9), "cubin sm_86"),  # an L4 or L40S on desktop cubins: X.y runs on X.z, z >= y
 ])
 def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
     assert probe.arch_covers(flags, capability) == covered

@@ -123,10 +123,19 @@ def _flag_scope(flag: str) -> str:
     return flag[-1] if flag[-1] in "af" else ""
 
 
+# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 11.0 (NVIDIA CUDA GPUs page). "Binary
+# compatibility is supported only for the desktop. It is not supported for Tegra. Also, the binary compatibility
+# between desktop and Tegra is not supported" (CUDA C++ Programming Guide, "Binary Compatibility"): an sm_86 cubin
+# does not run on an Orin, nor an sm_87 one on an 8.9 GPU. PTX is still JIT-compiled for them.
+TEGRA_CAPABILITIES = {(5, 3), (6, 2), (7, 2), (8, 7), (11, 0)}
+
+
 def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
     built, scope = _flag_capability(flag), _flag_scope(flag)
     if scope == "a":
         return built == capability
+    if flag.startswith("sm_") and (built in TEGRA_CAPABILITIES or capability in TEGRA_CAPABILITIES):
+        return built == capability  # no binary compatibility on Tegra, nor between Tegra and desktop
     if scope == "f" or flag.startswith("sm_"):  # a cubin runs on its major at or above its minor; so does family code
         return built[0] == capability[0] and built[1] <= capability[1]
     return built <= capability  # generic PTX: JIT-compiled for any newer GPU
@@ -134,7 +143,8 @@ def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
 
 def arch_covers(flags: list[str], capability: tuple[int, int]) -> str | None:
     """How a device is covered: a cubin of the same major with minor <= the device's, or PTX at or below it;
-    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major."""
+    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major, and on Tegra
+    (integrated) GPUs a cubin only for exactly that GPU."""
     cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability)]
     if cubins:
         return f"cubin {max(cubins, key=_flag_capability)}"
