@@ -111,7 +111,8 @@ def start_error(explanation: str) -> docker.errors.APIError:
 @pytest.mark.parametrize("explanation, says", [
     (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
      "the host's NVIDIA driver is not usable"),
-    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: Driver/library version mismatch: unknown",
+    # libnvidia-container's own words, lower case (as seen in many reports of a driver upgraded without a reboot)
+    (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver/library version mismatch: unknown",
      "a driver upgraded without a reboot"),
     (f"{HOOK_FAILED}nvidia-container-cli: device error: 3: unknown device: unknown", "nvidia-smi -L"),
     (f"{HOOK_FAILED}nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.2, please update your "

@@ -44,6 +44,14 @@ def test_a_host_whose_driver_cannot_run_the_row_prints_a_failed_line_and_exits_1
     assert "| failed: gpu, driver |" in result.stdout and "| not measured |" in result.stdout
 
 
+@pytest.mark.parametrize("host", ["prohibited"], indirect=True)
+def test_a_host_whose_gpus_cannot_be_used_prints_a_not_run_line_and_exits_1(host, tmp_path):
+    """The GPU checks skip there: a record must not say passed where no kernel ran."""
+    result = run_cli_in_process("gpu-record", CU130, "--facts", saved_facts(tmp_path, host))
+    assert result.returncode == 1 and "| passed |" not in result.stdout
+    assert "| not run: gpu, cudnn, amp (not run: GPU 1: NVIDIA H100 PCIe" in result.stdout
+
+
 def test_peaks_are_found_by_device_name():
     assert peak_tflops("NVIDIA GH200 480GB") == 989.4 and peak_tflops("NVIDIA H100 PCIe") == 756.5
     assert peak_tflops("NVIDIA L40S") == 362.05 and peak_tflops("NVIDIA L4") == 121.0

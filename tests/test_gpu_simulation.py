@@ -9,7 +9,7 @@ import pytest
 
 from torchimages.checks import probe
 from torchimages.checks.probe import arch_flags_for
-from torchimages.checks.suite.helpers import driver_verdict
+from torchimages.checks.suite.helpers import driver_verdict, expected_device_count
 from torchimages.doctor import arch_findings, gpu_findings
 from torchimages.matrix import load_matrix
 from torchimages.verify import record
@@ -20,15 +20,17 @@ from .conftest import ROOT
 
 SPECS = load_matrix(ROOT / "matrix.yaml").specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
+DOCTOR_ORDER = ("none", "ok", "warn", "fail")  # a subject's worst finding; "none": doctor says nothing about it
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]
 
 
 @pytest.fixture
 def host(request, tmp_path, monkeypatch):
-    """The scenario's nvidia-smi first on PATH and its libcuda's cuDriverGetVersion."""
+    """The scenario's nvidia-smi first on PATH, its /proc/driver/nvidia/version and its libcuda's cuDriverGetVersion."""
     scenario = gpu_hosts.load(request.param)
     for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
     monkeypatch.setattr(probe, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
     return scenario
 
@@ -64,8 +66,10 @@ def verdict_of(check: dict) -> str:
 
 
 @pytest.mark.parametrize(("host", "run_index"), RUNS, indirect=["host"], ids=[f"{n}-{i}" for n, i in RUNS])
-def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_path):
+def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_path, monkeypatch):
     run = host["runs"][run_index]
+    host = gpu_hosts.as_run(host, run, tmp_path / "run")
+    monkeypatch.setenv("TORCHIMAGES_GPU_HOST", host["path"])
     spec = BY_TAG[run["row"]]
     flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))
     gpu = gather_gpu_facts(host, spec, flags)
@@ -78,13 +82,13 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
 @pytest.mark.parametrize("host", [name for name in gpu_hosts.SCENARIOS if gpu_hosts.load(name)["expect_doctor"]],
                          indirect=True)
 def test_doctor_gives_the_verdict_a_real_host_gives(host):
-    rows = [BY_TAG[tag] for tag in host["expect_doctor"]]
+    """Per row, and per host subject ("host gpus") where named."""
+    rows = [BY_TAG[tag] for tag in host["expect_doctor"] if tag in BY_TAG]
     findings = gpu_findings(rows) + arch_findings(rows, host["machine"])
-    worst = {}
+    worst = dict.fromkeys(host["expect_doctor"], "none")
     for finding in findings:
-        if finding.subject in host["expect_doctor"]:
-            order = ("ok", "warn", "fail")
-            worst[finding.subject] = max(worst.get(finding.subject, "ok"), finding.status, key=order.index)
+        if finding.subject in worst:
+            worst[finding.subject] = max(worst[finding.subject], finding.status, key=DOCTOR_ORDER.index)
     assert worst == host["expect_doctor"], [f"{f.subject}: {f.status}: {f.detail}" for f in findings]
 
 
@@ -98,6 +102,28 @@ def test_an_nvml_error_is_quoted_not_reported_as_no_nvidia_smi(host, tmp_path):
     assert "Failed to initialize NVML: Unknown Error" in checks["gpu"]["message"]
     assert "exit 255" in checks["gpu"]["message"] and "not present" not in checks["gpu"]["message"]
     assert "CUDA unknown error" in checks["gpu"]["message"]  # torch's first-call warning, kept
+
+
+@pytest.mark.parametrize(("host", "cause", "host_nvidia_smi_fails"), [
+    ("driver-library-mismatch", "reboot the host", True),
+    ("rtx4090-forward-compat", "does not support forward compatibility", False),  # the compat libcuda is the image's
+], indirect=["host"])
+def test_a_driver_that_stops_cuda_fails_the_driver_check_naming_the_cause(host, cause, host_nvidia_smi_fails):
+    """The versions alone would pass: the mismatch's libcuda and kernel module, or a compat libcuda, say 13.0."""
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    assert checks["driver"]["status"] == "failed" and cause in checks["driver"]["message"]
+    assert cause in checks["gpu"]["message"]
+    assert (cause in gpu_findings([spec])[0].detail) == host_nvidia_smi_fails
+
+
+@pytest.mark.parametrize("host", ["hgx-h100-no-fabricmanager"], indirect=True)
+def test_a_host_service_that_stops_cuda_is_named_in_the_gpu_check_and_spares_the_driver(host):
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    assert "start nvidia-fabricmanager" in checks["gpu"]["message"] and checks["driver"]["status"] == "passed"
 
 
 @pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
@@ -162,6 +188,11 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
     (["sm_100"], (10, 3), "cubin sm_100"),  # plain cubins: same major, minor at or below
     (["sm_120", "compute_120"], (13, 0), "PTX compute_120 (JIT-compiled on first use)"),
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (11, 0), None),  # Thor: no cubin, no PTX
+    (["sm_80", "sm_86"], (8, 7), None),  # Orin is Tegra: no binary compatibility with desktop cubins
+    (["sm_86", "sm_87"], (8, 7), "cubin sm_87"),
+    (["sm_87"], (8, 9), None),  # nor the other way
+    (["sm_86", "compute_86"], (8, 7), "PTX compute_86 (JIT-compiled on first use)"),
+    (["sm_80", "sm_86"], (8, 9), "cubin sm_86"),  # an L4 or L40S on desktop cubins: X.y runs on X.z, z >= y
 ])
 def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
     assert probe.arch_covers(flags, capability) == covered
@@ -186,3 +217,69 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
     monkeypatch.setattr(torch.cuda.gds, "GdsFile", no_o_direct)
     result = probe.gds_errors_reach_python(torch)
     assert result["ok"] and "Invalid argument" in result["not_testable"]
+
+
+MIG_LINE = "MIG 1g.10gb Device 0:"
+
+
+@pytest.mark.parametrize(("gpus", "smi_gpus", "mig_modes", "mig_devices", "allowed"), [
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Enabled"], {"0": [MIG_LINE], "1": [MIG_LINE]}, 1),
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {"0": [MIG_LINE]}, range(1, 3)),  # one whole, one in MIG
+    ("all", ["GPU 0", "GPU 1"], None, {"0": [MIG_LINE]}, range(1, 3)),  # the modes not read: MIG lines tell
+    ("all", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {}, 1),  # MIG on, no MIG device made yet: CUDA skips it
+    ("device=MIG-a,MIG-b", ["GPU 0"], ["Enabled"], {"0": [MIG_LINE, MIG_LINE]}, 1),
+    ("device=1,MIG-a", ["GPU 0", "GPU 1"], ["Enabled", "Disabled"], {"0": [MIG_LINE]}, range(1, 3)),
+    ("all", ["GPU 0", "GPU 1"], ["[N/A]", "[N/A]"], {}, 2),  # GPUs without MIG
+])
+def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_modes, mig_devices, allowed):
+    expect = {"gpus": parse_gpus(gpus).to_json()}
+    gpu = {"nvidia_smi_gpus": smi_gpus, "mig_modes": mig_modes, "mig_devices": mig_devices}
+    assert expected_device_count(expect, gpu)[0] == allowed
+
+
+@pytest.mark.parametrize(("modes", "exclusive", "children_stay_off", "unusable"), [
+    (["Default", "[N/A]", "[Not Supported]"], False, False, False),  # no mode reported limits nothing
+    (["Exclusive_Process", "Default"], True, True, False),
+    (["Default", "Prohibited"], False, True, True),
+])
+def test_only_exclusive_and_prohibited_compute_modes_limit_the_probe(modes, exclusive, children_stay_off,
+                                                                     unusable):
+    listed = [f"GPU {index}" for index in range(len(modes))]
+    limits = probe.compute_mode_limits({"compute_modes": modes, "nvidia_smi_gpus": listed})
+    decided = (limits.exclusive, bool(limits.children_skip), bool(limits.unusable))
+    assert decided == (exclusive, children_stay_off, unusable)
+
+
+@pytest.mark.parametrize("host", ["prohibited"], indirect=True)
+def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
+    spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
+    flags = arch_flags_for(list(spec.arch_list))
+    checks = judge(spec, host["runs"][0], gather_gpu_facts(host, spec, flags), flags)
+    for name in ("gpu", "amp", "multi-gpu"):
+        assert checks[name]["status"] == "skipped"
+        assert "GPU 1: NVIDIA H100 PCIe" in checks[name]["message"]
+        assert "nvidia-smi -i INDEX -c DEFAULT" in checks[name]["message"]
+
+
+@pytest.mark.parametrize(("capability", "forced"), [
+    ((7, 5), False), ((8, 0), True), ((8, 9), True), ((10, 3), True), ((12, 1), True),
+    ((13, 0), False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+])
+def test_cudnn_attention_is_forced_where_torch_runs_it(capability, forced):
+    assert probe.cudnn_attention_runs_on(capability) == forced
+
+
+@pytest.mark.parametrize("host", ["exclusive-process"], indirect=True)
+def test_the_records_multi_gpu_process_runs_before_the_probe_makes_its_contexts(host, monkeypatch):
+    """gpu-record on an Exclusive_Process node: a multi-GPU process started after the probe's own contexts would find
+    every GPU busy and fail a good image."""
+    import torch
+
+    order = []
+    monkeypatch.setattr(probe, "multi_gpu_in_subprocess", lambda: order.append("multi-gpu process") or {"ok": True})
+    make_context = probe.device_facts
+    monkeypatch.setattr(probe, "device_facts", lambda *args: order.append("own context") or make_context(*args))
+    monkeypatch.setattr(probe, "bf16_matmul_throughput", lambda torch: {"ok": True, "tflops": 1.0})
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+        facts = probe.record_gpu_facts(torch, ["sm_90"])
+    assert order[0] == "multi-gpu process" and facts["multi_gpu"] == {"ok": True}

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from . import engine
 from .builder import local_name
-from .checks.probe import arch_covers, arch_flags_for
-from .checks.suite.helpers import driver_verdict
+from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for
+from .checks.suite.helpers import driver_start_failure, driver_verdict
 from .model import ImageSpec, InputError, parse_size
 from .reporting import human_size
 
-NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version,compute_mode", "--format=csv,noheader"]
 NVIDIA_SMI_TIMEOUT_S = 30
 
 
@@ -35,19 +35,35 @@ class HostGpu:
     name: str
     capability: tuple[int, int]  # compute capability (9, 0)
     driver: str  # "580.65.06"
+    compute_mode: str = "Default"  # nvidia-smi's compute_mode: Default, Exclusive_Process, Prohibited, [N/A]
 
 
 # ------------------------------------------------------------------------------------------------ pure decisions
 
 def parse_nvidia_smi(output: str) -> list[HostGpu]:
-    """`nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader` -> the host's GPUs."""
+    """`nvidia-smi --query-gpu=name,compute_cap,driver_version[,compute_mode] --format=csv,noheader` -> the host's
+    GPUs."""
     gpus = []
     for line in output.splitlines():
-        name, capability, driver = (part.strip() for part in line.rsplit(",", 2)) if line.count(",") >= 2 else ("", "", "")
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) not in (3, 4):
+            continue
+        name, capability, driver, *mode = parts
         major, _, minor = capability.partition(".")
         if name and major.isdigit() and minor.isdigit():
-            gpus.append(HostGpu(name, (int(major), int(minor)), driver))
+            gpus.append(HostGpu(name, (int(major), int(minor)), driver, *mode))
     return gpus
+
+
+def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
+    """GPUs no container can use (Prohibited compute mode): their GPU checks would be skipped, never passed."""
+    prohibited = [f"GPU {index} ({gpu.name})" for index, gpu in enumerate(gpus)
+                  if gpu.compute_mode == PROHIBITED_COMPUTE_MODE]
+    if not prohibited:
+        return None
+    return Finding("host gpus", "warn", f"{', '.join(prohibited)} in Prohibited compute mode: no process may use it, "
+                                        "so verification skips the GPU checks while it is given to the container; "
+                                        "use --gpus device=<the others>, or `nvidia-smi -i INDEX -c DEFAULT`")
 
 
 # `uname -m` and Docker's Architecture spell the same machines two ways.
@@ -168,9 +184,11 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
         return [Finding("host gpus", "warn", "no NVIDIA driver on this host (no nvidia-smi): GPU rows can be built and "
                                              "statically checked here; run `build.py test --gpus all` on a GPU host")]
     if isinstance(gpus, str):
-        return [Finding("host gpus", "fail", f"{gpus}: check the driver with `nvidia-smi`")]
+        cause = driver_start_failure({"nvidia_smi_error": {"output": gpus}})
+        return [Finding("host gpus", "fail", f"{gpus}: {cause or 'check the driver with `nvidia-smi`'}")]
     findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
                                                      for gpu in gpus) + f", driver {gpus[0].driver}")]
+    findings += [finding for finding in [compute_mode_finding(gpus)] if finding]
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
 
 

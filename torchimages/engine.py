@@ -140,7 +140,9 @@ def explain_start_error(error: docker.errors.APIError) -> str:
         return GPU_RUNTIME_HINT
     if "unsatisfied condition: cuda>=" in text:
         return f"the host's NVIDIA driver is too old for this image ({text}); upgrade the driver or use a tag with an older CUDA"
-    if "driver not loaded" in text or "Driver/library version mismatch" in text:
+    # libnvidia-container words NVML's errors in lower case ("nvml error: driver/library version mismatch"),
+    # nvidia-smi capitalised: either may reach us.
+    if "driver not loaded" in text.lower() or "driver/library version mismatch" in text.lower():
         return (f"the host's NVIDIA driver is not usable ({text}): check `nvidia-smi` on the host (a driver upgraded "
                 "without a reboot or module reload gives a version mismatch)")
     if "unknown device" in text:

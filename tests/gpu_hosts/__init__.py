@@ -5,6 +5,7 @@ environment's CPU torch answer as that host's torch.cuda does, so that the probe
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import types
@@ -33,6 +34,30 @@ def stand_in_nvidia_smi(scenario: dict, folder: Path) -> dict[str, str]:
     return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "TORCHIMAGES_GPU_HOST": scenario["path"]}
 
 
+def as_run(scenario: dict, run: dict, folder: Path) -> dict:
+    """The host as one run's container sees it: the GPUs it was given (`nvidia_smi_gpus`: indices into the host's
+    nvidia-smi list) and what torch.cuda reports there (`torch_cuda`), where the run says; written for the stand-in."""
+    seen = copy.deepcopy(scenario)
+    if "nvidia_smi_gpus" in run:
+        seen["nvidia_smi"]["gpus"] = [scenario["nvidia_smi"]["gpus"][index] for index in run["nvidia_smi_gpus"]]
+    if "torch_cuda" in run:
+        seen["torch_cuda"] = run["torch_cuda"]
+    folder.mkdir(parents=True, exist_ok=True)
+    seen["path"] = str(folder / f"{scenario['name']}.yaml")
+    Path(seen["path"]).write_text(yaml.safe_dump({key: value for key, value in seen.items() if key != "path"}))
+    return seen
+
+
+def proc_driver_version(scenario: dict, folder: Path) -> str:
+    """A path that reads as the host's /proc/driver/nvidia/version (the loaded kernel module: present wherever the
+    module is loaded, whatever NVML says), or one that does not exist on a host without it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "version"
+    if scenario.get("proc_driver_version"):
+        path.write_text(scenario["proc_driver_version"] + "\n")
+    return str(path)
+
+
 def torch_cuda_facts(scenario: dict, cuda: str) -> dict:
     """What torch.cuda reports on the host for a wheel of this CUDA version."""
     facts = scenario["torch_cuda"]
@@ -48,7 +73,8 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     """The CPU torch answers as the host's torch.cuda does: availability (with torch's first-call warning), devices
     and their properties, and "cuda" tensors computed on the CPU. A device the image's arch list does not cover
     (`covers(flags, capability)` is None) fails torch's own kernels with the real error, as libtorch without a
-    cubin or PTX for it does; copies and cuBLAS (own SASS) still run."""
+    cubin or PTX for it does; copies and cuBLAS (own SASS) still run. A host whose devices refuse every context
+    (`device_error`, e.g. a Prohibited compute mode) fails any tensor made on them with that error."""
     from torch.overrides import TorchFunctionMode
 
     facts = torch_cuda_facts(scenario, cuda)
@@ -56,6 +82,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     count = facts["device_count"]
     capabilities = _capabilities(scenario)[:max(count, 1)] or [(0, 0)]
     uncovered = any(covers(arch_flags, capability) is None for capability in capabilities)
+    device_error = facts.get("device_error") or (NO_KERNEL_IMAGE if uncovered else None)
     warned = []
 
     def is_available():
@@ -80,8 +107,8 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
             if func is torch.Tensor.cuda:
                 return args[0]
             if on_cuda(kwargs.get("device")):
-                if uncovered:
-                    raise RuntimeError(NO_KERNEL_IMAGE)
+                if device_error:
+                    raise RuntimeError(device_error)
                 kwargs["device"] = "cpu"
             args = tuple("cpu" if on_cuda(arg) else arg for arg in args)
             return func(*args, **kwargs)

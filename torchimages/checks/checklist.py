@@ -27,7 +27,7 @@ DECLARED = (
           "kernel (libtorch's own code) and a cuBLAS matmul give the right values; each device's capability is "
           "covered by the build's arch list (`sm_90a`-style arch-specific code only on its exact GPU, `f` "
           "family code within its major)",
-          needs="gpu", skipped_when="CPU rows; GPU rows run with --gpus none"),
+          needs="gpu", skipped_when="CPU rows; GPU rows run with --gpus none; a GPU in Prohibited compute mode"),
     Check("driver",
           "the host driver is at or above the CUDA major's floor (minor-version compatibility: 12.x >= "
           "525.60.13, 13.x >= 580); below the release's own driver it passes *with a warning* naming what will "
@@ -39,33 +39,36 @@ DECLARED = (
           " and gradients equal to the CPU's; fp16 SDPA with a float mask as upstream's smoke test runs it, "
           "cuDNN attention forced on 8.0+ (pytorch#167602)",
           needs="gpu",
-          skipped_when="CPU rows; GPU rows run with --gpus none (the static half, loaded = compiled cuDNN, still runs "
-                       "where torch imports)"),
+          skipped_when="CPU rows; GPU rows run with --gpus none; torch sees no GPU, or a GPU is in Prohibited "
+                       "compute mode (no conv or attention ran: identity checks the loaded cuDNN without a GPU)"),
     Check("amp",
           "fp16 autocast + GradScaler training steps with finite, falling loss; bf16 where native (CPU bf16 on "
           "CPU rows)",
-          skipped_when="bf16 below compute capability 8.0; the GPU half on GPU rows with --gpus none"),
+          skipped_when="bf16 below compute capability 8.0; the GPU half on GPU rows with --gpus none or a GPU in "
+                       "Prohibited compute mode"),
     Check("shm",
           "`/dev/shm` as configured; a 4-worker DataLoader moves large tensors without a bus error"),
     Check("multi-gpu",
           "peer copies and an NCCL all-reduce on 2+ GPUs",
-          needs="gpus", skipped_when="fewer than 2 visible GPUs"),
+          needs="gpus", skipped_when="fewer than 2 visible GPUs; a GPU in Prohibited compute mode"),
     Check("devel",
           "nvcc matches torch's CUDA; a C++ (CPU) or CUDA (GPU) torch extension compiles and links for the "
           "row's arch list, and runs where a GPU is",
           needs="devel",
           skipped_when="runtime images (their extension part); the CUDA kernel where no GPU is visible or a GPU is in "
-                       "an exclusive compute mode"),
+                       "an exclusive or Prohibited compute mode"),
     Check("smoke",
           "PyTorch's own binary smoke test (`.ci/pytorch/smoke_test`): OpenMP, conv2d and linalg, NumPy "
           "interop, `torch.compile` equal to eager in fp16/fp32/fp64, a vectorized CPU ISA, a max-autotune "
           "compile; conv2d and linalg on each GPU, the compiles on `cuda:0` as upstream does; `import "
           "torch`/`torchvision` print no warning",
-          skipped_when="the GPU compile under an exclusive compute mode"),
+          skipped_when="the GPU compile under an exclusive compute mode; every GPU part with a GPU in Prohibited "
+                       "compute mode"),
     Check("distributed",
           "`torchrun --standalone` runs an all-reduce: 2 processes over gloo on CPU, one process per GPU (up to"
           " 8) over NCCL with 2+ GPUs",
-          skipped_when="NCCL with fewer than 2 GPUs (gloo then), gloo with 2+ GPUs (NCCL then)"),
+          skipped_when="NCCL with fewer than 2 GPUs (gloo then), gloo with 2+ GPUs (NCCL then); NCCL with a GPU "
+                       "in Prohibited compute mode"),
     Check("downstream",
           "a derived image `FROM` it pip-installs a local wheel into the image's environment as its default "
           "user (no `USER root`); `pip install --user` works under an arbitrary uid; the derived image is "

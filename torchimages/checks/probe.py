@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+import typing
 import warnings
 
 PROBE_VERSION = 3
@@ -53,10 +54,20 @@ EXTENSION_TIMEOUT_S = 540  # a CUDA extension for six arches on two cores
 # is writable, that import leaves it behind, and processes started after it (torchrun's, the arbitrary uid's) import
 # torch in a third of the time instead of compiling the same bytecode again side by side.
 TORCH_IMPORTED = "/tmp/torchimages-torch-imported"
+NVIDIA_DRIVER_PROC = "/proc/driver/nvidia/version"  # the loaded kernel module's version, readable without NVML
 TORCH_IMPORTED_WAIT_S = 60
 PROBE_STARTED = time.monotonic()
+# nvidia-smi's compute_mode per GPU (nvidia-smi documentation, "compute_mode"; CUDA C++ Programming Guide, "Compute
+# Modes"): Exclusive_Process takes one CUDA context per GPU at a time, Prohibited none at all (CUDA still lists the GPU,
+# and a context on it fails with "CUDA-capable device(s) is/are busy or unavailable"). Default, and "[N/A]" or
+# "[Not Supported]" where the GPU or driver does not report a mode, limit nothing.
+EXCLUSIVE_COMPUTE_MODES = ("Exclusive_Process", "Exclusive_Thread")
+PROHIBITED_COMPUTE_MODE = "Prohibited"
 EXCLUSIVE_REASON = ("not run: a GPU is in {mode} compute mode (one CUDA context per GPU at a time), and the probe's "
                     "own process holds it; run on GPUs in Default compute mode (nvidia-smi -c DEFAULT) to test this")
+PROHIBITED_REASON = ("not run: {gpus} in Prohibited compute mode: no process may use it, so the host, not the image, "
+                     "stops the GPU checks; give the container only usable GPUs (--gpus device=...), or set the mode "
+                     "back with `nvidia-smi -i INDEX -c DEFAULT`")
 
 CUDA_LIBRARY = re.compile(
     r"^(libcudart|libcublas|libcublasLt|libcudnn(?:_[a-z_]+)?|libnccl|libcufft|libcufftw|libcurand|libcusolver|"
@@ -112,10 +123,19 @@ def _flag_scope(flag: str) -> str:
     return flag[-1] if flag[-1] in "af" else ""
 
 
+# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 11.0 (NVIDIA CUDA GPUs page). "Binary
+# compatibility is supported only for the desktop. It is not supported for Tegra. Also, the binary compatibility
+# between desktop and Tegra is not supported" (CUDA C++ Programming Guide, "Binary Compatibility"): an sm_86 cubin
+# does not run on an Orin, nor an sm_87 one on an 8.9 GPU. PTX is still JIT-compiled for them.
+TEGRA_CAPABILITIES = {(5, 3), (6, 2), (7, 2), (8, 7), (11, 0)}
+
+
 def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
     built, scope = _flag_capability(flag), _flag_scope(flag)
     if scope == "a":
         return built == capability
+    if flag.startswith("sm_") and (built in TEGRA_CAPABILITIES or capability in TEGRA_CAPABILITIES):
+        return built == capability  # no binary compatibility on Tegra, nor between Tegra and desktop
     if scope == "f" or flag.startswith("sm_"):  # a cubin runs on its major at or above its minor; so does family code
         return built[0] == capability[0] and built[1] <= capability[1]
     return built <= capability  # generic PTX: JIT-compiled for any newer GPU
@@ -123,7 +143,8 @@ def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
 
 def arch_covers(flags: list[str], capability: tuple[int, int]) -> str | None:
     """How a device is covered: a cubin of the same major with minor <= the device's, or PTX at or below it;
-    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major."""
+    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major, and on Tegra
+    (integrated) GPUs a cubin only for exactly that GPU."""
     cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability)]
     if cubins:
         return f"cubin {max(cubins, key=_flag_capability)}"
@@ -658,7 +679,7 @@ def driver_facts() -> dict:
     """The host driver as the container sees it: nvidia-smi's GPU and MIG lines, compute modes, driver version;
     when nvidia-smi fails, its exit code and words (an NVML error is the cause to report, not "no GPUs")."""
     facts = {"driver_version": None, "nvidia_smi_gpus": None, "mig_devices": {}, "compute_modes": None,
-             "nvidia_smi_error": None}
+             "mig_modes": None, "nvidia_smi_error": None}
     smi = shutil.which("nvidia-smi")
     facts["nvidia_smi"] = smi
     if smi:
@@ -668,21 +689,42 @@ def driver_facts() -> dict:
         else:
             facts["nvidia_smi_error"] = {"returncode": listing.get("returncode"),
                                          "output": (listing.get("output") or listing.get("error") or "").strip()[-500:]}
-        query = run_tool([smi, "--query-gpu=driver_version,compute_mode", "--format=csv,noheader"])
+        # mig.mode.current: Enabled, Disabled, or [N/A] where the GPU has no MIG (nvidia-smi documentation).
+        query = run_tool([smi, "--query-gpu=driver_version,compute_mode,mig.mode.current", "--format=csv,noheader"])
         rows = [[part.strip() for part in line.split(",")] for line in query.get("output", "").splitlines()
-                if line.count(",") == 1] if query.get("ok") else []
+                if line.count(",") == 2] if query.get("ok") else []
         if rows:
             facts["driver_version"] = rows[0][0]
             facts["compute_modes"] = [row[1] for row in rows]
+            facts["mig_modes"] = [row[2] for row in rows]
     if facts["driver_version"] is None:
         try:
-            with open("/proc/driver/nvidia/version", encoding="utf-8") as stream:
+            with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:
                 match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", stream.read())
             facts["driver_version"] = match.group(1) if match else None
         except OSError:
             pass
     facts["libcuda_driver_version"] = libcuda_driver_version()
     return facts
+
+
+class ComputeModeLimits(typing.NamedTuple):
+    exclusive: bool  # a GPU takes one CUDA context at a time
+    children_skip: str  # why the probe's child processes must stay off the GPUs ("" if they may use them)
+    unusable: str  # why no GPU work can run here at all ("" if it can)
+
+
+def compute_mode_limits(host: dict) -> ComputeModeLimits:
+    """What the GPUs' compute modes (nvidia-smi's view of the container's GPUs) allow the probe."""
+    modes = host.get("compute_modes") or []
+    names = host.get("nvidia_smi_gpus") or []
+    prohibited = [names[index] if index < len(names) else f"GPU {index}"
+                  for index, mode in enumerate(modes) if mode == PROHIBITED_COMPUTE_MODE]
+    exclusive = next((mode for mode in modes if mode in EXCLUSIVE_COMPUTE_MODES), None)
+    if prohibited:
+        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"))
+        return ComputeModeLimits(bool(exclusive), reason, reason)
+    return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
 
 
 def libcuda_driver_version() -> int | None:
@@ -749,10 +791,21 @@ def cudnn_conv(torch) -> dict:
             "grads_ok": grads_ok, "benchmark": True, "runtime_version": torch.backends.cudnn.version()}
 
 
+# The GPUs torch runs cuDNN attention on: check_cudnn_hardware_support allows sm80 to sm121 (pytorch
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); outside it, forcing the backend fails with "No available
+# kernel" on a good image, and torch picks another backend by itself.
+CUDNN_ATTENTION_CAPABILITIES = ((8, 0), (12, 1))
+
+
+def cudnn_attention_runs_on(capability: tuple[int, int]) -> bool:
+    lowest, highest = CUDNN_ATTENTION_CAPABILITIES
+    return lowest <= tuple(capability) <= highest
+
+
 def cudnn_attention(torch) -> dict:
     """Upstream's smoke test_sdpa on CUDA (fp16 q/k/v 1x16x77x64, float mask, no NaN): the regression test for
-    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). On 8.0+ cuDNN attention is forced, so
-    that path really runs (elsewhere torch picks another backend)."""
+    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention, it is
+    forced, so that path really runs (elsewhere torch picks another backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     functional = torch.nn.functional
@@ -761,7 +814,7 @@ def cudnn_attention(torch) -> dict:
     mask = torch.randn(1, 1, 77, 77, dtype=torch.float16, device="cuda")
     reference = functional.scaled_dot_product_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
                                                         attn_mask=mask.float().cpu())
-    forced = torch.cuda.get_device_capability() >= (8, 0)
+    forced = cudnn_attention_runs_on(torch.cuda.get_device_capability())
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if forced else contextlib.nullcontext():
         output = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.cuda.synchronize()
@@ -851,7 +904,8 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
     availability = availability or cuda_availability(torch)
     facts = {"ok": True, **availability, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              **(host or driver_facts())}
-    if not facts["available"]:
+    facts["unusable"] = compute_mode_limits(facts).unusable
+    if not facts["available"] or facts["unusable"]:
         return facts
     count = facts["device_count"]
     facts["devices"] = [device_facts(torch, index, flags) for index in range(count)]
@@ -1248,8 +1302,8 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     # exclusive compute mode a GPU takes one CUDA context at a time: the children stay off the GPUs, and torchrun's
     # ranks and the multi-GPU process run to their end before this process makes its own contexts.
     host = driver_facts()
-    exclusive = next((mode for mode in host.get("compute_modes") or [] if mode not in ("Default", "[N/A]")), None)
-    skip_gpu = EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else ""
+    limits = compute_mode_limits(host)
+    skip_gpu, exclusive = limits.children_skip, limits.exclusive
     compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
     extension = (ChildSection("the extension build", EXTENSION_TIMEOUT_S, build_extension, torch, cuda_extension,
                               arch_list, skip_gpu) if devel else None)
@@ -1287,13 +1341,23 @@ def smoke_facts() -> dict:
     return {"part": "smoke", "torch": facts, "smoke": smoke}
 
 
+def record_gpu_facts(torch, flags: list[str]) -> dict:
+    """gpu_facts with the bf16 throughput, for the record: under an exclusive compute mode the multi-GPU process runs
+    to its end before this process makes its own contexts (it would find every GPU busy after)."""
+    host = driver_facts()
+    availability = cuda_availability(torch)
+    exclusive = compute_mode_limits(host).exclusive
+    multi_gpu = multi_gpu_in_subprocess() if exclusive and availability["device_count"] >= 2 else None
+    return gpu_facts(torch, flags, True, availability, host, multi_gpu)
+
+
 def gpu_only_facts() -> dict:
     """For a GPU host's own torch (docs/gpu-validation.md): the GPU facts, then the smoke test on each GPU."""
     torch, facts = import_torch()
     if torch is None:
         return {"part": "gpu-only", "torch": facts}
     facts.update(torch_versions(torch))
-    result = {"part": "gpu-only", "torch": facts, "gpu": section(gpu_facts, torch, facts["arch_flags"], True)}
+    result = {"part": "gpu-only", "torch": facts, "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
     result.update({"smoke": smoke_facts()["smoke"], "libraries_loaded": loaded_libraries()})
     return result
 

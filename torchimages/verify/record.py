@@ -34,7 +34,7 @@ PEAK_BF16_DENSE_TFLOPS = (
 @dataclass(frozen=True)
 class Record:
     line: str  # the docs/gpu-validation.md table row
-    passed: bool  # every GPU check passed or skipped with its reason
+    passed: bool  # no GPU check failed, and the GPU work ran (only multi-gpu may skip, on one GPU)
     checks: dict[str, dict]
 
 
@@ -74,9 +74,15 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
                        for name in names)
     mine = {name: checks[name] for name in checklist.GPU_CHECKS + ("amp",) if name in checks}
     failed = [name for name, check in mine.items() if check["status"] == "failed"]
+    # A record says passed only where the GPU work ran: multi-gpu alone may skip (one GPU).
+    not_run = [name for name, check in mine.items() if check["status"] == "skipped" and name != "multi-gpu"]
     warned = [name for name, check in mine.items() if check.get("warnings") or "warning:" in check["message"]]
-    result = (f"failed: {', '.join(failed)}" if failed else "passed"
-              + (f" (with a warning: {', '.join(warned)})" if warned else ""))
+    if failed:
+        result = f"failed: {', '.join(failed)}"
+    elif not_run:
+        result = f"not run: {', '.join(not_run)} ({mine[not_run[0]]['message'][:200]})"
+    else:
+        result = "passed" + (f" (with a warning: {', '.join(warned)})" if warned else "")
     throughput = (gpu.get("bf16_matmul") or {}).get("tflops")
     peak = peak_tflops(names[0])
     bf16 = ("not measured" if throughput is None
@@ -84,7 +90,7 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
                                            " (peak unknown)"))
     line = (f"| {date} | {device} | {gpu.get('driver_version') or 'unknown'} | {source} / torch "
             f"{facts['torch'].get('version')} ({spec.tag}) | {result} | {bf16} |")
-    return Record(line, not failed, checks)
+    return Record(line, not failed and not not_run, checks)
 
 
 def host_gpu_facts() -> dict:

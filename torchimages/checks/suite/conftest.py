@@ -49,8 +49,9 @@ def torch_facts(main) -> dict:
 
 
 @pytest.fixture(scope="session")
-def gpu(spec, expect, torch_facts, main) -> dict:
-    """The probe's GPU facts; skipped with the reason where GPU checks cannot run, never passed."""
+def gpu_host(spec, expect, torch_facts, main) -> dict:
+    """The probe's GPU facts, for what the host's driver and the image say without using a GPU; skipped with the
+    reason where GPU checks cannot run, never passed."""
     reason = gpu_skip_reason(spec, expect)
     if reason:
         pytest.skip(reason)
@@ -58,6 +59,15 @@ def gpu(spec, expect, torch_facts, main) -> dict:
     if "error" in facts:
         pytest.fail(f"the probe's GPU part crashed: {facts['error']}")
     return facts
+
+
+@pytest.fixture(scope="session")
+def gpu(gpu_host) -> dict:
+    """The GPU facts where the GPUs can be used: a GPU no process may use (Prohibited compute mode) skips every test
+    that needs one, with the reason, rather than failing the image."""
+    if gpu_host.get("unusable"):
+        pytest.skip(gpu_host["unusable"])
+    return gpu_host
 
 
 @pytest.fixture(scope="session")

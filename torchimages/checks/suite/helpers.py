@@ -21,14 +21,48 @@ def gpu_skip_reason(spec: ImageSpec, expect: dict) -> str | None:
 
 MIG_ENUMERATION = ("one CUDA process enumerates a single MIG device, however many it is given (NVIDIA MIG User Guide, "
                    "\"CUDA Device Enumeration\"; pytorch#130181)")
+# Beside GPUs with MIG disabled, CUDA's count is not documented: it lists them and appends the first MIG device
+# (DataDog/datadog-agent#36377), or was seen to list one device in all (kokkos/kokkos#6529). Either is a good image.
+MIXED_MIG_ENUMERATION = ("beside {whole} GPU(s) with MIG disabled, CUDA enumerates those and at most one MIG device "
+                         "(its order and count on mixed hosts are undocumented: datadog-agent#36377, kokkos#6529)")
 
 
-def expected_device_count(expect: dict, gpu: dict) -> tuple[int | None, str]:
-    """How many devices torch must see, and where that number comes from."""
-    requested = expect["gpus"]["expected_count"]
-    if expect["gpus"].get("mig") or gpu.get("mig_devices"):
-        where = f"--gpus {expect['gpus']['text']}" if expect["gpus"].get("mig") else "nvidia-smi -L lists MIG devices"
+MIG_WITHOUT_DEVICES = ("a GPU in MIG mode runs CUDA only in the MIG devices made on it, and {unusable} has none "
+                       "(NVIDIA MIG User Guide, \"Getting Started with MIG\")")
+
+
+def _whole_gpus(gpu: dict) -> int:
+    """GPUs in the container that CUDA uses whole: MIG mode off (nvidia-smi's mig.mode.current), else those without
+    MIG devices under them where the mode was not read."""
+    modes = gpu.get("mig_modes")
+    if modes:
+        return sum(1 for mode in modes if mode != "Enabled")
+    return len(gpu.get("nvidia_smi_gpus") or []) - len(gpu.get("mig_devices") or {})
+
+
+def _mig_device_count(expect: dict, gpu: dict) -> tuple[int | range, str]:
+    """What torch may see where MIG is on: exactly 1 with MIG devices alone, 1 to (whole GPUs + 1) with MIG devices
+    beside whole GPUs, the whole GPUs alone where no GPU in MIG mode has a MIG device."""
+    if expect["gpus"].get("mig"):
+        where = f"--gpus {expect['gpus']['text']}"
+        whole = sum(1 for device in expect["gpus"].get("device_ids", []) if not device.startswith("MIG-")
+                    and ":" not in device)
+    else:
+        where = "nvidia-smi in the container"
+        whole = _whole_gpus(gpu)
+        if not gpu.get("mig_devices"):
+            unusable = len(gpu.get("nvidia_smi_gpus") or []) - whole
+            return whole, f"{where}: {MIG_WITHOUT_DEVICES.format(unusable=f'{unusable} GPU(s) in MIG mode')}"
+    if whole <= 0:
         return 1, f"{where}: {MIG_ENUMERATION}"
+    return range(1, whole + 2), f"{where}: {MIG_ENUMERATION}; {MIXED_MIG_ENUMERATION.format(whole=whole)}"
+
+
+def expected_device_count(expect: dict, gpu: dict) -> tuple[int | range | None, str]:
+    """How many devices torch must see (a range where CUDA's count is not determined), and where that comes from."""
+    requested = expect["gpus"]["expected_count"]
+    if expect["gpus"].get("mig") or gpu.get("mig_devices") or "Enabled" in (gpu.get("mig_modes") or []):
+        return _mig_device_count(expect, gpu)
     if requested is not None:
         expected, source = requested, f"--gpus {expect['gpus']['text']}"
     elif gpu.get("nvidia_smi_gpus") is not None:
@@ -86,14 +120,61 @@ def cuda_version_number(cuda: str) -> int:
     return int(major) * 1000 + int(minor or 0) * 10
 
 
+# Why CUDA cannot start, where the host's driver is the cause (whatever the versions say): the words nvidia-smi and
+# torch's first CUDA call print, and what to do. Sources: nvml.h NVML_ERROR_LIB_RM_VERSION_MISMATCH (nvidia-smi's
+# "Driver/library version mismatch"); CUDA Runtime API cudaError: cudaErrorSystemDriverMismatch = 803,
+# cudaErrorCompatNotSupportedOnDevice = 804 (torch warns "Error 803: ..." / "Error 804: ..."); NVIDIA "CUDA
+# Compatibility", Forward Compatibility: cuda-compat serves datacenter GPUs only.
+DRIVER_START_FAILURES = (
+    (("Driver/library version mismatch", "Error 803"),
+     "the loaded NVIDIA kernel module and the driver's user-space libraries (libcuda, NVML) are different versions, "
+     "as after a driver upgrade without a reboot: reboot the host, or unload and reload the nvidia kernel modules"),
+    (("Error 804",),
+     "a forward-compatible libcuda (cuda-compat) is loaded, but this GPU does not support forward compatibility "
+     "(datacenter GPUs only): upgrade the host driver to the CUDA release's own, or take cuda-compat off the loader "
+     "path"),
+)
+
+
+# Why CUDA cannot start where a host service is the cause, the driver being right: cudaErrorSystemNotReady = 802,
+# "system not yet initialized" (CUDA Runtime API, cudaError): on NVSwitch systems CUDA starts only once the Fabric
+# Manager runs (NVIDIA Fabric Manager User Guide).
+HOST_SERVICE_FAILURES = (
+    (("Error 802",),
+     "CUDA waits for a host service: on NVSwitch systems (HGX/DGX A100, H100, B200) start nvidia-fabricmanager, of the "
+     "driver's own version (`systemctl status nvidia-fabricmanager`)"),
+)
+
+
+def _start_failure(table: tuple, gpu: dict) -> str | None:
+    said = [(gpu.get("nvidia_smi_error") or {}).get("output") or "", *gpu.get("warnings", [])]
+    for words, meaning in table:
+        quoted = next((text for text in said for word in words if word in text), None)
+        if quoted:
+            return f"{meaning} (seen: {quoted.strip()[-300:]!r})"
+    return None
+
+
+def driver_start_failure(gpu: dict) -> str | None:
+    """The host-driver reason CUDA could not start, from nvidia-smi's failure and torch's warnings; None if none."""
+    return _start_failure(DRIVER_START_FAILURES, gpu)
+
+
+def host_start_failure(gpu: dict) -> str | None:
+    """Why CUDA could not start, where the host (its driver or a service) is the cause; None if no known cause."""
+    return driver_start_failure(gpu) or _start_failure(HOST_SERVICE_FAILURES, gpu)
+
+
 def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
                    minimum: tuple[str, str] | None = None) -> tuple[str, str]:
     """ok | warn | fail for a row on a host driver (the kernel module's version, as nvidia-smi reports it), with why.
 
     A libcuda that supports the row's CUDA (cuDriverGetVersion, e.g. a cuda-compat forward-compatibility libcuda on
-    an older datacenter branch) decides alone. Otherwise: below the CUDA major's minor-version-compatibility floor
-    CUDA does not start; between the floor and the release's GA driver the cubins run but PTX newer than the driver
-    cannot be JIT-compiled and newer features fail; at or above the GA driver everything works."""
+    an older datacenter branch) decides alone; pass it only where CUDA started (a compat libcuda on a GPU without
+    forward compatibility reports its version all the same). Otherwise: below the CUDA major's
+    minor-version-compatibility floor CUDA does not start; between the floor and the release's GA driver the cubins
+    run but PTX newer than the driver cannot be JIT-compiled and newer features fail; at or above the GA driver
+    everything works."""
     ga, source = minimum or (spec.min_driver or "", f"row {spec.tag}")
     floor = spec.driver_floor or ga
     if libcuda and spec.cuda and libcuda >= cuda_version_number(spec.cuda):

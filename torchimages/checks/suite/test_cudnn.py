@@ -7,7 +7,7 @@ from torchimages.checks.probe import decode_cudnn_version
 pytestmark = pytest.mark.check("cudnn")
 
 
-def test_cudnn_is_available_and_consistent(gpu, torch_facts, spec):
+def test_cudnn_is_available_and_consistent(devices, torch_facts, spec):
     runtime = decode_cudnn_version(torch_facts["cudnn_version"])
     assert torch_facts["cudnn_available"] and runtime, (
         f"cuDNN is not available to torch, but row {spec.tag} promises cuDNN {spec.cudnn}: check that the "

@@ -7,7 +7,7 @@ import pytest
 from torchimages.checkplugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for
 
-from .helpers import driver_verdict, expected_device_count, minimum_driver
+from .helpers import driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -24,10 +24,12 @@ def _nvidia_smi_says(gpu: dict) -> str:
 
 @pytest.mark.check("gpu")
 def test_cuda_is_available(gpu, expect):
+    cause = host_start_failure(gpu)
+    fix = (f"The host is the cause: {cause}" if cause else "Check the host driver (see the driver check) and "
+           "that the NVIDIA runtime passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
     assert gpu["available"], (
         f"torch.cuda.is_available() is False although GPUs were requested (--gpus {expect['gpus']['text']}); "
-        f"nvidia-smi in the container {_nvidia_smi_says(gpu)}{_torch_warnings(gpu)}. Check the host driver (see the driver check) and that the NVIDIA runtime "
-        "passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
+        f"nvidia-smi in the container {_nvidia_smi_says(gpu)}{_torch_warnings(gpu)}. {fix}")
 
 
 @pytest.mark.check("gpu")
@@ -37,8 +39,10 @@ def test_device_count_is_what_was_requested(gpu, expect):
     expected, source = expected_device_count(expect, gpu)
     if expected is None:
         pytest.skip(f"cannot tell how many GPUs the container was given: {source}")
-    assert gpu["device_count"] == expected, (
-        f"torch sees {gpu['device_count']} GPU(s), but {source} means {expected}: check CUDA_VISIBLE_DEVICES "
+    allowed = expected if isinstance(expected, range) else range(expected, expected + 1)
+    means = f"{allowed.start} to {allowed.stop - 1}" if len(allowed) > 1 else str(allowed.start)
+    assert gpu["device_count"] in allowed, (
+        f"torch sees {gpu['device_count']} GPU(s), but {source} means {means}: check CUDA_VISIBLE_DEVICES "
         f"({gpu.get('cuda_visible_devices') or 'unset'}) and the --gpus request")
 
 
@@ -67,13 +71,18 @@ def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, 
 
 
 @pytest.mark.check("driver")
-def test_host_driver_meets_the_cuda_minimum(gpu, image, spec):
+def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
+    gpu = gpu_host
+    cause = driver_start_failure(gpu)
+    assert not cause, f"CUDA cannot start on this host, whatever the versions: {cause}"
     found = gpu.get("driver_version")
     assert found, (
         f"could not read the host's NVIDIA driver version (nvidia-smi in the container {_nvidia_smi_says(gpu)}, no "
         f"/proc/driver/nvidia/version){_torch_warnings(gpu)}: start the container with NVIDIA_DRIVER_CAPABILITIES "
         "including utility")
-    status, why = driver_verdict(found, gpu.get("libcuda_driver_version"), spec, minimum_driver(image, spec))
+    # The libcuda's version says what it supports only where CUDA started with it.
+    libcuda = gpu.get("libcuda_driver_version") if gpu["available"] else None
+    status, why = driver_verdict(found, libcuda, spec, minimum_driver(image, spec))
     assert status != "fail", (f"{why}{_torch_warnings(gpu)}: upgrade the host driver, or use a tag built for an "
                               "older CUDA")
     if status == "warn":
