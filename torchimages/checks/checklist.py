@@ -37,7 +37,7 @@ DECLARED = (
     Check("cudnn",
           "runtime = compiled version = row's major; conv2d forward and backward with `cudnn.benchmark`, output"
           " and gradients equal to the CPU's; fp16 SDPA with a float mask as upstream's smoke test runs it, "
-          "cuDNN attention forced on 8.0+ (pytorch#167602)",
+          "cuDNN attention forced where torch runs it, sm80 to sm121 (pytorch#167602)",
           needs="gpu",
           skipped_when="CPU rows; GPU rows run with --gpus none; torch sees no GPU, or a GPU is in Prohibited "
                        "compute mode (no conv or attention ran: identity checks the loaded cuDNN without a GPU)"),
