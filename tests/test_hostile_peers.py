@@ -570,6 +570,31 @@ def test_flags_in_look_alike_digits_are_refused(scratch, flags):
     assert flags[0] in result.stderr
 
 
+FULL_WIDTH_3 = "\uff13"
+INTEGER_FLAGS = {
+    "--shards": ("plan", "--shards", FULL_WIDTH_3),
+    "--retention": ("prune", "--retention", FULL_WIDTH_3, "--registry", "127.0.0.1:5999/ml/pytorch"),
+    "--jobs": ("build", "--jobs", "\u0663"),  # Arabic-Indic three
+    "--retries": ("publish", "--retries", FULL_WIDTH_3, "--registry", "127.0.0.1:5999/ml/pytorch"),
+    "--timeout": ("test", "--timeout", "1_000"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(INTEGER_FLAGS))
+def test_integer_flags_in_look_alike_digits_are_refused(scratch, flag):
+    """argparse's type=int takes whatever int() takes: other scripts' digits, '_' and spaces."""
+    result = run_in(scratch, *INTEGER_FLAGS[flag])
+    assert_contract(result, 2)
+    assert flag in result.stderr and "invalid integer value" in result.stderr
+
+
+@pytest.mark.parametrize("wait", [FULL_WIDTH_3, "1_0", "inf", "nan", " 3"])
+def test_a_lock_wait_in_look_alike_digits_is_refused(scratch, wait):
+    result = run_in(scratch, "render", env={"TORCHIMAGES_LOCK_WAIT": wait})
+    assert_contract(result, 2)
+    assert "TORCHIMAGES_LOCK_WAIT" in result.stderr and not (scratch / "images").exists()
+
+
 UNICODE_AWARE = re.compile(r"\\\\[dDwWsSbB]|IGNORECASE|re\.I\b")
 RE_CALLS = {"compile", "fullmatch", "match", "search", "sub", "subn", "findall", "finditer", "split"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -98,10 +99,10 @@ def check_flags(project: Project, args: argparse.Namespace) -> None:
 def lock_wait() -> float:
     """Seconds a run waits for another one writing the same folders (TORCHIMAGES_LOCK_WAIT, default 30)."""
     text = os.environ.get(LOCK_WAIT_ENV, "")
-    try:
-        seconds = float(text) if text else DEFAULT_LOCK_WAIT_S
-    except ValueError:
-        seconds = -1.0
+    if not text:
+        return DEFAULT_LOCK_WAIT_S
+    # ASCII digits only: float() also takes other scripts' digits, '_', 'inf' and 'nan'
+    seconds = float(text) if re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9})?", text, re.ASCII) else -1.0
     if not 0 <= seconds <= MAX_LOCK_WAIT_S:
         raise InputError([Problem(LOCK_WAIT_ENV, 0, f"{LOCK_WAIT_ENV}={brief(text)} must be seconds from 0 to "
                                                     f"{MAX_LOCK_WAIT_S}: fix it or unset it")])

@@ -18,7 +18,14 @@ from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
-from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, writes_reports
+from .options import (
+    add_build_arguments,
+    add_selectors,
+    add_source_arguments,
+    build_options,
+    integer,
+    writes_reports,
+)
 
 
 def cmd_list(project: Project, args) -> int:
@@ -223,7 +230,7 @@ def register(commands) -> None:
     testing.add_argument("--gpus", metavar="all|none|N|device=0,1",
                          help="GPUs for the container (default: all for GPU rows, none for CPU rows)")
     testing.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default: the row's shm_size)")
-    testing.add_argument("--timeout", type=int, metavar="S",
+    testing.add_argument("--timeout", type=integer, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
     testing.set_defaults(handler=cmd_test, writes=writes_reports)
 
