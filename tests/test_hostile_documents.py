@@ -472,3 +472,29 @@ def test_nightly_summary_escapes_free_text_from_shards(space, tmp_path):
     assert page == result.stdout
     assert_tables_hold(page)
     assert "## Failures" in page and "\\<img" in page
+
+
+GPU_FACTS = {
+    "fifo": None,
+    "endless": None,
+    "not json": b'{"torch": {',
+    "a list": b"[1]",
+    "torch not an object": b'{"torch": "2.14", "gpu": {}}',
+    "devices of numbers": b'{"torch": {}, "gpu": {"devices": [1, 2]}}',
+    "tflops as text": b'{"torch": {}, "gpu": {"bf16_matmul": {"tflops": "fast"}}}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPU_FACTS))
+def test_gpu_facts_that_are_not_a_bounded_file_of_their_shape_are_refused(space, case):
+    """`gpu-record --facts FILE` is a document like the others: a FIFO hung it, JSON of another shape was a
+    traceback in the record line."""
+    path = space.root / "gpu-only.json"
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "endless":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(GPU_FACTS[case])
+    result = space.cli("gpu-record", ROW, "--facts", str(path))
+    assert "gpu-only.json" in refused(result)

@@ -14,6 +14,7 @@ from .. import doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..checks import checklist
+from ..files import read_json_document
 from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
@@ -169,7 +170,7 @@ def cmd_gpu_record(project: Project, args) -> int:
         raise InputError([Problem(args.tag, 0, f"{args.tag} names {len(specs)} rows: name one tag")])
     [spec] = specs
     if args.facts:
-        facts, source = json.loads(args.facts.read_text()), f"facts {args.facts.name}"
+        facts, source = read_gpu_facts(args.facts), f"facts {args.facts.name}"
     elif args.image:
         facts, source = record.image_gpu_facts(engine.client(), spec, args.image), args.image
     else:
@@ -180,6 +181,30 @@ def cmd_gpu_record(project: Project, args) -> int:
         print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
     print(result.line)
     return EXIT_OK if result.passed else EXIT_FAILED
+
+
+GPU_FACTS_FIX = "save it again with `probe.py --gpu-only > FILE` on the GPU host"
+
+
+def read_gpu_facts(path: Path) -> dict:
+    """Saved `probe.py --gpu-only` facts: a bounded regular file (a FIFO would hang, /dev/zero never end) holding
+    the fields the record line reads, of their types."""
+    facts = read_json_document(path, GPU_FACTS_FIX)
+    gpu = facts.get("gpu") if isinstance(facts, dict) else None
+    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    matmul = gpu.get("bf16_matmul") if isinstance(gpu, dict) else None
+    expected = {
+        "an object with `torch` and `gpu` objects": isinstance(facts, dict) and isinstance(facts.get("torch"), dict)
+                                                     and isinstance(gpu, dict),
+        "`gpu.devices` a list of objects with a text `name`": devices is None or (
+            isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
+        "`gpu.bf16_matmul.tflops` a number": matmul is None or (
+            isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
+    }
+    wrong = [what for what, holds in expected.items() if not holds]
+    if wrong:
+        raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
+    return facts
 
 
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
