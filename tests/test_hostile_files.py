@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torchimages.builder import base_reference
 from torchimages.files import atomic_write, open_new
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
@@ -174,6 +175,32 @@ def test_render_refuses_a_linked_tag_folder_and_replaces_a_linked_file(space, tm
     assert space.cli("render").returncode == 0
     assert not dockerfile.is_symlink() and dockerfile.read_text() == rendered
     assert (outside / "file.txt").read_text() == "keep me too\n" and space.cli("render", "--check").returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless"])
+def test_render_replaces_a_pipe_or_device_where_a_rendered_file_was(space, kind):
+    """render compares what is there with what it would write: a FIFO hung `render --check` (and `render`, reading
+    each tag folder's header), a link to /dev/zero read without end. Both are simply not the rendered file."""
+    assert space.cli("render").returncode == 0
+    dockerfile = space.images / ROW / "Dockerfile"
+    rendered = dockerfile.read_bytes()
+    dockerfile.unlink()
+    os.mkfifo(dockerfile) if kind == "fifo" else dockerfile.symlink_to("/dev/zero")
+    global_flags = ("--matrix", str(space.matrix), "--images", str(space.images), "--reports", str(space.reports))
+    code, _, stderr = finished(build_py(*global_flags, "render", "--check", stderr=subprocess.PIPE))
+    assert code == 1 and str(dockerfile) in stderr
+    code, _, stderr = finished(build_py(*global_flags, "render", stderr=subprocess.PIPE))
+    assert code == 0, stderr
+    assert not dockerfile.is_symlink() and dockerfile.read_bytes() == rendered
+
+
+def test_a_build_refuses_a_rendered_dockerfile_that_is_a_pipe(space):
+    """The build reads the Dockerfile's base before the engine is asked: a FIFO there hung it."""
+    spec = next(spec for spec in load_matrix(space.matrix).specs if spec.tag == ROW)
+    (space.images / ROW).mkdir(parents=True)
+    os.mkfifo(space.images / ROW / "Dockerfile")
+    with pytest.raises(InputError, match="not a regular file"):
+        base_reference(spec, space.images)
 
 
 def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):  # noqa: F811 - the fixture

@@ -20,7 +20,7 @@ import docker.errors
 import docker.utils
 
 from . import engine
-from .files import check_destinations, open_new, read_bytes
+from .files import check_destinations, open_new, read_bytes, read_text
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .redaction import Secrets
@@ -112,10 +112,7 @@ class BuildContext:
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
     """The base the rendered Dockerfile builds on: a lock-pinned image@digest, or the matrix's tag."""
     dockerfile = images_dir / spec.tag / "Dockerfile"
-    try:
-        match = BASE_ARG.search(dockerfile.read_text())
-    except FileNotFoundError:
-        raise InputError([Problem(str(dockerfile), 0, "missing: run `python build.py render`")]) from None
+    match = BASE_ARG.search(read_text(dockerfile, "run `python build.py render`"))  # bounded: a FIFO would hang
     return match.group(1) if match else spec.base_image
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from .files import atomic_write, brief, check_destinations, remove_file
+from .files import atomic_write, brief, check_destinations, read_replaceable, remove_file
 from .model import ImageSpec, InputError, Problem
 
 DOCKERFILE_TEMPLATE = "Dockerfile.j2"
@@ -102,7 +102,7 @@ def _context_files(templates_dir: Path) -> dict[str, bytes]:
 
 def stale_paths(images_dir: Path, rendered: dict[str, bytes]) -> list[str]:
     """What differs between images/ and a fresh render: changed, missing and extra files of rendered folders."""
-    stale = [rel for rel, content in rendered.items() if _read(images_dir / rel) != content]
+    stale = [rel for rel, content in rendered.items() if read_replaceable(images_dir / rel) != content]
     for folder in _rendered_folders(images_dir):
         existing = {f"{folder.name}/{p.relative_to(folder)}" for p in folder.rglob("*") if p.is_file()}
         stale += sorted(existing - set(rendered))
@@ -116,14 +116,7 @@ def _rendered_folders(images_dir: Path) -> list[Path]:
         return []
     return [folder for folder in sorted(images_dir.iterdir())
             if folder.is_dir() and not folder.is_symlink()
-            and (_read(folder / "Dockerfile") or b"").startswith(GENERATED_HEADER)]
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
+            and (read_replaceable(folder / "Dockerfile") or b"").startswith(GENERATED_HEADER)]
 
 
 def write_rendered(images_dir: Path, rendered: dict[str, bytes]) -> list[str]:
