@@ -203,6 +203,17 @@ def test_a_build_refuses_a_rendered_dockerfile_that_is_a_pipe(space):
         base_reference(spec, space.images)
 
 
+def test_wheels_refuse_a_linked_row_folder_in_the_wheelhouse(space, tmp_path):
+    """pip downloads into <wheelhouse>/<index>-py<python>/: a link there took 200 MB of wheels elsewhere."""
+    outside = outside_folder(tmp_path)
+    wheelhouse = space.root / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "cpu-py3.11").symlink_to(outside / "folder")
+    refused(space.cli("wheels", ROW, "--dest", str(wheelhouse), "--pip-index-url", "http://127.0.0.1:9/simple"),
+            "cpu-py3.11", "a link where a folder belongs")
+    assert snapshot(outside) == snapshot(outside_folder(tmp_path))
+
+
 def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):  # noqa: F811 - the fixture
     registry, deletes = fake_registry
     outside = outside_folder(tmp_path)

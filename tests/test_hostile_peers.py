@@ -364,6 +364,73 @@ def test_registry_messages_never_show_the_docker_configs_login(scratch, fake_reg
     assert_no_secret(result.stdout + result.stderr, PASSWORD, auth)
 
 
+class RefusingIndex:
+    """A package index on 127.0.0.1 that refuses every request, as an index does a wrong login."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def refusing_index():
+    peer = RefusingIndex()
+    yield peer
+    peer.close()
+
+
+@pytest.mark.parametrize("command", ["wheels", "images"])
+def test_a_failed_wheel_fetch_is_one_line_without_the_index_or_proxy_login(scratch, make_engine, refusing_index,
+                                                                           command):
+    """pip's failure was a traceback in `images --wheelhouse` (only `wheels` caught it); neither shows a login."""
+    fake = make_engine(engine_answering())
+    index = f"http://alice:{quote(PASSWORD, safe='')}@{refusing_index.host}/simple"
+    flag = "--dest" if command == "wheels" else "--wheelhouse"
+    pip_alone = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(scratch / "no-wheels"), "NO_PROXY": "127.0.0.1",
+                 "HTTPS_PROXY": f"http://p:{PROXY_PASSWORD}@127.0.0.1:9", **fake.env}
+    result = run_in(scratch, command, CPU_RUNTIME, flag, str(scratch / "wheelhouse"), "--pip-index-url", index,
+                    env=pip_alone)
+    assert_names_the_peer(result, "pip could not fetch the wheels")
+    assert_no_secret(result.stdout + result.stderr, PASSWORD, quote(PASSWORD, safe=""), PROXY_PASSWORD)
+
+
+def test_no_output_shows_a_login_given_in_the_registry_flag(scratch):
+    """A login before --registry's host is quoted back by the message that refuses it: the output streams take it
+    out, as they take out every login the run's flags and environment name."""
+    result = run_in(scratch, "prune", "--retention", "2", "--registry", f"ci:{PASSWORD}@127.0.0.1:5999/ml/pytorch")
+    assert_contract(result, 2)
+    assert "--registry" in result.stderr and "<redacted>" in result.stderr
+    assert_no_secret(result.stdout + result.stderr, PASSWORD)
+
+
+def test_an_engine_error_escaping_a_stage_shows_no_login(scratch):
+    """docker-py's HTTP errors are OSErrors repeating the request URL (the build args in it): the one that escapes a
+    stage reaches main()'s boundary, whose output streams redact the run's logins in every spelling."""
+    index = f"https://alice:{quote(PASSWORD, safe='')}@index.example/simple"
+    url = "http+docker://localhost/v1.41/build?" + urlencode({"buildargs": json.dumps({"PIP_INDEX_URL": index})})
+    escaping = docker.errors.APIError(f"500 Server Error for {url}")
+    assert isinstance(escaping, OSError)
+    with mock.patch("torchimages.cli.images.run_builds", side_effect=escaping):
+        result = run_in(scratch, "build", CPU_RUNTIME, "--pip-index-url", index)
+    assert_contract(result, 1)
+    assert "500 Server Error" in result.stderr
+    assert_no_secret(result.stdout + result.stderr, PASSWORD, quote(PASSWORD, safe=""))
+
+
 # --------------------------------------------------------------------- 3. files handed to a peer are regular files
 
 def not_regular(kind: str, path: Path) -> Path:

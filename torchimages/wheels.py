@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .builder import PROXY_ARGS, wheel_dir
 from .matrix import PYPI
-from .model import ImageSpec
+from .files import make_folder
+from .model import ImageSpec, PeerError
 from .redaction import Secrets
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
@@ -61,7 +62,7 @@ def plan_downloads(specs: list[ImageSpec], wheelhouse: Path) -> list[Download]:
 
 
 def download_command(download: Download, index_url: str | None, extra_index_url: str | None) -> list[str]:
-    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(download.dest),
+    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--dest", str(download.dest),
                "--only-binary=:all:", "--python-version", download.python, "--implementation", "cp"]
     for platform in platform_tags(download.glibc, download.machine):
         command += ["--platform", platform]
@@ -84,11 +85,12 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
     """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
     fetched = []
     for download in plan_downloads(specs, wheelhouse):
-        download.dest.mkdir(parents=True, exist_ok=True)
+        make_folder(download.dest, wheelhouse)  # pip writes into it: a linked row folder would take the wheels elsewhere
         before = {path.name for path in download.dest.iterdir()}
         log(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
             f"({download.index}) into {download.dest}")
-        result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True, text=True)
+        result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True,
+                                text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
         if result.returncode != 0:
             secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
             said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
@@ -100,5 +102,5 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
     return fetched
 
 
-class WheelFetchError(Exception):
-    pass
+class WheelFetchError(PeerError):
+    """pip, or the index behind it, could not give the wheels (exit 1, one line, as every peer's error)."""

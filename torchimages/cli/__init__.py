@@ -12,9 +12,11 @@ from pathlib import Path
 from rich.text import Text
 
 from .. import plan, verify
+from ..builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import InputError, PeerError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
+from ..redaction import Secrets
 from ..registry import parse_registry
 from . import compat, images, nightly, publishing
 from .display import errors
@@ -24,6 +26,7 @@ from .streams import (
     EXIT_TERMINATED,
     Terminated,
     handling_sigterm,
+    keep_out,
     os_error_line,
     report,
     standard_streams,
@@ -134,8 +137,22 @@ def main(argv: list[str] | None = None) -> int:
             return report(f"error: {os_error_line(error)}", EXIT_BAD_INPUT if error.errno in BAD_PATH else EXIT_FAILED)
 
 
+# Where a run's logins come from: index URLs and proxies hold user:password@, --registry may hold it before its host.
+URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url")
+PROXY_ENV = (*PROXY_ARGS, "ALL_PROXY", "all_proxy")
+
+
+def run_secrets(args: argparse.Namespace) -> Secrets:
+    """What this run must never print: every login its flags and environment name. A registry's host and repository
+    hold no '@', so whatever comes before its last one is a login."""
+    login = (getattr(args, "registry", None) or "").rpartition("@")[0]
+    return (Secrets.in_urls(*(getattr(args, name, None) for name in URL_FLAGS), *map(os.environ.get, PROXY_ENV))
+            | Secrets.of(login, login.partition(":")[2]))
+
+
 def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    keep_out(run_secrets(args))
     project = Project(args.matrix, args.templates, args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)

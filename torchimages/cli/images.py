@@ -72,11 +72,7 @@ def cmd_render(project: Project, args) -> int:
 
 def cmd_wheels(project: Project, args) -> int:
     specs = project.select(args.selectors)
-    try:
-        fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
-    except wheel_sources.WheelFetchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
     for folder in fetched:
         print(f"{folder.dest}: {folder.files} files, {human_size(folder.total_bytes)}; fetched {folder.new_files} "
               f"({human_size(folder.new_bytes)}) this time")
@@ -233,7 +229,7 @@ def register(commands) -> None:
     add_selectors(fetching, required=True)
     fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
     add_source_arguments(fetching)
-    fetching.set_defaults(handler=cmd_wheels)
+    fetching.set_defaults(handler=cmd_wheels, writes=lambda project, args: [args.dest])
 
     building = commands.add_parser("build", help="build images on the Docker engine")
     add_selectors(building)
@@ -243,7 +239,7 @@ def register(commands) -> None:
     main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
     add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
-    main_job.set_defaults(handler=cmd_images, writes=writes_reports)
+    main_job.set_defaults(handler=cmd_images, writes=lambda project, args: [project.reports, *filter(None, [args.wheelhouse])])
     testing = commands.add_parser(
         "test", help=f"verify images inside containers ({', '.join(checklist.NAMES)})",
         description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
