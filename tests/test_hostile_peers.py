@@ -556,6 +556,23 @@ def test_engine_info_of_the_wrong_shape_names_the_engine(scratch, make_engine, s
     assert_names_the_peer(result, str(fake.path), "/info", said)
 
 
+INFO_FIELDS_OF_THE_WRONG_TYPE = {
+    "Runtimes a number": ("images", {"Runtimes": 5}),  # was a traceback choosing the default rows
+    "Runtimes text": ("images", {"Runtimes": "nvidia-free"}),  # was every row taken as if the engine had GPUs
+    "DiscoveredDevices a number": ("images", {"Runtimes": {}, "CDISpecDirs": ["/etc/cdi"], "DiscoveredDevices": 7}),
+    "DockerRootDir a number": ("doctor", {"DockerRootDir": 5}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INFO_FIELDS_OF_THE_WRONG_TYPE))
+def test_engine_info_fields_of_the_wrong_type_name_the_engine(scratch, make_engine, case):
+    command, info = INFO_FIELDS_OF_THE_WRONG_TYPE[case]
+    fake = make_engine(engine_answering(info=(200, {"ServerVersion": "20.10", **info})))
+    result = run_in(scratch, command, env=fake.env)
+    assert_names_the_peer(result, str(fake.path), "/info", case.split()[0])
+    assert not (scratch / "reports").exists(), "nothing built on an engine whose answer was not understood"
+
+
 @pytest.mark.parametrize("image", [an_image(Id=5), an_image(Config=[]), an_image(Size="big"), an_image(RepoTags="x")])
 def test_image_inspect_of_the_wrong_shape_names_the_engine(scratch, make_engine, image):
     fake = make_engine(engine_answering(image=(200, image)))
