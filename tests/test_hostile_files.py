@@ -321,6 +321,15 @@ def test_shards_pinning_one_base_to_different_digests_are_refused_naming_both(sp
 
 # ------------------------------------------------------------------------------ class 10: file system and streams
 
+def test_shards_published_to_different_registries_are_refused_naming_both(space, tmp_path):
+    """The merged summary names one registry: it took the first shard's while another's rows went elsewhere."""
+    first = shard(tmp_path / "shard-1", rows=[ROW])
+    other = shard(tmp_path / "shard-2", rows=["2.13.0-cpu-devel"], registry="registry.example.com/ml/pytorch")
+    refused(space.merge(first, other), other / "reports" / "nightly-summary.json", "registry.example.com/ml/pytorch",
+            "127.0.0.1:5000/ml/pytorch")
+    assert not space.reports.exists() and not space.catalog.exists()
+
+
 def test_a_file_where_a_row_folder_belongs_is_refused_naming_it(space, tmp_path):
     uploaded = full_shard(tmp_path / "shard")
     (space.reports).mkdir(parents=True)
