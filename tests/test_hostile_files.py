@@ -435,6 +435,32 @@ def test_sigterm_while_waiting_is_exit_143_in_one_line(space):
     assert code == 143 and one_line(stderr) == "terminated"
 
 
+# A pip that has written half of a wheel where it was told to, says so, and waits: a fetch cancelled mid-copy.
+HALF_A_WHEEL_PIP = """import sys, time
+from pathlib import Path
+dest = Path(sys.argv[sys.argv.index("--dest") + 1])
+(dest / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"PK half a wheel")
+Path(sys.argv[0]).with_name("copying").touch()
+time.sleep(120)
+"""
+
+
+def test_sigterm_while_pip_copies_a_wheel_leaves_no_truncated_wheel(space, tmp_path):
+    """`images --wheelhouse` takes a folder holding torch-*.whl as fetched: a truncated one from a cancelled fetch
+    would have been built from, and failed there."""
+    (tmp_path / "fake" / "pip").mkdir(parents=True)
+    (tmp_path / "fake" / "pip" / "__init__.py").write_text("")  # a regular package: it comes before the real pip
+    (tmp_path / "fake" / "pip" / "__main__.py").write_text(HALF_A_WHEEL_PIP)
+    wheelhouse = space.root / "wheelhouse"
+    run = build_py("--matrix", str(space.matrix), "wheels", ROW, "--dest", str(wheelhouse),
+                   env={"PYTHONPATH": str(tmp_path / "fake")}, stderr=subprocess.PIPE)
+    wait_until(lambda: (tmp_path / "fake" / "pip" / "copying").exists() or run.poll() is not None, "pip copying")
+    run.send_signal(signal.SIGTERM)
+    code, _, stderr = finished(run)
+    assert code == 143 and one_line(stderr.split("\n", 1)[1]) == "terminated"
+    assert list((wheelhouse / "cpu-py3.11").iterdir()) == []
+
+
 def holds_open(pid: int, folder: Path) -> bool:
     try:
         return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(folder.resolve()) for fd in os.listdir(f"/proc/{pid}/fd"))

@@ -4,13 +4,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .builder import PROXY_ARGS, wheel_dir
-from .matrix import PYPI
 from .files import make_folder
+from .matrix import PYPI
 from .model import ImageSpec, PeerError
 from .redaction import Secrets
 
@@ -85,21 +87,42 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
     """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
     fetched = []
     for download in plan_downloads(specs, wheelhouse):
-        make_folder(download.dest, wheelhouse)  # pip writes into it: a linked row folder would take the wheels elsewhere
+        make_folder(download.dest, wheelhouse)  # a linked row folder would take the wheels elsewhere
         before = {path.name for path in download.dest.iterdir()}
         log(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
             f"({download.index}) into {download.dest}")
-        result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True,
-                                text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
-        if result.returncode != 0:
-            secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
-            said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
-            raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
+        with staging(download.dest) as folder:
+            _run_pip(download, folder, index_url, extra_index_url)
+            for path in folder.iterdir():
+                os.replace(path, download.dest / path.name)
         files = sorted(path for path in download.dest.iterdir() if path.is_file())
         new = [path for path in files if path.name not in before]
         fetched.append(Fetched(download.dest, len(files), len(new), sum(p.stat().st_size for p in new),
                                sum(p.stat().st_size for p in files)))
     return fetched
+
+
+@contextmanager
+def staging(dest: Path) -> Iterator[Path]:
+    """A hidden folder in dest that pip downloads into, holding links to the wheels dest has (pip skips those): a wheel
+    enters dest whole, by rename, once pip is done, so a cancelled or failed fetch leaves no truncated wheel there for
+    the next build to take. Removed however the fetch ends."""
+    with tempfile.TemporaryDirectory(prefix=".fetching-", dir=dest) as folder:
+        for path in dest.iterdir():
+            if path.is_file() and not path.is_symlink():
+                with suppress(OSError):  # a file the system will not link (another owner's) is fetched again
+                    os.link(path, Path(folder) / path.name)
+        yield Path(folder)
+
+
+def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None) -> None:
+    command = download_command(replace(download, dest=into), index_url, extra_index_url)
+    result = subprocess.run(command, check=False, capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+    if result.returncode != 0:
+        secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
+        said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
+        raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
 
 
 class WheelFetchError(PeerError):
