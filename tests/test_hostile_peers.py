@@ -27,7 +27,7 @@ from urllib.parse import quote, quote_plus, urlencode
 
 import docker
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from torchimages import engine, registry
@@ -321,7 +321,7 @@ def assert_names_the_peer(result, *words: str) -> None:
 
 def spellings(secret: str) -> set[str]:
     escaped = json.dumps(secret)[1:-1]
-    return {secret, quote(secret, safe=""), quote_plus(secret), quote_plus(escaped), escaped}
+    return {secret, quote(secret, safe=""), quote_plus(secret), quote_plus(escaped), escaped, repr(secret)[1:-1]}
 
 
 def assert_no_secret(text: str, *secrets: str) -> None:
@@ -707,8 +707,26 @@ def test_every_pattern_that_could_match_other_scripts_is_ascii():
 def test_a_known_secret_is_redacted_in_every_spelling_a_peer_repeats(secret):
     url = f"https://user:{secret}@index.example/simple"
     request = "http+docker://localhost/v1.41/build?" + urlencode({"buildargs": json.dumps({"PIP_INDEX_URL": url})})
-    said = f"500 Server Error for {request}: {url} {json.dumps(url)} {quote(secret, safe='')}"
+    said = f"500 Server Error for {request}: {url} {json.dumps(url)} {quote(secret, safe='')} {url!r}"
     assert_no_secret(Secrets.in_urls(url).redact(said), secret)
+
+
+@PEER_SETTINGS
+@given(secret=st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF), min_size=8, max_size=120).map(
+    lambda text: "pw-" + text))  # a prefix no message holds: a part of the secret shown is found
+@example(secret="pw-" + "x" * 80)  # quoted cut short: the part before the cut is no known spelling
+@example(secret="pw-it's \"quoted\"")  # repr escapes the quote where JSON does not
+def test_no_login_in_flags_reaches_the_output_however_it_is_spelled_or_cut(scratch, secret):
+    """--registry quotes its value back, as every flag check does (repr-escaped, cut after 60 characters); a login
+    in it, or in --pip-index-url, never shows, not even in part."""
+    index = f"https://alice:{quote(secret, safe='')}@index.example/simple"
+    result = run_in(scratch, "nightly", "--registry", f"ci:{secret}@127.0.0.1:5999/ml/pytorch", "--pip-index-url",
+                    index, "--date", "x")
+    assert_contract(result, 2)
+    shown = result.stdout + result.stderr
+    assert "--registry" in shown and "--date" in shown
+    assert_no_secret(shown, secret)
+    assert all(form not in shown for form in spellings(secret[:10])), shown  # not even cut short
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
