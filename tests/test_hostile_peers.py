@@ -513,6 +513,17 @@ def test_engine_info_that_stalls_after_a_good_ping_is_named(scratch, make_engine
     assert_names_the_peer(result, str(fake.path), "did not answer GET /info", "within 0.5 s")
 
 
+def test_an_engine_silent_during_a_build_fails_it_naming_the_engine(scratch, make_engine):
+    """docker-py's build() passes its own timeout (None) over the client's: a dockerd wedged mid-build hung `build`
+    for ever. Silence past the bound fails that build, naming the engine; the run ends."""
+    fake = make_engine(engine_answering(build=(STALL, None)))
+    assert_contract(run_in(scratch, "render"), 0)
+    with mock.patch("torchimages.builder.BUILD_SILENCE_S", BOUND_S):
+        result = run_in(scratch, "build", CPU_RUNTIME, env=fake.env)
+    assert_names_the_peer(result, str(fake.path), "sent nothing")
+    assert "sent nothing" in (scratch / "reports" / BUILD_REPORT.name).read_text()
+
+
 def test_retries_stop_at_their_total_bound():
     attempts = []
 
