@@ -286,6 +286,17 @@ def test_two_renders_racing_into_one_folder_leave_it_rendered(space):
     assert space.cli("render", "--check").returncode == 0
 
 
+def test_catalog_then_render_into_a_new_images_folder_both_work(space):
+    """`catalog` writes its page into a new images folder; render then refused the folder as someone else's, so a
+    render racing a catalog on a fresh checkout failed whenever the catalog took the folder first."""
+    assert space.cli("catalog").returncode == 0
+    assert space.cli("render").returncode == 0 and space.cli("render", "--check").returncode == 0
+    assert space.cli("catalog", "--check").returncode == 0
+    fresh = ["--matrix", str(space.matrix), "--images", str(space.root / "fresh-images")]
+    first, second = racing([*fresh, "catalog"], [*fresh, "render"])
+    assert first[0] == 0 and second[0] == 0, (first, second)
+
+
 def test_a_run_waits_a_bounded_time_for_another_then_names_it(space, tmp_path):
     uploaded = full_shard(tmp_path / "shard")
     space.reports.mkdir(parents=True)
