@@ -194,6 +194,16 @@ def test_render_replaces_a_pipe_or_device_where_a_rendered_file_was(space, kind)
     assert not dockerfile.is_symlink() and dockerfile.read_bytes() == rendered
 
 
+def test_render_names_a_folder_where_a_rendered_file_belongs(space):
+    """What render compares may be a folder too: `render --check` calls it stale, render refuses it by name."""
+    assert space.cli("render").returncode == 0
+    dockerfile = space.images / ROW / "Dockerfile"
+    dockerfile.unlink()
+    dockerfile.mkdir()
+    assert space.cli("render", "--check").returncode == 1
+    refused(space.cli("render"), dockerfile, "a folder where a file belongs")
+
+
 def test_a_build_refuses_a_rendered_dockerfile_that_is_a_pipe(space):
     """The build reads the Dockerfile's base before the engine is asked: a FIFO there hung it."""
     spec = next(spec for spec in load_matrix(space.matrix).specs if spec.tag == ROW)

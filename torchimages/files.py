@@ -57,9 +57,10 @@ def read_replaceable(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes | None:
         handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):  # before fdopen, which refuses a folder with an error
+        os.close(handle)
+        return None
     with os.fdopen(handle, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            return None
         data = stream.read(limit + 1)
     return data if len(data) <= limit else None
 
