@@ -500,3 +500,18 @@ def test_gpu_facts_that_are_not_a_bounded_file_of_their_shape_are_refused(space,
     command = ("--matrix", str(space.matrix), "gpu-record", ROW, "--facts", str(path))
     result = run_cli_apart(*command, timeout=TIMEOUT) if case == "fifo" else space.cli(*command[2:])  # a hang fails alone
     assert "gpu-only.json" in refused(result)
+
+
+@pytest.mark.parametrize("where", ["digest", "pinned digest"])
+@pytest.mark.parametrize("digest", ["sha256:" + "\uff41" * 64, "sha256:" + "A" * 64, "md5:0123", "latest"])
+def test_catalog_digests_are_sha256_in_ascii(space, where, digest):
+    """A catalog digest goes into the page's `docker pull REPO@DIGEST` and is compared with the registry's: a
+    full-width or upper-case one passed unchecked."""
+    entry = catalog_entry()
+    if where == "digest":
+        entry.digest = digest
+    else:
+        entry.pinned[0].digest = digest
+    write_json(space.catalog / "catalog.json", catalog_document(entry))
+    errors = refused(space.cli("catalog"), "catalog.json", "digest", "64 lower-case hex digits")
+    assert ("pinned" in errors) == (where == "pinned digest")
