@@ -22,6 +22,7 @@ from torchimages.summary import Failure, Summary
 from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
 
 from .conftest import ROOT
+from .conftest import run_cli as run_cli_apart
 from .conftest import run_cli_in_process as run_cli
 
 ROW = "2.13.0-cpu-runtime"
@@ -472,3 +473,45 @@ def test_nightly_summary_escapes_free_text_from_shards(space, tmp_path):
     assert page == result.stdout
     assert_tables_hold(page)
     assert "## Failures" in page and "\\<img" in page
+
+
+GPU_FACTS = {
+    "fifo": None,
+    "endless": None,
+    "not json": b'{"torch": {',
+    "a list": b"[1]",
+    "torch not an object": b'{"torch": "2.14", "gpu": {}}',
+    "devices of numbers": b'{"torch": {}, "gpu": {"devices": [1, 2]}}',
+    "tflops as text": b'{"torch": {}, "gpu": {"bf16_matmul": {"tflops": "fast"}}}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPU_FACTS))
+def test_gpu_facts_that_are_not_a_bounded_file_of_their_shape_are_refused(space, case):
+    """`gpu-record --facts FILE` is a document like the others: a FIFO hung it, JSON of another shape was a
+    traceback in the record line."""
+    path = space.root / "gpu-only.json"
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "endless":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(GPU_FACTS[case])
+    command = ("--matrix", str(space.matrix), "gpu-record", ROW, "--facts", str(path))
+    result = run_cli_apart(*command, timeout=TIMEOUT) if case == "fifo" else space.cli(*command[2:])  # a hang fails alone
+    assert "gpu-only.json" in refused(result)
+
+
+@pytest.mark.parametrize("where", ["digest", "pinned digest"])
+@pytest.mark.parametrize("digest", ["sha256:" + "\uff41" * 64, "sha256:" + "A" * 64, "md5:0123", "latest"])
+def test_catalog_digests_are_sha256_in_ascii(space, where, digest):
+    """A catalog digest goes into the page's `docker pull REPO@DIGEST` and is compared with the registry's: a
+    full-width or upper-case one passed unchecked."""
+    entry = catalog_entry()
+    if where == "digest":
+        entry.digest = digest
+    else:
+        entry.pinned[0].digest = digest
+    write_json(space.catalog / "catalog.json", catalog_document(entry))
+    errors = refused(space.cli("catalog"), "catalog.json", "digest", "64 lower-case hex digits")
+    assert ("pinned" in errors) == (where == "pinned digest")

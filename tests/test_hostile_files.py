@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torchimages.builder import base_reference
 from torchimages.files import atomic_write, open_new
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
@@ -176,6 +177,53 @@ def test_render_refuses_a_linked_tag_folder_and_replaces_a_linked_file(space, tm
     assert (outside / "file.txt").read_text() == "keep me too\n" and space.cli("render", "--check").returncode == 0
 
 
+@pytest.mark.parametrize("kind", ["fifo", "endless"])
+def test_render_replaces_a_pipe_or_device_where_a_rendered_file_was(space, kind):
+    """render compares what is there with what it would write: a FIFO hung `render --check` (and `render`, reading
+    each tag folder's header), a link to /dev/zero read without end. Both are simply not the rendered file."""
+    assert space.cli("render").returncode == 0
+    dockerfile = space.images / ROW / "Dockerfile"
+    rendered = dockerfile.read_bytes()
+    dockerfile.unlink()
+    os.mkfifo(dockerfile) if kind == "fifo" else dockerfile.symlink_to("/dev/zero")
+    global_flags = ("--matrix", str(space.matrix), "--images", str(space.images), "--reports", str(space.reports))
+    code, _, stderr = finished(build_py(*global_flags, "render", "--check", stderr=subprocess.PIPE))
+    assert code == 1 and str(dockerfile) in stderr
+    code, _, stderr = finished(build_py(*global_flags, "render", stderr=subprocess.PIPE))
+    assert code == 0, stderr
+    assert not dockerfile.is_symlink() and dockerfile.read_bytes() == rendered
+
+
+def test_render_names_a_folder_where_a_rendered_file_belongs(space):
+    """What render compares may be a folder too: `render --check` calls it stale, render refuses it by name."""
+    assert space.cli("render").returncode == 0
+    dockerfile = space.images / ROW / "Dockerfile"
+    dockerfile.unlink()
+    dockerfile.mkdir()
+    assert space.cli("render", "--check").returncode == 1
+    refused(space.cli("render"), dockerfile, "a folder where a file belongs")
+
+
+def test_a_build_refuses_a_rendered_dockerfile_that_is_a_pipe(space):
+    """The build reads the Dockerfile's base before the engine is asked: a FIFO there hung it."""
+    spec = next(spec for spec in load_matrix(space.matrix).specs if spec.tag == ROW)
+    (space.images / ROW).mkdir(parents=True)
+    os.mkfifo(space.images / ROW / "Dockerfile")
+    with pytest.raises(InputError, match="not a regular file"):
+        base_reference(spec, space.images)
+
+
+def test_wheels_refuse_a_linked_row_folder_in_the_wheelhouse(space, tmp_path):
+    """pip downloads into <wheelhouse>/<index>-py<python>/: a link there took 200 MB of wheels elsewhere."""
+    outside = outside_folder(tmp_path)
+    wheelhouse = space.root / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "cpu-py3.11").symlink_to(outside / "folder")
+    refused(space.cli("wheels", ROW, "--dest", str(wheelhouse), "--pip-index-url", "http://127.0.0.1:9/simple"),
+            "cpu-py3.11", "a link where a folder belongs")
+    assert snapshot(outside) == snapshot(outside_folder(tmp_path))
+
+
 def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):  # noqa: F811 - the fixture
     registry, deletes = fake_registry
     outside = outside_folder(tmp_path)
@@ -248,6 +296,17 @@ def test_two_renders_racing_into_one_folder_leave_it_rendered(space):
     assert space.cli("render", "--check").returncode == 0
 
 
+def test_catalog_then_render_into_a_new_images_folder_both_work(space):
+    """`catalog` writes its page into a new images folder; render then refused the folder as someone else's, so a
+    render racing a catalog on a fresh checkout failed whenever the catalog took the folder first."""
+    assert space.cli("catalog").returncode == 0
+    assert space.cli("render").returncode == 0 and space.cli("render", "--check").returncode == 0
+    assert space.cli("catalog", "--check").returncode == 0
+    fresh = ["--matrix", str(space.matrix), "--images", str(space.root / "fresh-images")]
+    first, second = racing([*fresh, "catalog"], [*fresh, "render"])
+    assert first[0] == 0 and second[0] == 0, (first, second)
+
+
 def test_a_run_waits_a_bounded_time_for_another_then_names_it(space, tmp_path):
     uploaded = full_shard(tmp_path / "shard")
     space.reports.mkdir(parents=True)
@@ -282,6 +341,15 @@ def test_shards_pinning_one_base_to_different_digests_are_refused_naming_both(sp
 
 
 # ------------------------------------------------------------------------------ class 10: file system and streams
+
+def test_shards_published_to_different_registries_are_refused_naming_both(space, tmp_path):
+    """The merged summary names one registry: it took the first shard's while another's rows went elsewhere."""
+    first = shard(tmp_path / "shard-1", rows=[ROW])
+    other = shard(tmp_path / "shard-2", rows=["2.13.0-cpu-devel"], registry="registry.example.com/ml/pytorch")
+    refused(space.merge(first, other), other / "reports" / "nightly-summary.json", "registry.example.com/ml/pytorch",
+            "127.0.0.1:5000/ml/pytorch")
+    assert not space.reports.exists() and not space.catalog.exists()
+
 
 def test_a_file_where_a_row_folder_belongs_is_refused_naming_it(space, tmp_path):
     uploaded = full_shard(tmp_path / "shard")
@@ -386,6 +454,32 @@ def test_sigterm_while_waiting_is_exit_143_in_one_line(space):
     finally:
         os.close(holder)
     assert code == 143 and one_line(stderr) == "terminated"
+
+
+# A pip that has written half of a wheel where it was told to, says so, and waits: a fetch cancelled mid-copy.
+HALF_A_WHEEL_PIP = """import sys, time
+from pathlib import Path
+dest = Path(sys.argv[sys.argv.index("--dest") + 1])
+(dest / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"PK half a wheel")
+Path(sys.argv[0]).with_name("copying").touch()
+time.sleep(120)
+"""
+
+
+def test_sigterm_while_pip_copies_a_wheel_leaves_no_truncated_wheel(space, tmp_path):
+    """`images --wheelhouse` takes a folder holding torch-*.whl as fetched: a truncated one from a cancelled fetch
+    would have been built from, and failed there."""
+    (tmp_path / "fake" / "pip").mkdir(parents=True)
+    (tmp_path / "fake" / "pip" / "__init__.py").write_text("")  # a regular package: it comes before the real pip
+    (tmp_path / "fake" / "pip" / "__main__.py").write_text(HALF_A_WHEEL_PIP)
+    wheelhouse = space.root / "wheelhouse"
+    run = build_py("--matrix", str(space.matrix), "wheels", ROW, "--dest", str(wheelhouse),
+                   env={"PYTHONPATH": str(tmp_path / "fake")}, stderr=subprocess.PIPE)
+    wait_until(lambda: (tmp_path / "fake" / "pip" / "copying").exists() or run.poll() is not None, "pip copying")
+    run.send_signal(signal.SIGTERM)
+    code, _, stderr = finished(run)
+    assert code == 143 and one_line(stderr.split("\n", 1)[1]) == "terminated"
+    assert list((wheelhouse / "cpu-py3.11").iterdir()) == []
 
 
 def holds_open(pid: int, folder: Path) -> bool:

@@ -27,7 +27,7 @@ from urllib.parse import quote, quote_plus, urlencode
 
 import docker
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from torchimages import engine, registry
@@ -321,7 +321,7 @@ def assert_names_the_peer(result, *words: str) -> None:
 
 def spellings(secret: str) -> set[str]:
     escaped = json.dumps(secret)[1:-1]
-    return {secret, quote(secret, safe=""), quote_plus(secret), quote_plus(escaped), escaped}
+    return {secret, quote(secret, safe=""), quote_plus(secret), quote_plus(escaped), escaped, repr(secret)[1:-1]}
 
 
 def assert_no_secret(text: str, *secrets: str) -> None:
@@ -362,6 +362,73 @@ def test_registry_messages_never_show_the_docker_configs_login(scratch, fake_reg
     result = run_in(scratch, "catalog", "--check-registry")
     assert_names_the_peer(result, fake_registry.host, "not JSON")
     assert_no_secret(result.stdout + result.stderr, PASSWORD, auth)
+
+
+class RefusingIndex:
+    """A package index on 127.0.0.1 that refuses every request, as an index does a wrong login."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def refusing_index():
+    peer = RefusingIndex()
+    yield peer
+    peer.close()
+
+
+@pytest.mark.parametrize("command", ["wheels", "images"])
+def test_a_failed_wheel_fetch_is_one_line_without_the_index_or_proxy_login(scratch, make_engine, refusing_index,
+                                                                           command):
+    """pip's failure was a traceback in `images --wheelhouse` (only `wheels` caught it); neither shows a login."""
+    fake = make_engine(engine_answering())
+    index = f"http://alice:{quote(PASSWORD, safe='')}@{refusing_index.host}/simple"
+    flag = "--dest" if command == "wheels" else "--wheelhouse"
+    pip_alone = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(scratch / "no-wheels"), "NO_PROXY": "127.0.0.1",
+                 "HTTPS_PROXY": f"http://p:{PROXY_PASSWORD}@127.0.0.1:9", **fake.env}
+    result = run_in(scratch, command, CPU_RUNTIME, flag, str(scratch / "wheelhouse"), "--pip-index-url", index,
+                    env=pip_alone)
+    assert_names_the_peer(result, "pip could not fetch the wheels")
+    assert_no_secret(result.stdout + result.stderr, PASSWORD, quote(PASSWORD, safe=""), PROXY_PASSWORD)
+
+
+def test_no_output_shows_a_login_given_in_the_registry_flag(scratch):
+    """A login before --registry's host is quoted back by the message that refuses it: the output streams take it
+    out, as they take out every login the run's flags and environment name."""
+    result = run_in(scratch, "prune", "--retention", "2", "--registry", f"ci:{PASSWORD}@127.0.0.1:5999/ml/pytorch")
+    assert_contract(result, 2)
+    assert "--registry" in result.stderr and "<redacted>" in result.stderr
+    assert_no_secret(result.stdout + result.stderr, PASSWORD)
+
+
+def test_an_engine_error_escaping_a_stage_shows_no_login(scratch):
+    """docker-py's HTTP errors are OSErrors repeating the request URL (the build args in it): the one that escapes a
+    stage reaches main()'s boundary, whose output streams redact the run's logins in every spelling."""
+    index = f"https://alice:{quote(PASSWORD, safe='')}@index.example/simple"
+    url = "http+docker://localhost/v1.41/build?" + urlencode({"buildargs": json.dumps({"PIP_INDEX_URL": index})})
+    escaping = docker.errors.APIError(f"500 Server Error for {url}")
+    assert isinstance(escaping, OSError)
+    with mock.patch("torchimages.cli.images.run_builds", side_effect=escaping):
+        result = run_in(scratch, "build", CPU_RUNTIME, "--pip-index-url", index)
+    assert_contract(result, 1)
+    assert "500 Server Error" in result.stderr
+    assert_no_secret(result.stdout + result.stderr, PASSWORD, quote(PASSWORD, safe=""))
 
 
 # --------------------------------------------------------------------- 3. files handed to a peer are regular files
@@ -446,6 +513,17 @@ def test_engine_info_that_stalls_after_a_good_ping_is_named(scratch, make_engine
     assert_names_the_peer(result, str(fake.path), "did not answer GET /info", "within 0.5 s")
 
 
+def test_an_engine_silent_during_a_build_fails_it_naming_the_engine(scratch, make_engine):
+    """docker-py's build() passes its own timeout (None) over the client's: a dockerd wedged mid-build hung `build`
+    for ever. Silence past the bound fails that build, naming the engine; the run ends."""
+    fake = make_engine(engine_answering(build=(STALL, None)))
+    assert_contract(run_in(scratch, "render"), 0)
+    with mock.patch("torchimages.builder.BUILD_SILENCE_S", BOUND_S):
+        result = run_in(scratch, "build", CPU_RUNTIME, env=fake.env)
+    assert_names_the_peer(result, str(fake.path), "sent nothing")
+    assert "sent nothing" in (scratch / "reports" / BUILD_REPORT.name).read_text()
+
+
 def test_retries_stop_at_their_total_bound():
     attempts = []
 
@@ -487,6 +565,23 @@ def test_engine_info_of_the_wrong_shape_names_the_engine(scratch, make_engine, s
     fake = make_engine(engine_answering(info=ENGINE_GARBAGE[said]))
     result = run_in(scratch, "doctor", CPU_RUNTIME, env=fake.env)
     assert_names_the_peer(result, str(fake.path), "/info", said)
+
+
+INFO_FIELDS_OF_THE_WRONG_TYPE = {
+    "Runtimes a number": ("images", {"Runtimes": 5}),  # was a traceback choosing the default rows
+    "Runtimes text": ("images", {"Runtimes": "nvidia-free"}),  # was every row taken as if the engine had GPUs
+    "DiscoveredDevices a number": ("images", {"Runtimes": {}, "CDISpecDirs": ["/etc/cdi"], "DiscoveredDevices": 7}),
+    "DockerRootDir a number": ("doctor", {"DockerRootDir": 5}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INFO_FIELDS_OF_THE_WRONG_TYPE))
+def test_engine_info_fields_of_the_wrong_type_name_the_engine(scratch, make_engine, case):
+    command, info = INFO_FIELDS_OF_THE_WRONG_TYPE[case]
+    fake = make_engine(engine_answering(info=(200, {"ServerVersion": "20.10", **info})))
+    result = run_in(scratch, command, env=fake.env)
+    assert_names_the_peer(result, str(fake.path), "/info", case.split()[0])
+    assert not (scratch / "reports").exists(), "nothing built on an engine whose answer was not understood"
 
 
 @pytest.mark.parametrize("image", [an_image(Id=5), an_image(Config=[]), an_image(Size="big"), an_image(RepoTags="x")])
@@ -570,6 +665,31 @@ def test_flags_in_look_alike_digits_are_refused(scratch, flags):
     assert flags[0] in result.stderr
 
 
+FULL_WIDTH_3 = "\uff13"
+INTEGER_FLAGS = {
+    "--shards": ("plan", "--shards", FULL_WIDTH_3),
+    "--retention": ("prune", "--retention", FULL_WIDTH_3, "--registry", "127.0.0.1:5999/ml/pytorch"),
+    "--jobs": ("build", "--jobs", "\u0663"),  # Arabic-Indic three
+    "--retries": ("publish", "--retries", FULL_WIDTH_3, "--registry", "127.0.0.1:5999/ml/pytorch"),
+    "--timeout": ("test", "--timeout", "1_000"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(INTEGER_FLAGS))
+def test_integer_flags_in_look_alike_digits_are_refused(scratch, flag):
+    """argparse's type=int takes whatever int() takes: other scripts' digits, '_' and spaces."""
+    result = run_in(scratch, *INTEGER_FLAGS[flag])
+    assert_contract(result, 2)
+    assert flag in result.stderr and "invalid integer value" in result.stderr
+
+
+@pytest.mark.parametrize("wait", [FULL_WIDTH_3, "1_0", "inf", "nan", " 3"])
+def test_a_lock_wait_in_look_alike_digits_is_refused(scratch, wait):
+    result = run_in(scratch, "render", env={"TORCHIMAGES_LOCK_WAIT": wait})
+    assert_contract(result, 2)
+    assert "TORCHIMAGES_LOCK_WAIT" in result.stderr and not (scratch / "images").exists()
+
+
 UNICODE_AWARE = re.compile(r"\\\\[dDwWsSbB]|IGNORECASE|re\.I\b")
 RE_CALLS = {"compile", "fullmatch", "match", "search", "sub", "subn", "findall", "finditer", "split"}
 
@@ -598,8 +718,26 @@ def test_every_pattern_that_could_match_other_scripts_is_ascii():
 def test_a_known_secret_is_redacted_in_every_spelling_a_peer_repeats(secret):
     url = f"https://user:{secret}@index.example/simple"
     request = "http+docker://localhost/v1.41/build?" + urlencode({"buildargs": json.dumps({"PIP_INDEX_URL": url})})
-    said = f"500 Server Error for {request}: {url} {json.dumps(url)} {quote(secret, safe='')}"
+    said = f"500 Server Error for {request}: {url} {json.dumps(url)} {quote(secret, safe='')} {url!r}"
     assert_no_secret(Secrets.in_urls(url).redact(said), secret)
+
+
+@PEER_SETTINGS
+@given(secret=st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF), min_size=8, max_size=120).map(
+    lambda text: "pw-" + text))  # a prefix no message holds: a part of the secret shown is found
+@example(secret="pw-" + "x" * 80)  # quoted cut short: the part before the cut is no known spelling
+@example(secret="pw-it's \"quoted\"")  # repr escapes the quote where JSON does not
+def test_no_login_in_flags_reaches_the_output_however_it_is_spelled_or_cut(scratch, secret):
+    """--registry quotes its value back, as every flag check does (repr-escaped, cut after 60 characters); a login
+    in it, or in --pip-index-url, never shows, not even in part."""
+    index = f"https://alice:{quote(secret, safe='')}@index.example/simple"
+    result = run_in(scratch, "nightly", "--registry", f"ci:{secret}@127.0.0.1:5999/ml/pytorch", "--pip-index-url",
+                    index, "--date", "x")
+    assert_contract(result, 2)
+    shown = result.stdout + result.stderr
+    assert "--registry" in shown and "--date" in shown
+    assert_no_secret(shown, secret)
+    assert all(form not in shown for form in spellings(secret[:10])), shown  # not even cut short
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)

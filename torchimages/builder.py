@@ -18,15 +18,20 @@ from urllib.parse import urlsplit, urlunsplit
 import docker
 import docker.errors
 import docker.utils
+import requests
+import urllib3
 
 from . import engine
-from .files import check_destinations, open_new, read_bytes
+from .files import check_destinations, open_new, read_bytes, read_text
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .redaction import Secrets
 from .reporting import RowReport, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
+# A build step that prints nothing for this long is stuck (pip, apt and the compilers print as they go): the build is
+# failed, naming the engine, instead of waiting forever on a wedged dockerd.
+BUILD_SILENCE_S = 3600
 PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 STEP = re.compile(r"^Step ([0-9]+)/([0-9]+) : ", re.ASCII)
 BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
@@ -112,10 +117,7 @@ class BuildContext:
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
     """The base the rendered Dockerfile builds on: a lock-pinned image@digest, or the matrix's tag."""
     dockerfile = images_dir / spec.tag / "Dockerfile"
-    try:
-        match = BASE_ARG.search(dockerfile.read_text())
-    except FileNotFoundError:
-        raise InputError([Problem(str(dockerfile), 0, "missing: run `python build.py render`")]) from None
+    match = BASE_ARG.search(read_text(dockerfile, "run `python build.py render`"))  # bounded: a FIFO would hang
     return match.group(1) if match else spec.base_image
 
 
@@ -288,15 +290,17 @@ class Builder:
         self.progress.started(spec.tag)
         result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
         # One connection per build thread: a requests session is not meant to be shared across threads.
-        api = docker.APIClient(timeout=None, version=self.client.api.api_version, **docker.utils.kwargs_from_env())
+        api = docker.APIClient(timeout=BUILD_SILENCE_S, version=self.client.api.api_version,
+                               **docker.utils.kwargs_from_env())
         try:
             with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar:
                 image_id = self._stream_build(api, spec, context, tar, log)
-            inspected = self.client.api.inspect_image(image_id)
+            inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
+            if inspected is None:
+                raise BuildFailed(f"the engine built image {image_id} and then had no such image")
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
         except Exception as error:  # one image fails, the others go on
-            result.error = self.secrets.redact(str(error) if isinstance(error, BuildFailed)
-                                               else f"{type(error).__name__}: {error}")
+            result.error = self.secrets.redact(_build_error(error))
             if self.cancelled.is_set():
                 result.status, result.error = "cancelled", "build cancelled"
         finally:
@@ -312,6 +316,7 @@ class Builder:
             labels=runtime_labels(context.input_hash, context.base_image_id),
             cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
+            timeout=BUILD_SILENCE_S,  # docker-py's build ignores the client's timeout: without it, no bound at all
         )
         image_id = ""
         for event in stream:
@@ -388,6 +393,17 @@ class Builder:
 
 class BuildFailed(Exception):
     pass
+
+
+def _build_error(error: Exception) -> str:
+    """What failed a build, in words: the engine's own error, or the engine falling silent."""
+    if isinstance(error, BuildFailed):
+        return str(error)
+    if isinstance(error, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)) or (
+            isinstance(error, requests.exceptions.ConnectionError) and "timed out" in str(error)):
+        return (f"the Docker engine at {engine.where()} sent nothing for {BUILD_SILENCE_S} s during the build: it is "
+                "stuck or overloaded; check dockerd's log, and build again")
+    return f"{type(error).__name__}: {error}"
 
 
 def _with_log_tail(error: str, log_path: Path) -> str:

@@ -34,6 +34,7 @@ from .registry import (
     parse_registry,
 )
 from .reporting import (
+    DIGEST,
     TAG,
     Shape,
     human_size,
@@ -145,6 +146,8 @@ def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
         shape.wrong((*keys, "tag"), f"must repeat the entry's name, not {brief(entry['tag'])}")
     if not _is_repository(entry["repository"]):
         shape.wrong((*keys, "repository"), f"must be HOST[:PORT]/REPO, not {brief(entry['repository'])}")
+    if not DIGEST.fullmatch(entry["digest"]):  # it goes into pull commands, and nightly compares the registry's with it
+        shape.wrong((*keys, "digest"), f"must be sha256: and 64 lower-case hex digits, not {brief(entry['digest'])}")
     for index, name in enumerate(entry["floating"]):
         if not TAG.fullmatch(name):
             shape.wrong((*keys, "floating", index), f"must be a Docker tag, not {brief(name)}")
@@ -153,6 +156,9 @@ def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
     for index, pinned in enumerate(entry["pinned"]):
         if not TAG.fullmatch(pinned["tag"]):
             shape.wrong((*keys, "pinned", index, "tag"), f"must be a Docker tag, not {brief(pinned['tag'])}")
+        if not DIGEST.fullmatch(pinned["digest"]):
+            shape.wrong((*keys, "pinned", index, "digest"), f"must be sha256: and 64 lower-case hex digits, not "
+                                                            f"{brief(pinned['digest'])}")
         if not is_sbom_path(folder, pinned["sbom"]):
             shape.wrong((*keys, "pinned", index, "sbom"), f"{SBOM_RULE}, not {brief(pinned['sbom'])}")
     if not is_sbom_path(folder, entry["sbom"]):

@@ -48,9 +48,21 @@ def client(timeout: int = 600) -> docker.DockerClient:
     return docker_client
 
 
+# The /info fields the tool reads (GPU runtime, doctor), each of the type it must have when present: a Runtimes that
+# is a string once made every row a GPU row ("nvidia" in "nvidia-free"), a number a traceback.
+INFO_FIELDS = {"Runtimes": dict, "CDISpecDirs": list, "DiscoveredDevices": list, "ServerVersion": str, "OSType": str,
+               "Architecture": str, "DockerRootDir": str}
+JSON_KINDS = {dict: "an object", list: "a list", str: "text"}
+
+
 def daemon_info(docker_client: docker.DockerClient) -> dict:
-    """The engine's /info, asked within QUESTION_TIMEOUT_S."""
-    return _ask(docker_client, "GET /info", "/info")
+    """The engine's /info, asked within QUESTION_TIMEOUT_S; a PeerError when a field the tool reads has another type."""
+    info = _ask(docker_client, "GET /info", "/info")
+    for field, kind in INFO_FIELDS.items():
+        if info.get(field) is not None and not isinstance(info[field], kind):
+            raise PeerError(f"the Docker engine at {where()} answered GET /info with {field} "
+                            f"{brief(info[field])}, not {JSON_KINDS[kind]}; is DOCKER_HOST a Docker engine?")
+    return info
 
 
 def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | None:

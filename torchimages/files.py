@@ -50,6 +50,21 @@ def read_bytes(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
+def read_replaceable(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes | None:
+    """The bytes of a regular file the tool writes (to compare with what it would write), or None for anything a
+    writer replaces instead: nothing, a link, a FIFO (opened without waiting), a device, a folder, a file over limit."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):  # before fdopen, which refuses a folder with an error
+        os.close(handle)
+        return None
+    with os.fdopen(handle, "rb") as stream:
+        data = stream.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
 _REQUIRED = object()
 
 

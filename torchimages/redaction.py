@@ -25,11 +25,13 @@ SECRET_PARAMETER = re.compile(r"\b(password|passwd|token|access_token|secret)=[^
 
 
 def _spellings(secret: str) -> set[str]:
-    """secret as a peer may repeat it: as given, decoded, percent-encoded (both ways), JSON-escaped and both."""
+    """secret as a peer may repeat it: as given, decoded, percent-encoded (both ways), JSON-escaped and both, and as
+    Python quotes it in a message (repr: a quote or a non-printing character escaped differently from JSON)."""
     forms = set()
     for value in {secret, unquote(secret)}:
         escaped = json.dumps(value)[1:-1]
-        forms |= {value, escaped, quote(value, safe=""), quote_plus(value), quote_plus(escaped), quote(escaped, safe="")}
+        forms |= {value, escaped, quote(value, safe=""), quote_plus(value), quote_plus(escaped), quote(escaped, safe=""),
+                  repr(value)[1:-1]}
     return {form for form in forms if len(form) >= SHORTEST_SECRET}
 
 
@@ -47,11 +49,12 @@ class Secrets:
     @classmethod
     def in_urls(cls, *urls: str | None) -> Secrets:
         """The logins inside URLs: an index URL with a password, a proxy with a login. Read by hand, not with
-        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password)."""
+        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password); up to the first '/'
+        only, not '?' or '#', which a password typed unencoded holds (taking too much only redacts more)."""
         found = []
         for url in urls:
             _, separator, rest = (url or "").partition("://")
-            userinfo, at, _ = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")
+            userinfo, at, _ = rest.partition("/")[0].rpartition("@")
             if separator and at:
                 user, colon, password = userinfo.partition(":")
                 found += [userinfo, password] if colon else [user]

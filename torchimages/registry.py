@@ -41,7 +41,7 @@ import tenacity
 
 from .files import brief, read_bytes, read_json_document
 from .model import InputError, PeerError, Problem
-from .redaction import Secrets
+from .redaction import REDACTED, Secrets
 
 HOST_PATTERN = re.compile(r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::[0-9]{1,5})?", re.ASCII)
 REPOSITORY_PATTERN = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
@@ -101,6 +101,11 @@ class Registry:
 def parse_registry(text: str, flag: str = "--registry") -> Registry:
     """'HOST[:PORT]/REPO' -> Registry, or an InputError saying what a valid value looks like."""
     example = "e.g. 127.0.0.1:5000/ml/pytorch or registry.example.com/ml/pytorch"
+    login, at, address = (text or "").rpartition("@")
+    if at:  # neither a host nor a repository holds '@': what comes before it is a login, never quoted, even cut short
+        raise InputError([Problem(flag, 0, f"{flag} {brief(f'{REDACTED}@{address}')} holds a login before the host: "
+                                           "give the login to `docker login HOST` (the Docker config) and "
+                                           f"{flag} HOST[:PORT]/REPO alone ({example})")])
     host, _, repository = (text or "").partition("/")
     quoted = brief(text)
     # Without a dot, a port or 'localhost', Docker reads the first part as a Docker Hub namespace.

@@ -93,6 +93,7 @@ def read_shards(shard_dirs: list[Path], tags: set[str]) -> list[ShardResults]:
     if problems:
         raise InputError(problems)
     _check_disjoint(shards)
+    _check_one_registry(shards)
     return shards
 
 
@@ -189,5 +190,17 @@ def _check_disjoint(shards: list[ShardResults]) -> None:
                 problems.append(Problem(str(shard.folder), 0, f"row {tag} was also run by {owner[tag]}: shards must not "
                                                               "overlap (make them from one `plan`)"))
             owner.setdefault(tag, shard.folder)
+    if problems:
+        raise InputError(problems)
+
+
+def _check_one_registry(shards: list[ShardResults]) -> None:
+    """Shards of one nightly publish to one registry: the merged summary names it, and must not name the first
+    shard's while another shard's rows went elsewhere."""
+    first = shards[0]
+    problems = [Problem(str(shard.folder / "reports" / SUMMARY_JSON), 0,
+                        f"published to {brief(shard.summary.registry, 80)}, but {first.folder} published to "
+                        f"{brief(first.summary.registry, 80)}: merge the results of one registry's nightly together")
+                for shard in shards[1:] if shard.summary.registry != first.summary.registry]
     if problems:
         raise InputError(problems)

@@ -4,13 +4,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .builder import PROXY_ARGS, wheel_dir
+from .files import make_folder
 from .matrix import PYPI
-from .model import ImageSpec
+from .model import ImageSpec, PeerError
 from .redaction import Secrets
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
@@ -61,7 +64,7 @@ def plan_downloads(specs: list[ImageSpec], wheelhouse: Path) -> list[Download]:
 
 
 def download_command(download: Download, index_url: str | None, extra_index_url: str | None) -> list[str]:
-    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(download.dest),
+    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--dest", str(download.dest),
                "--only-binary=:all:", "--python-version", download.python, "--implementation", "cp"]
     for platform in platform_tags(download.glibc, download.machine):
         command += ["--platform", platform]
@@ -84,15 +87,14 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
     """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
     fetched = []
     for download in plan_downloads(specs, wheelhouse):
-        download.dest.mkdir(parents=True, exist_ok=True)
+        make_folder(download.dest, wheelhouse)  # a linked row folder would take the wheels elsewhere
         before = {path.name for path in download.dest.iterdir()}
         log(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
             f"({download.index}) into {download.dest}")
-        result = subprocess.run(download_command(download, index_url, extra_index_url), check=False, capture_output=True, text=True)
-        if result.returncode != 0:
-            secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
-            said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
-            raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
+        with staging(download.dest) as folder:
+            _run_pip(download, folder, index_url, extra_index_url)
+            for path in folder.iterdir():
+                os.replace(path, download.dest / path.name)
         files = sorted(path for path in download.dest.iterdir() if path.is_file())
         new = [path for path in files if path.name not in before]
         fetched.append(Fetched(download.dest, len(files), len(new), sum(p.stat().st_size for p in new),
@@ -100,5 +102,28 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
     return fetched
 
 
-class WheelFetchError(Exception):
-    pass
+@contextmanager
+def staging(dest: Path) -> Iterator[Path]:
+    """A hidden folder in dest that pip downloads into, holding links to the wheels dest has (pip skips those): a wheel
+    enters dest whole, by rename, once pip is done, so a cancelled or failed fetch leaves no truncated wheel there for
+    the next build to take. Removed however the fetch ends."""
+    with tempfile.TemporaryDirectory(prefix=".fetching-", dir=dest) as folder:
+        for path in dest.iterdir():
+            if path.is_file() and not path.is_symlink():
+                with suppress(OSError):  # a file the system will not link (another owner's) is fetched again
+                    os.link(path, Path(folder) / path.name)
+        yield Path(folder)
+
+
+def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None) -> None:
+    command = download_command(replace(download, dest=into), index_url, extra_index_url)
+    result = subprocess.run(command, check=False, capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+    if result.returncode != 0:
+        secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
+        said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
+        raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
+
+
+class WheelFetchError(PeerError):
+    """pip, or the index behind it, could not give the wheels (exit 1, one line, as every peer's error)."""

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 
 from rich.text import Text
 
 from .. import plan, verify
+from ..builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import InputError, PeerError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
+from ..redaction import Secrets
 from ..registry import parse_registry
 from . import compat, images, nightly, publishing
 from .display import errors
@@ -23,6 +26,7 @@ from .streams import (
     EXIT_TERMINATED,
     Terminated,
     handling_sigterm,
+    keep_out,
     os_error_line,
     report,
     standard_streams,
@@ -98,10 +102,10 @@ def check_flags(project: Project, args: argparse.Namespace) -> None:
 def lock_wait() -> float:
     """Seconds a run waits for another one writing the same folders (TORCHIMAGES_LOCK_WAIT, default 30)."""
     text = os.environ.get(LOCK_WAIT_ENV, "")
-    try:
-        seconds = float(text) if text else DEFAULT_LOCK_WAIT_S
-    except ValueError:
-        seconds = -1.0
+    if not text:
+        return DEFAULT_LOCK_WAIT_S
+    # ASCII digits only: float() also takes other scripts' digits, '_', 'inf' and 'nan'
+    seconds = float(text) if re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9})?", text, re.ASCII) else -1.0
     if not 0 <= seconds <= MAX_LOCK_WAIT_S:
         raise InputError([Problem(LOCK_WAIT_ENV, 0, f"{LOCK_WAIT_ENV}={brief(text)} must be seconds from 0 to "
                                                     f"{MAX_LOCK_WAIT_S}: fix it or unset it")])
@@ -133,8 +137,22 @@ def main(argv: list[str] | None = None) -> int:
             return report(f"error: {os_error_line(error)}", EXIT_BAD_INPUT if error.errno in BAD_PATH else EXIT_FAILED)
 
 
+# Where a run's logins come from: index URLs and proxies hold user:password@, --registry may hold it before its host.
+URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url")
+PROXY_ENV = (*PROXY_ARGS, "ALL_PROXY", "all_proxy")
+
+
+def run_secrets(args: argparse.Namespace) -> Secrets:
+    """What this run must never print: every login its flags and environment name. A registry's host and repository
+    hold no '@', so whatever comes before its last one is a login."""
+    login = (getattr(args, "registry", None) or "").rpartition("@")[0]
+    return (Secrets.in_urls(*(getattr(args, name, None) for name in URL_FLAGS), *map(os.environ.get, PROXY_ENV))
+            | Secrets.of(login, login.partition(":")[2]))
+
+
 def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    keep_out(run_secrets(args))
     project = Project(args.matrix, args.templates, args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)

@@ -14,11 +14,19 @@ from .. import doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..checks import checklist
+from ..files import read_json_document
 from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
-from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, writes_reports
+from .options import (
+    add_build_arguments,
+    add_selectors,
+    add_source_arguments,
+    build_options,
+    integer,
+    writes_reports,
+)
 
 
 def cmd_list(project: Project, args) -> int:
@@ -64,11 +72,7 @@ def cmd_render(project: Project, args) -> int:
 
 def cmd_wheels(project: Project, args) -> int:
     specs = project.select(args.selectors)
-    try:
-        fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
-    except wheel_sources.WheelFetchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
     for folder in fetched:
         print(f"{folder.dest}: {folder.files} files, {human_size(folder.total_bytes)}; fetched {folder.new_files} "
               f"({human_size(folder.new_bytes)}) this time")
@@ -162,7 +166,7 @@ def cmd_gpu_record(project: Project, args) -> int:
         raise InputError([Problem(args.tag, 0, f"{args.tag} names {len(specs)} rows: name one tag")])
     [spec] = specs
     if args.facts:
-        facts, source = json.loads(args.facts.read_text()), f"facts {args.facts.name}"
+        facts, source = read_gpu_facts(args.facts), f"facts {args.facts.name}"
     elif args.image:
         facts, source = record.image_gpu_facts(engine.client(), spec, args.image), args.image
     else:
@@ -173,6 +177,30 @@ def cmd_gpu_record(project: Project, args) -> int:
         print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
     print(result.line)
     return EXIT_OK if result.passed else EXIT_FAILED
+
+
+GPU_FACTS_FIX = "save it again with `probe.py --gpu-only > FILE` on the GPU host"
+
+
+def read_gpu_facts(path: Path) -> dict:
+    """Saved `probe.py --gpu-only` facts: a bounded regular file (a FIFO would hang, /dev/zero never end) holding
+    the fields the record line reads, of their types."""
+    facts = read_json_document(path, GPU_FACTS_FIX)
+    gpu = facts.get("gpu") if isinstance(facts, dict) else None
+    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    matmul = gpu.get("bf16_matmul") if isinstance(gpu, dict) else None
+    expected = {
+        "an object with `torch` and `gpu` objects": isinstance(facts, dict) and isinstance(facts.get("torch"), dict)
+                                                     and isinstance(gpu, dict),
+        "`gpu.devices` a list of objects with a text `name`": devices is None or (
+            isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
+        "`gpu.bf16_matmul.tflops` a number": matmul is None or (
+            isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
+    }
+    wrong = [what for what, holds in expected.items() if not holds]
+    if wrong:
+        raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
+    return facts
 
 
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
@@ -201,7 +229,7 @@ def register(commands) -> None:
     add_selectors(fetching, required=True)
     fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
     add_source_arguments(fetching)
-    fetching.set_defaults(handler=cmd_wheels)
+    fetching.set_defaults(handler=cmd_wheels, writes=lambda project, args: [args.dest])
 
     building = commands.add_parser("build", help="build images on the Docker engine")
     add_selectors(building)
@@ -211,7 +239,7 @@ def register(commands) -> None:
     main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
     add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
-    main_job.set_defaults(handler=cmd_images, writes=writes_reports)
+    main_job.set_defaults(handler=cmd_images, writes=lambda project, args: [project.reports, *filter(None, [args.wheelhouse])])
     testing = commands.add_parser(
         "test", help=f"verify images inside containers ({', '.join(checklist.NAMES)})",
         description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
@@ -223,7 +251,7 @@ def register(commands) -> None:
     testing.add_argument("--gpus", metavar="all|none|N|device=0,1",
                          help="GPUs for the container (default: all for GPU rows, none for CPU rows)")
     testing.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default: the row's shm_size)")
-    testing.add_argument("--timeout", type=int, metavar="S",
+    testing.add_argument("--timeout", type=integer, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
     testing.set_defaults(handler=cmd_test, writes=writes_reports)
 

@@ -20,6 +20,7 @@ from .options import (
     add_selectors,
     build_options,
     catalog_dir,
+    integer,
     publish_options,
     writes_everything,
 )
@@ -89,7 +90,7 @@ def register(commands) -> None:
 
     planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
     add_selectors(planning)
-    planning.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards (runners)")
+    planning.add_argument("--shards", type=integer, required=True, metavar="N", help="number of shards (runners)")
     planning.add_argument("--format", choices=("github", "json"), default="json",
                           help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
     planning.set_defaults(handler=cmd_plan)
@@ -102,7 +103,7 @@ def register(commands) -> None:
     nightly.add_argument("--shard", metavar="i/n", help="run only shard i of n (see `plan`)")
     nightly.add_argument("--plan", type=Path, metavar="FILE",
                          help="take the shard's rows from this `plan --format json` output instead of planning again")
-    nightly.add_argument("--retention", type=int, default=7, metavar="N",
+    nightly.add_argument("--retention", type=integer, default=7, metavar="N",
                          help="dated tags to keep per row (default: %(default)s)")
     nightly.add_argument("--gpus", metavar="all|none|N|device=0,1",
                          help="GPUs for verification (default: all for GPU rows, none for CPU rows)")

@@ -17,6 +17,14 @@ from ..publish import ALLOWLIST_NAME, PublishOptions
 from ..registry import DEFAULT_CERTS_D, AccessSettings, RetryPolicy, parse_registry
 
 
+def integer(text: str) -> int:
+    """An integer flag in ASCII digits only: int() also takes other scripts' digits (a full-width '\uff13'), '_' and
+    spaces, which validation must not (argparse names this type, `invalid integer value`, when it raises)."""
+    if not re.fullmatch(r"-?[0-9]+", text, re.ASCII):
+        raise ValueError(text)
+    return int(text)
+
+
 def add_selectors(parser: argparse.ArgumentParser, required: bool = False, default: str = "every row") -> None:
     """The SELECTOR arguments every stage command takes: tags or shell globs."""
     parser.add_argument("selectors", nargs="+" if required else "*", metavar="SELECTOR",
@@ -26,7 +34,7 @@ def add_selectors(parser: argparse.ArgumentParser, required: bool = False, defau
 # -------------------------------------------------------------------------------------------------------- building
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel builds (default: %(default)s)")
+    parser.add_argument("--jobs", "-j", type=integer, default=2, help="parallel builds (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="build without the layer cache")
     parser.add_argument("--pull", action="store_true", help="refresh base images from their registry")
     parser.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
@@ -102,7 +110,7 @@ def writes_everything(project: Project, args: argparse.Namespace) -> list[Path]:
 def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", required=True, metavar="HOST[:PORT]/REPO",
                         help="where to publish, e.g. 127.0.0.1:5000/ml/pytorch")
-    parser.add_argument("--retries", type=int, default=RetryPolicy.retries,
+    parser.add_argument("--retries", type=integer, default=RetryPolicy.retries,
                         help="tries again after a transient registry error, backing off 1 s, 2 s, 4 s... "
                              "(default: %(default)s)")
     add_access_arguments(parser)

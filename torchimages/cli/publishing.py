@@ -22,6 +22,7 @@ from .options import (
     add_registry_arguments,
     add_selectors,
     catalog_dir,
+    integer,
     publish_options,
     writes_catalog,
 )
@@ -133,7 +134,7 @@ def register(commands) -> None:
 
     pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
     add_selectors(pruning)
-    pruning.add_argument("--retention", type=int, required=True, metavar="N", help="dated tags to keep per row")
+    pruning.add_argument("--retention", type=integer, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
     pruning.set_defaults(handler=cmd_prune, writes=writes_catalog)
 

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..redaction import Secrets
 from .display import log
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
@@ -47,19 +48,24 @@ class StreamError(OSError):
 class NamedStream:
     """sys.stdout or sys.stderr for a run: a write the system refuses (a closed pipe, a full disk) is an OSError
     naming the stream, after which the stream is dropped (the interpreter's last flush must not fail again);
-    characters the stream's encoding lacks (an ASCII-only locale) are escaped, not an error."""
+    characters the stream's encoding lacks (an ASCII-only locale) are escaped, not an error. Every text passes the
+    run's redaction first: this is the one boundary every message, table and error line crosses (an engine's error
+    escaping a stage, argparse repeating a flag, a message quoting --registry), so no credential is printed."""
 
     def __init__(self, stream, name: str):
         self._stream, self._name = stream, name
+        self.secrets = Secrets()
 
     def write(self, text: str) -> int:
+        shown = self.secrets.redact(text)
         try:
-            return self._stream.write(text)
+            self._stream.write(shown)
         except UnicodeEncodeError:
             encoding = self._stream.encoding or "ascii"
-            return self._guarded(self._stream.write, text.encode(encoding, "backslashreplace").decode(encoding))
+            self._guarded(self._stream.write, shown.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as error:
             raise self._failed(error) from None
+        return len(text)
 
     def flush(self) -> None:
         self._guarded(self._stream.flush)
@@ -103,6 +109,13 @@ def standard_streams() -> Iterator[str]:
         yield "stdout" if "stdout" in closed or saved[0] is None else ""
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def keep_out(secrets: Secrets) -> None:
+    """From now on, the run's output streams take secrets out as well as anything shaped like a credential."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, NamedStream):
+            stream.secrets = secrets
 
 
 def os_error_line(error: OSError) -> str:
