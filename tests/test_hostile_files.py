@@ -213,6 +213,21 @@ def test_a_build_refuses_a_rendered_dockerfile_that_is_a_pipe(space):
         base_reference(spec, space.images)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "folder"])
+def test_an_allowlist_that_is_not_a_regular_file_is_refused_saying_so(space, tmp_path, kind):
+    """publish --allowlist FIFO said it "does not exist"; it is there, and not a file the tool reads."""
+    allowlist = tmp_path / "allowlist.yaml"
+    if kind == "fifo":
+        os.mkfifo(allowlist)
+    elif kind == "folder":
+        allowlist.mkdir()
+    else:
+        allowlist.symlink_to("/dev/zero")
+    messages = refused(space.cli("publish", ROW, "--registry", "127.0.0.1:9/x", "--allowlist", str(allowlist)),
+                       str(allowlist))
+    assert "does not exist" not in messages
+
+
 def test_wheels_refuse_a_linked_row_folder_in_the_wheelhouse(space, tmp_path):
     """pip downloads into <wheelhouse>/<index>-py<python>/: a link there took 200 MB of wheels elsewhere."""
     outside = outside_folder(tmp_path)

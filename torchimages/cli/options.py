@@ -126,7 +126,7 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
 
 def publish_options(project: Project, args: argparse.Namespace) -> PublishOptions:
     allowlist_path = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
-    if args.allowlist and not args.allowlist.is_file():
+    if args.allowlist and not os.path.lexists(args.allowlist):  # what is there but not a file: the reader says what
         raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
     registry = parse_registry(args.registry)
     return PublishOptions(
