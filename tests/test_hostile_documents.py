@@ -502,6 +502,14 @@ def test_gpu_facts_that_are_not_a_bounded_file_of_their_shape_are_refused(space,
     assert "gpu-only.json" in refused(result)
 
 
+@pytest.mark.parametrize("digest", ["sha256:" + "\uff41" * 64, "sha256:" + "A" * 64, "latest"])
+def test_digests_a_shard_says_it_published_are_sha256_in_ascii(space, tmp_path, digest):
+    """A shard's published digest goes into the merged summary's pull lines: any text passed unchecked."""
+    uploaded = shard(tmp_path / "shard", published=[{"tag": ROW, "pinned": f"{ROW}-20260102", "digest": digest}])
+    refused(space.merge(uploaded), uploaded / "reports" / "nightly-summary.json", "digest", "64 lower-case hex digits")
+    assert not space.reports.exists() and not space.catalog.exists()
+
+
 @pytest.mark.parametrize("where", ["digest", "pinned digest"])
 @pytest.mark.parametrize("digest", ["sha256:" + "\uff41" * 64, "sha256:" + "A" * 64, "md5:0123", "latest"])
 def test_catalog_digests_are_sha256_in_ascii(space, where, digest):

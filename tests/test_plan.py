@@ -83,10 +83,14 @@ def catalog_entry(tag: str, digest: str) -> CatalogEntry:
                         "2026-01-02T00:00:00Z")
 
 
+def row_digest(tag: str) -> str:
+    return "sha256:" + hashlib.sha256(tag.encode()).hexdigest()
+
+
 def write_shard(folder, rows: list[str], failed: bool = False) -> None:
     """What a `nightly --shard` runner uploads: reports/ (summary, build report, row folders) and catalog/."""
     summary = Summary("127.0.0.1:5000/ml/pytorch", "", rows, "2026-01-02T00:00:00Z", duration_s=60.0,
-                      render="images is up to date", built=rows, published=[Published(t, f"{t}-20260102", "sha256:" + t[-1] * 64) for t in rows])
+                      render="images is up to date", built=rows, published=[Published(t, f"{t}-20260102", row_digest(t)) for t in rows])
     if failed:
         summary.fail(rows[0], "verify", "checks failed: hygiene")
     (folder / "reports" / rows[0]).mkdir(parents=True)
@@ -94,7 +98,7 @@ def write_shard(folder, rows: list[str], failed: bool = False) -> None:
     (folder / "reports" / "nightly-summary.json").write_text(json.dumps(summary.to_json()))
     BUILD_REPORT.write(folder / "reports", {t: asdict(BuildReportEntry(t, "built", duration=10.0))
                                             for t in [*rows, "stale-row-from-an-old-run"]})
-    catalog = Catalog({t: catalog_entry(t, "sha256:" + hashlib.sha256(t.encode()).hexdigest()) for t in rows})
+    catalog = Catalog({t: catalog_entry(t, row_digest(t)) for t in rows})
     save(catalog, folder / "catalog", folder / "images")
     for t in rows:
         (folder / "catalog" / "sbom").mkdir(exist_ok=True)

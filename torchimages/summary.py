@@ -9,7 +9,7 @@ from pathlib import Path
 from .files import append_text, atomic_write, atomic_write_json, brief, check_appendable
 from .lock import BaseChange
 from .project import EXIT_FAILED, EXIT_OK
-from .reporting import Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
+from .reporting import DIGEST, DIGEST_RULE, Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
 
 SCHEMA = 1
 SUMMARY_JSON = "nightly-summary.json"
@@ -86,6 +86,9 @@ class Summary:
             for part, tag in named_rows(data):
                 if tag not in tags and not (part == "failed" and tag == REGISTRY_ROW):
                     shape.wrong((part,), f"names row {brief(tag)}, which is not a tag of the matrix")
+            for index, item in enumerate(data.get("published", [])):  # it reaches the summary's pull lines
+                if not DIGEST.fullmatch(item["digest"]):
+                    shape.wrong(("published", index, "digest"), f"must be {DIGEST_RULE}, not {brief(item['digest'])}")
         shape.raise_if_wrong(path, fix)
         parts = known_fields(cls, data)
         items = {name: [item(**known_fields(item, entry)) for entry in parts.get(name, [])]
