@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from torchimages import engine, registry
+from torchimages import engine, registry, wheels
 from torchimages.builder import BUILD_REPORT
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.lock import Resolver, UnresolvedBase
@@ -406,6 +407,52 @@ def test_a_failed_wheel_fetch_is_one_line_without_the_index_or_proxy_login(scrat
                     env=pip_alone)
     assert_names_the_peer(result, "pip could not fetch the wheels")
     assert_no_secret(result.stdout + result.stderr, PASSWORD, quote(PASSWORD, safe=""), PROXY_PASSWORD)
+
+
+class TricklingIndex:
+    """A package index on 127.0.0.1 that answers every page a byte at a time: never silent for pip's socket timeout,
+    never done."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(10**9))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # pip was killed
+                    while not stopped.wait(0.2):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+
+        stopped = self.stopped = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://alice:{quote(PASSWORD, safe='')}@127.0.0.1:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_wheel_fetch_from_an_index_that_trickles_ends_at_its_bound(tmp_path, monkeypatch):
+    """pip's socket timeout bounds silence only: an index sending a byte now and then held `wheels` for ever."""
+    index = TricklingIndex()
+    monkeypatch.setattr(wheels, "FETCH_BOUND_S", 3)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    spec = next(spec for spec in load_matrix(ROOT / "matrix.yaml").specs if spec.tag == CPU_RUNTIME)
+    try:
+        with pytest.raises(PeerError, match="within 3 s") as raised:
+            wheels.fetch_wheels([spec], tmp_path / "wheelhouse", index_url=index.url, extra_index_url=index.url)
+    finally:
+        index.close()
+    assert_no_secret(str(raised.value), PASSWORD, quote(PASSWORD, safe=""))
+    assert not list((tmp_path / "wheelhouse").rglob("*.whl"))
 
 
 def test_no_output_shows_a_login_given_in_the_registry_flag(scratch):

@@ -17,6 +17,9 @@ from .model import ImageSpec, PeerError
 from .redaction import Secrets
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
+# pip's own socket timeout (15 s) bounds an index that falls silent, not one that trickles: a whole row's fetch has
+# this bound too. A CUDA row's set is about 4 GB: two hours is 0.5 MB/s.
+FETCH_BOUND_S = 2 * 3600
 
 
 def requirements(spec: ImageSpec) -> list[str]:
@@ -117,10 +120,16 @@ def staging(dest: Path) -> Iterator[Path]:
 
 def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None) -> None:
     command = download_command(replace(download, dest=into), index_url, extra_index_url)
-    result = subprocess.run(command, check=False, capture_output=True,
-                            text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+    secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
+    try:
+        result = subprocess.run(command, check=False, capture_output=True, timeout=FETCH_BOUND_S,
+                                text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+    except subprocess.TimeoutExpired:  # pip is killed
+        index = secrets.redact(index_url or download.index_url)
+        raise WheelFetchError(f"pip did not fetch the wheels of {download.dest.name} within {FETCH_BOUND_S} s from "
+                              f"{index}: the index sends too slowly; try again, or use a nearer mirror "
+                              f"(--pip-index-url)") from None
     if result.returncode != 0:
-        secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
         said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
         raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
 
