@@ -68,6 +68,31 @@ def test_changed_input_is_rebuilt(cpu_images, wheelhouse, tmp_path, docker_clien
     docker_client.images.remove("localhost:5000/test/changed:2.13.0-cpu-runtime", force=True)
 
 
+def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_images, wheelhouse, tmp_path,
+                                                                         docker_client):
+    """Issue 20: /opt/venv comes in layers (torch, then the rest, for a CPU row), one tree with one owner, mode g=u
+    and one file time; a no-cache rebuild from the same wheels gives the very same venv layers (their diff ids), so a
+    republish uploads none of them again."""
+    name = cpu_images["2.13.0-cpu-runtime"]
+    listing = docker_client.containers.run(name, ["sh", "-c", "find /opt/venv -printf '%Ts %u %g\\n' | sort -u; "
+                                                  "find /opt/venv ! -type l ! -perm -g+w -print"], remove=True).decode()
+    assert listing.split("\n")[:-1] == ["946684800 torch root"], listing[:2000]
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
+    run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
+            "--wheelhouse", str(wheelhouse), "--no-cache", "--force", check_exit=0)
+    again = "localhost:5000/test/again:2.13.0-cpu-runtime"
+    try:
+        first = docker_client.api.inspect_image(name)["RootFS"]["Layers"]
+        rebuilt = docker_client.api.inspect_image(again)["RootFS"]["Layers"]
+        # [..., RUN useradd, COPY torch, COPY the rest, COPY entrypoint]: the RUN steps' layers (apt's logs, the
+        # user's password date) and the entrypoint's (its file time) differ; the venv's do not.
+        assert len(rebuilt) == len(first) and rebuilt[-3:-1] == first[-3:-1]
+        assert rebuilt[-4] != first[-4], "a no-cache build really ran the RUN steps again"
+    finally:
+        docker_client.images.remove(again, force=True)
+
+
 def tiny_matrix(tmp_path: Path) -> Path:
     path = tmp_path / "matrix.yaml"
     path.write_text(

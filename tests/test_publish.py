@@ -49,6 +49,9 @@ variants:
 """
 
 
+MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+
+
 class Workspace:
     """A matrix of its own (so local image names and registry repositories are this test's alone) and its folders."""
 
@@ -70,9 +73,10 @@ class Workspace:
         return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
                        *args, check_exit=check_exit)
 
-    def publish(self, *selectors: str, date: str = "20260101", check_exit: int | None = 0, extra=()):
-        return self.cli("publish", *selectors, "--registry", self.repository, "--catalog", str(self.catalog),
-                        "--date", date, *extra, check_exit=check_exit)
+    def publish(self, *selectors: str, date: str = "20260101", check_exit: int | None = 0, extra=(), env=None):
+        return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
+                       "publish", *selectors, "--registry", self.repository, "--catalog", str(self.catalog),
+                       "--date", date, *extra, check_exit=check_exit, env=env)
 
     def build(self, docker_client, tag: str, blob_mb: int = 0) -> str:
         """A stand-in for the row's image: unique content, the labels publish checks. Returns its image id."""
@@ -104,7 +108,7 @@ class Workspace:
 
     def digest_of(self, tag: str) -> str | None:
         request = urllib.request.Request(f"http://{self.registry_host}/v2/{self.namespace}/pytorch/manifests/{tag}",
-                                         method="HEAD", headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+                                         method="HEAD", headers={"Accept": MANIFEST_TYPES})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.headers["Docker-Content-Digest"]
@@ -112,6 +116,12 @@ class Workspace:
             if error.code == 404:
                 return None
             raise
+
+    def manifest(self, tag: str) -> dict:
+        request = urllib.request.Request(f"http://{self.registry_host}/v2/{self.namespace}/pytorch/manifests/{tag}",
+                                         headers={"Accept": MANIFEST_TYPES})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
 
     def tags(self) -> list[str]:
         try:
@@ -225,6 +235,56 @@ def test_publish_pins_floats_and_aliases_one_verified_digest_and_pulls_back(work
     assert "2 unchanged" in again.stdout
     assert (workspace.catalog / "catalog.json").read_bytes() == before
     assert not any(tag.endswith("20260102") for tag in workspace.tags())
+
+
+GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+
+def test_publish_is_gzip_whatever_skopeos_cache_holds_docker_pulls_and_runs_it_zstd_on_request(
+        workspace, docker_client, tmp_path):
+    image_id = workspace.build_verified(docker_client, RUNTIME, blob_mb=4)
+    # The trap of issue 20: a zstd copy of the same layers into the same repository, through the blob-info cache
+    # that the publish's environment names. skopeo 1.9 offers those zstd blobs to a later gzip push of the layers
+    # (--dest-compress-format or not), and Docker 20.10 cannot pull what it then publishes.
+    environment = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "_CONTAINERS_ROOTLESS_UID": "65534"}
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-daemon-host", os.environ["DOCKER_HOST"],
+                    "--dest-tls-verify=false", "--dest-compress-format", "zstd", f"docker-daemon:{image_id}",
+                    f"docker://{workspace.repository}:zstd-copy"], env=environment, check=True, capture_output=True)
+    assert {layer["mediaType"] for layer in workspace.manifest("zstd-copy")["layers"]} == {ZSTD_LAYER}
+    assert (tmp_path / "data" / "containers" / "cache").is_dir()  # the cache the poisoned copy used
+
+    workspace.publish(RUNTIME, date="20260101", env=environment)
+    pinned = f"{RUNTIME}-20260101"
+    manifest = workspace.manifest(pinned)
+    assert {layer["mediaType"] for layer in manifest["layers"]} == {GZIP_LAYER}
+    assert manifest["config"]["digest"] == image_id
+
+    # `docker pull` on the engine, without the image: the engine's own client, as developers pull; then it runs.
+    try:
+        docker_client.api.remove_image(image_id, force=True)
+        pulled = docker_client.images.pull(f"{workspace.repository}:{pinned}")
+        assert pulled.id == image_id
+        nonce = docker_client.containers.run(pulled.id, ["cat", "/nonce"], remove=True).decode().strip()
+        assert len(nonce) == 32
+
+        # zstd on request: an OCI manifest with zstd layers; the same image published again is unchanged.
+        zstd_id = workspace.build_verified(docker_client, RUNTIME, blob_mb=4)
+        said = workspace.publish(RUNTIME, date="20260102", extra=("--compression", "zstd"))
+        assert "zstd layers" in said.stdout + said.stderr
+        zstd_manifest = workspace.manifest(f"{RUNTIME}-20260102")
+        assert zstd_manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+        assert {layer["mediaType"] for layer in zstd_manifest["layers"]} == {ZSTD_LAYER}
+        assert workspace.catalog_json()["images"][RUNTIME]["image_id"] == zstd_id
+        again = workspace.publish(RUNTIME, date="20260103", extra=("--compression", "zstd"))
+        assert "1 unchanged" in again.stdout
+        assert not any(tag.endswith("20260103") for tag in workspace.tags())
+    finally:
+        for name in (image_id, f"{workspace.repository}:{pinned}"):
+            try:
+                docker_client.api.remove_image(name, force=True)
+            except docker.errors.ImageNotFound:
+                pass
 
 
 def test_unverified_failed_or_rebuilt_images_are_refused_and_floating_tags_stay(workspace, docker_client):

@@ -173,7 +173,12 @@ def test_each_row_agrees_with_the_compat_data(spec):
         assert "ninja-build" in dockerfile
     if spec.user:
         assert f"USER {spec.user.uid}" in dockerfile
-        assert f"COPY --from=packages --chown={spec.user.uid}:0 /opt/venv /opt/venv" in dockerfile
+        # The venv's trees are owned by the user in the packages stage; COPY --from keeps their owners.
+        assert f"chown -R {spec.user.uid}:0 /opt/venv-layers/*/opt/venv" in dockerfile
+    # The venv in layers ordered by how rarely they change (CUDA wheels, Triton, torch, the rest), one tree on disk.
+    layers = re.findall(r"^COPY --from=packages /opt/venv-layers/([a-z]+)/ /$", dockerfile, re.MULTILINE)
+    assert layers == (["cuda", "triton", "torch", "rest"] if spec.is_gpu else ["torch", "rest"])
+    assert "touch -h -d @946684800" in dockerfile, "one file time: the same wheels give the same layers"
 
 
 def test_flavors_of_a_row_share_their_first_layers():

@@ -25,6 +25,7 @@ from .files import read_json_document
 from .model import LABEL_PREFIX, ImageSpec
 from .redaction import redact
 from .registry import (
+    DEFAULT_COMPRESSION,
     Manifest,
     Registry,
     RegistryAccess,
@@ -91,9 +92,20 @@ def pinned_date(pinned: str) -> str:
     return datetime.strptime(match.group(2), "%Y%m%d").strftime("%Y-%m-%d") if match else ""
 
 
-def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Manifest]) -> str | None:
-    """The newest dated tag whose manifest is this image (a manifest's config digest is the image id), if any."""
-    return next((name for name in pinned_names if name in manifests and manifests[name].config_digest == image_id), None)
+def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Manifest],
+                 same_image: Callable[[Manifest], bool] = lambda manifest: False) -> str | None:
+    """The newest dated tag whose manifest is this image, if any: its config digest is the image id (gzip, Docker's
+    manifest), or same_image says so (zstd: an OCI manifest, whose config is the OCI form of the engine's)."""
+    return next((name for name in pinned_names if name in manifests
+                 and (manifests[name].config_digest == image_id or same_image(manifests[name]))), None)
+
+
+def same_config(image: dict, config: dict) -> bool:
+    """Whether a registry's image config (of an OCI manifest) is the engine's image: the same layers (diff ids) and
+    the same creation time, which the OCI form keeps."""
+    rootfs = config.get("rootfs") if isinstance(config.get("rootfs"), dict) else {}
+    return (rootfs.get("diff_ids") == (image.get("RootFS") or {}).get("Layers")
+            and bool(config.get("created")) and config.get("created") == image.get("Created"))
 
 
 def check_counts(report: VerifyReport) -> dict:
@@ -185,6 +197,7 @@ class PublishOptions:
     images_dir: Path
     date: str  # YYYYMMDD of new pinned tags
     daemon_host: str | None = None  # the engine skopeo pushes from ($DOCKER_HOST; None: the default socket)
+    compression: str = DEFAULT_COMPRESSION  # of the layers pushed: gzip (every client) or zstd (registry.COMPRESSIONS)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
 
@@ -248,7 +261,7 @@ class Publisher:
         pinned_names = dated_tags(spec.tag, all_tags)
         manifests = self.registry.tag_manifests(targets + pinned_names)
         current = {name: manifest.digest for name, manifest in manifests.items()}
-        pinned = published_as(image["Id"], pinned_names, manifests)
+        pinned = published_as(image["Id"], pinned_names, manifests, lambda manifest: self._same_image(image, manifest))
         digest = current[pinned] if pinned else ""
         on_record = verified_on(report, facts)
         if pinned and all(current.get(name) == digest for name in targets):
@@ -275,16 +288,30 @@ class Publisher:
         self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, inventory)
         return result
 
+    def _same_image(self, image: dict, manifest: Manifest) -> bool:
+        """An OCI manifest with zstd layers is this image when its config is (read only for such manifests)."""
+        if manifest.config_digest == image["Id"] or manifest.compression() != "zstd":
+            return False
+        return same_config(image, self.registry.image_config(manifest.digest))
+
     def _push(self, image_id: str, tag: str, pinned: str) -> str:
-        """Push image_id as repository:pinned; return the manifest digest, as the registry confirms it."""
+        """Push image_id as repository:pinned; return the manifest digest, as the registry confirms it, after checking
+        that every layer it holds is compressed as asked."""
         repository = self.options.registry.name
-        self.log(f"{tag}: pushing {repository}:{pinned}")
-        pushed = with_retries(lambda: self.registry.push(image_id, pinned, self.options.daemon_host), self.options.retry,
+        compression = self.options.compression
+        self.log(f"{tag}: pushing {repository}:{pinned} ({compression} layers)")
+        pushed = with_retries(lambda: self.registry.push(image_id, pinned, self.options.daemon_host, compression),
+                              self.options.retry,
                               lambda message, delay: self.log(f"{tag}: {message}; retrying in {delay:g} s"))
-        confirmed = self.registry.digest_of(pinned)
+        stored = self.registry.manifest_or_none(pinned)
+        confirmed = stored.digest if stored else None
         if confirmed != pushed:
             raise RegistryError(f"{repository}:{pinned}: the push reported {pushed} but the registry has {confirmed}",
                                 transient=False)
+        if stored.compression() != compression:
+            found = ", ".join(sorted(set(stored.layer_media_types)))
+            raise RegistryError(f"{repository}:{pinned}: asked for {compression} layers, the registry holds {found}; "
+                                f"no floating tag was moved to it (delete the tag, then publish again)", transient=False)
         return pushed
 
     def _promote(self, name: str, manifest: Manifest) -> None:

@@ -74,6 +74,17 @@ DEFAULT_CERTS_D = Path("/etc/docker/certs.d")
 CERT_SUFFIXES = (".crt", ".cert", ".key")  # what containers/image reads from a certs.d folder
 MAX_NAME_LENGTH = 255  # Docker's limit on a repository name
 
+# How published layers are compressed, and the layer media types a manifest of each may hold. gzip is the default:
+# every client reads it, Docker 20.10 (which fails on zstd layers with "archive/tar: invalid tar header") included.
+# zstd is for fleets whose clients all read it: containerd 1.5+ (Kubernetes nodes, `ctr`, nerdctl) and Docker 23+;
+# it needs an OCI manifest, so its image config is the OCI form of the engine's (another digest than the image id).
+COMPRESSIONS = ("gzip", "zstd")
+DEFAULT_COMPRESSION = "gzip"
+LAYER_MEDIA_TYPES = {
+    "gzip": ("application/vnd.docker.image.rootfs.diff.tar.gzip", "application/vnd.oci.image.layer.v1.tar+gzip"),
+    "zstd": ("application/vnd.oci.image.layer.v1.tar+zstd",),
+}
+
 T = TypeVar("T")
 
 
@@ -333,6 +344,7 @@ class Manifest:
     digest: str
     config_digest: str  # single-platform image: the digest of its config, the image id the engine gives it; else ""
     download_size: int  # compressed bytes a pull transfers (config + layers) for one platform; 0 for an index
+    layer_media_types: tuple[str, ...] = ()  # one per layer, in order (their compression)
 
     @classmethod
     def from_body(cls, body: bytes) -> Manifest:
@@ -352,8 +364,35 @@ class Manifest:
         config_digest = config.get("digest", "")
         if not isinstance(config_digest, str):
             raise ValueError("a manifest whose config digest is not a string")
+        media_types = tuple(layer.get("mediaType", "") for layer in layers)
+        if not all(isinstance(media_type, str) for media_type in media_types):
+            raise ValueError("a manifest whose layer media types are not strings")
         return cls(body, document.get("mediaType", ""), "sha256:" + hashlib.sha256(body).hexdigest(), config_digest,
-                   sum(part.get("size", 0) for part in parts))
+                   sum(part.get("size", 0) for part in parts), media_types)
+
+    def compression(self) -> str | None:
+        """'gzip' or 'zstd' when every layer is compressed that way (an image without layers counts as gzip); None
+        for a mix or anything else."""
+        for name in COMPRESSIONS:
+            if all(media_type in LAYER_MEDIA_TYPES[name] for media_type in self.layer_media_types):
+                return name
+        return None
+
+
+def private_cache_environment(folder: Path) -> dict[str, str]:
+    """The environment for one skopeo run whose blob-info cache is folder/containers/cache, not the machine's.
+
+    containers/image (skopeo 1.9.3's, and later) keeps its blob-info cache in /var/lib/containers/cache when the
+    caller is root, else in $XDG_DATA_HOME/containers/cache; whom it takes for root it reads from
+    _CONTAINERS_ROOTLESS_UID when set (what podman sets in its user namespace), and skopeo has no flag for the folder.
+    So the run is told it is not root and where its data folder is. What publishing reads (auth file, CA folder)
+    is named by flags; the one other difference is that containers' own config files (registries.conf, policy.json)
+    are looked for in ~/.config/containers before /etc/containers, as for any user.
+    """
+    environment = dict(os.environ)
+    environment["XDG_DATA_HOME"] = str(folder)
+    environment["_CONTAINERS_ROOTLESS_UID"] = str(os.geteuid() or 65534)
+    return environment
 
 
 class RegistryClient:
@@ -409,14 +448,39 @@ class RegistryClient:
         """tag -> digest, for those of tags that exist."""
         return {tag: manifest.digest for tag, manifest in self.tag_manifests(tags).items()}
 
-    def push(self, image_id: str, tag: str, daemon_host: str | None) -> str:
-        """Copy an engine's image (by id) to repository:tag; returns the manifest digest the registry stored."""
+    def push(self, image_id: str, tag: str, daemon_host: str | None, compression: str = DEFAULT_COMPRESSION) -> str:
+        """Copy an engine's image (by id) to repository:tag, its layers compressed as asked; returns the manifest
+        digest the registry stored.
+
+        The compression is pinned: --dest-compress-format names it, and skopeo runs with a blob-info cache of its own
+        (see _skopeo), since a shared one offers blobs another copy compressed otherwise (a zstd blob for a gzip push)
+        and skopeo 1.9 takes them whatever the format asked. --dest-precompute-digests compresses each layer before
+        it uploads it and skips a layer the registry already holds (same content, same bytes: the compressors are
+        deterministic), so a republish uploads only the layers that changed, with no cache at all.
+        """
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression {compression!r} is none of {COMPRESSIONS}")
         with tempfile.TemporaryDirectory(prefix="torchimages-push-") as folder:
             digest_file = Path(folder) / "digest"
             daemon = ["--src-daemon-host", daemon_host] if daemon_host else []
+            # zstd layers exist only in OCI manifests; gzip keeps Docker's v2 manifest, whose config digest is the
+            # engine's image id.
+            manifest_format = ["--format", "oci"] if compression == "zstd" else []
             self._skopeo("copy", "--quiet", "--digestfile", str(digest_file), *daemon, *self.access.flags("dest"),
+                         "--dest-compress-format", compression, "--dest-precompute-digests", *manifest_format,
                          f"docker-daemon:{image_id}", self.registry.reference(tag), transfer=True)
             return digest_file.read_text().strip()
+
+    def image_config(self, digest: str) -> dict:
+        """The image config (its JSON document) of repository@digest."""
+        body = self._skopeo("inspect", "--config", "--raw", *self.access.flags(), self.registry.reference(digest))
+        try:
+            config = json.loads(body)
+        except (ValueError, RecursionError):
+            config = None
+        if not isinstance(config, dict):
+            raise self._garbage(f"the image config of {digest}", "not a JSON object", body)
+        return config
 
     def pull(self, digest: str, local_name: str, daemon_host: str | None) -> None:
         """Copy repository@digest into the engine as local_name (no `docker pull`: the engine needs no login)."""
@@ -460,7 +524,9 @@ class RegistryClient:
         bound = TRANSFER_TIMEOUT_S if transfer else QUESTION_TIMEOUT_S
         command = [SKOPEO, f"--command-timeout={bound}s", *arguments]
         try:
-            done = subprocess.run(command, capture_output=True, timeout=bound + KILL_GRACE_S, check=False)
+            with tempfile.TemporaryDirectory(prefix="torchimages-skopeo-") as private:
+                done = subprocess.run(command, capture_output=True, timeout=bound + KILL_GRACE_S, check=False,
+                                      env=private_cache_environment(Path(private)))
         except FileNotFoundError:
             raise RegistryError("publishing needs skopeo, which is not installed: `apt-get install skopeo` "
                                 "(`make engine` installs it)", transient=False) from None

@@ -12,7 +12,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 # Stage 2: install the wheels into a venv. Build inputs (wheelhouse, CA bundle) and index
-# credentials stay in this stage: only /opt/venv reaches the final image.
+# credentials stay in this stage: only /opt/venv reaches the final image, split into the trees of its layers.
 FROM python AS packages
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
@@ -26,7 +26,12 @@ RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca
  && python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.13.0+cpu numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
- && chmod -R g=u /opt/venv
+ && mkdir -p /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages \
+ && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'torch' -o -name 'torch-*' -o -name 'torchgen' -o -name 'functorch' -o -name 'torchvision' -o -name 'torchvision-*' -o -name 'torchvision.libs' \) -exec mv -t /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages {} + \
+ && mkdir -p /opt/venv-layers/rest/opt \
+ && cp -al /opt/venv /opt/venv-layers/rest/opt/venv \
+ && chmod -R g=u /opt/venv-layers/*/opt/venv \
+ && find /opt/venv-layers -exec touch -h -d @946684800 {} +
 
 # Stage 3: the image users pull. Layers every flavor of this row shares come first, so that a devel build
 # reuses the runtime image's layers from the build cache.
@@ -35,7 +40,11 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ python3.11-dev \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=packages /opt/venv /opt/venv
+# /opt/venv, one tree on disk in layers ordered by how rarely they change (a republish uploads the layers that did).
+# torch and torchvision: change with every torch build
+COPY --from=packages /opt/venv-layers/torch/ /
+# the rest: pip, NumPy and the other dependencies, the scripts
+COPY --from=packages /opt/venv-layers/rest/ /
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.13.0 \

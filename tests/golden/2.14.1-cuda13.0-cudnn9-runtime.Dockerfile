@@ -12,7 +12,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 # Stage 2: install the wheels into a venv. Build inputs (wheelhouse, CA bundle) and index
-# credentials stay in this stage: only /opt/venv reaches the final image.
+# credentials stay in this stage: only /opt/venv reaches the final image, split into the trees of its layers.
 FROM python AS packages
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
@@ -26,7 +26,17 @@ RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca
  && python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
- && chmod -R g=u /opt/venv
+ && mkdir -p /opt/venv-layers/cuda/opt/venv/lib/python3.11/site-packages \
+ && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'nvidia' -o -name 'nvidia_*' -o -name 'cuda' -o -name 'cuda_*' \) -exec mv -t /opt/venv-layers/cuda/opt/venv/lib/python3.11/site-packages {} + \
+ && mkdir -p /opt/venv-layers/triton/opt/venv/lib/python3.11/site-packages \
+ && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'triton' -o -name 'triton-*' \) -exec mv -t /opt/venv-layers/triton/opt/venv/lib/python3.11/site-packages {} + \
+ && mkdir -p /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages \
+ && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'torch' -o -name 'torch-*' -o -name 'torchgen' -o -name 'functorch' -o -name 'torchvision' -o -name 'torchvision-*' -o -name 'torchvision.libs' \) -exec mv -t /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages {} + \
+ && mkdir -p /opt/venv-layers/rest/opt \
+ && cp -al /opt/venv /opt/venv-layers/rest/opt/venv \
+ && chown -R 1000:0 /opt/venv-layers/*/opt/venv \
+ && chmod -R g=u /opt/venv-layers/*/opt/venv \
+ && find /opt/venv-layers -exec touch -h -d @946684800 {} +
 
 # Stage 3: the image users pull. Layers every flavor of this row shares come first, so that a devel build
 # reuses the runtime image's layers from the build cache.
@@ -45,9 +55,17 @@ RUN existing="$(getent passwd 1000 || true)" \
  && chown 1000:0 /workspace \
  && chmod -R g=u /home/torch /workspace
 ENV HOME=/home/torch
-# Owned by the image's user and writable by group 0 (mode g=u, set in the packages stage), in this one layer:
+# /opt/venv, one tree on disk in layers ordered by how rarely they change (a republish uploads the layers that did).
+# Owned by the image's user and writable by group 0 (owner and mode g=u set in the packages stage, which COPY keeps):
 # derived images and arbitrary uids can pip install.
-COPY --from=packages --chown=1000:0 /opt/venv /opt/venv
+# the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
+COPY --from=packages /opt/venv-layers/cuda/ /
+# Triton: changes with the torch minor
+COPY --from=packages /opt/venv-layers/triton/ /
+# torch and torchvision: change with every torch build
+COPY --from=packages /opt/venv-layers/torch/ /
+# the rest: pip, NumPy and the other dependencies, the scripts
+COPY --from=packages /opt/venv-layers/rest/ /
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.14.1 \

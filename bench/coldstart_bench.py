@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Cold start and republish (issue 20), today's layout against the new one, side by side in one run; Markdown for
+docs/benchmarks.md.
+
+For one row (default the CPU runtime row; `--row 2.14.1-cuda13.0-cudnn9-runtime` for the CUDA one):
+1. Build the row twice: with the Dockerfile committed at `--baseline` (today's layout: one venv layer) and with
+   images/<tag>/Dockerfile of this checkout (the venv in layers ordered by how rarely they change).
+2. Publish each with the product's own push (registry.RegistryClient.push: skopeo, gzip, private blob-info cache,
+   digests precomputed) into a repository of its own on the engine's registry: seconds, compressed bytes.
+3. A torch-only change: the same wheelhouse with one file added to the torch wheel; rebuild both (from the build
+   cache, as a nightly does), publish again into the same repositories: the bytes that upload (blobs the registry
+   log shows PUT, else the manifest's blobs the repository did not hold), against the whole image's.
+4. The new layout also as zstd (`--compression zstd`), into a third repository.
+5. Pull, with every image of the run removed first (the engine holds the Debian base only): `docker pull` (the
+   engine's own client) of each layout, then the first `import torch` in a container of it (container start
+   included); containerd's `ctr images pull` (pull and unpack, the Kubernetes node path) of each layout in gzip and of
+   the new one in zstd, each into a namespace of its own, removed (and its content collected) afterwards. Docker
+   20.10 is also asked to pull the zstd image: it is expected to fail, and the message is printed.
+
+Needs the project's engine (`make engine`, `source .engine/env`) and the row's wheelhouse (`build.py wheels ROW`).
+Leaves nothing behind: its images, repositories' tags and containerd namespaces are removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools import localengine  # noqa: E402
+from torchimages import engine  # noqa: E402
+from torchimages.builder import local_name  # noqa: E402
+from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access  # noqa: E402
+
+LAYOUTS = ("today", "new")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+# ------------------------------------------------------------------------------------------------------- builds
+
+def baseline_images(ref: str, tag: str, folder: Path) -> Path:
+    """An images folder holding the row's Dockerfile (and entrypoint) as committed at ref."""
+    row = folder / "images" / tag
+    row.mkdir(parents=True)
+    for name in ("Dockerfile", "entrypoint.sh"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:images/{tag}/{name}"], capture_output=True,
+                               check=True)
+        (row / name).write_bytes(shown.stdout)
+    (row / "entrypoint.sh").chmod(0o755)
+    return folder / "images"
+
+
+def build(tag: str, images: Path, wheelhouse: Path, reports: Path, name: str, client) -> tuple[str, float]:
+    """Build the row from images/<tag>/ with build.py (what CI runs), tag it `name`; (image id, seconds)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(images), "--reports", str(reports),
+                           "build", tag, "--wheelhouse", str(wheelhouse), "--force"], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"build of {tag} from {images} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    spec = next(iter(select(load_matrix(ROOT / "matrix.yaml").specs, [tag])))
+    image = client.images.get(local_name(spec))
+    repository, _, label = name.rpartition(":")
+    image.tag(repository, label)
+    return image.id, seconds
+
+
+def torch_changed(wheelhouse: Path, folder: Path) -> Path:
+    """The wheelhouse with one file added to the torch wheel (a new torch build, nothing else changed)."""
+    changed = folder / "wheelhouse-torch-changed"
+    shutil.copytree(wheelhouse, changed, copy_function=os.link)
+    for wheel in changed.rglob("torch-*.whl"):
+        wheel.unlink()
+        shutil.copy2(next(wheelhouse.rglob(wheel.name)), wheel)
+        with zipfile.ZipFile(wheel, "a") as archive:
+            archive.writestr("torch/_coldstart_bench_marker.py", f"BUILD = {uuid.uuid4().hex!r}\n")
+    return changed
+
+
+# ------------------------------------------------------------------------------------------------------ publish
+
+def registry_log_uploads(since: int) -> set[str]:
+    """Digests of the blobs PUT to the engine's registry after byte offset `since` of its log."""
+    uploads = set()
+    with open(localengine.REGISTRY_LOG, "rb") as handle:
+        handle.seek(since)
+        for line in handle.read().decode(errors="replace").splitlines():
+            if '"PUT /v2/' in line and "/blobs/uploads/" in line and "digest=sha256%3A" in line:
+                uploads.add("sha256:" + line.split("digest=sha256%3A", 1)[1][:64])
+    return uploads
+
+
+def manifest_blobs(client: RegistryClient, tag: str) -> dict[str, int]:
+    document = json.loads(client.manifest(tag).body)
+    return {part["digest"]: part["size"] for part in [document["config"], *document["layers"]]}
+
+
+def publish(host: str, repository: str, image_id: str, tag: str, compression: str = "gzip") -> dict:
+    registry = Registry(host, repository)
+    client = RegistryClient(registry, registry_access(registry), RetryPolicy(retries=0), log)
+    before = set()
+    for old in client.tags():
+        before |= set(manifest_blobs(client, old))
+    log_offset = localengine.REGISTRY_LOG.stat().st_size if localengine.REGISTRY_LOG.exists() else None
+    started = time.perf_counter()
+    client.push(image_id, tag, os.environ.get("DOCKER_HOST"), compression)
+    seconds = time.perf_counter() - started
+    blobs = manifest_blobs(client, tag)
+    if log_offset is not None:
+        uploaded, how = registry_log_uploads(log_offset) & set(blobs), "registry log"
+    else:
+        uploaded, how = set(blobs) - before, "blobs the repository lacked"
+    return {"seconds": round(seconds, 1), "image_bytes": sum(blobs.values()),
+            "uploaded_bytes": sum(blobs[digest] for digest in uploaded), "uploaded_how": how,
+            "layers": len(blobs) - 1, "largest_layer": max(blobs.values())}
+
+
+# --------------------------------------------------------------------------------------------------------- pull
+
+def remove_everything(client, references: list[str]) -> None:
+    """Remove these images by id, every tag of them (removing one of several tags only untags)."""
+    for reference in references:
+        try:
+            client.images.remove(client.images.get(reference).id, force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def docker_pull(client, reference: str) -> dict:
+    """`docker pull` through the engine's API, its error (the zstd case on Docker 20.10) kept; then the first
+    `import torch` in a container of the image, container start included."""
+    repository, _, tag = reference.rpartition(":")
+    started = time.perf_counter()
+    errors = [event.get("error") for event in client.api.pull(repository, tag=tag, stream=True, decode=True)
+              if event.get("error")]
+    pulled = time.perf_counter() - started
+    if errors:
+        return {"seconds": round(pulled, 1), "error": " ".join(errors[-1].split())[-300:]}
+    image = client.images.get(reference)
+    started = time.perf_counter()
+    client.containers.run(image.id, ["python", "-c", "import torch"], remove=True)
+    return {"seconds": round(pulled, 1), "first_import_torch_s": round(time.perf_counter() - started, 1),
+}
+
+
+def ctr(socket: str, namespace: str, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", "--address", socket, "--namespace", namespace, *arguments], capture_output=True,
+                          text=True)
+
+
+def ctr_pull(socket: str, reference: str) -> dict:
+    namespace = f"coldstart-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    done = ctr(socket, namespace, "images", "pull", "--plain-http", reference)
+    seconds = time.perf_counter() - started
+    ctr(socket, namespace, "images", "rm", "--sync", reference)
+    ctr(socket, "default", "namespaces", "remove", namespace)
+    if done.returncode != 0:
+        return {"seconds": round(seconds, 1), "error": done.stderr.strip()[-300:]}
+    return {"seconds": round(seconds, 1)}
+
+
+def unpigz_found() -> bool:
+    return shutil.which("unpigz") is not None
+
+
+# --------------------------------------------------------------------------------------------------------- main
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--row", default="2.13.0-cpu-runtime")
+    parser.add_argument("--baseline", default="main", help="git ref whose committed Dockerfile is today's layout")
+    parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
+    parser.add_argument("--containerd-socket", default=str(localengine.EXEC_ROOT / "containerd" / "containerd.sock"))
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
+                        help="only these (`--layouts new` where today's figures are known and time is short)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    host = os.environ.get("TORCHIMAGES_REGISTRY")
+    if not host or not os.environ.get("DOCKER_HOST"):
+        raise SystemExit("run `make engine && source .engine/env` first")
+    client = engine.client()
+    token = uuid.uuid4().hex[:8]
+    names = {layout: f"coldstart-{token}/{layout}" for layout in LAYOUTS}
+    repositories = {"today": f"coldstart-{token}/today", "new": f"coldstart-{token}/new",
+                    "new-zstd": f"coldstart-{token}/new-zstd"}
+    results: dict = {"row": args.row, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                     "machine": f"{os.cpu_count()} cores, {platform.machine()}", "unpigz_on_path": unpigz_found()}
+    local = []
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as scratch:
+        folder = Path(scratch)
+        images = {"today": baseline_images(args.baseline, args.row, folder / "today"), "new": ROOT / "images"}
+        layouts = [layout for layout in LAYOUTS if layout in args.layouts]
+        changed = torch_changed(args.wheelhouse, folder)
+        try:
+            for layout in layouts:
+                for variant, wheelhouse in (("first", args.wheelhouse), ("torch-changed", changed)):
+                    name = f"{names[layout]}:{variant}"
+                    log(f"{layout}: building ({variant})")
+                    image_id, seconds = build(args.row, images[layout], wheelhouse, folder / "reports", name, client)
+                    local.append(image_id)
+                    size = client.images.get(image_id).attrs["Size"]
+                    log(f"{layout}: publishing ({variant})")
+                    pushed = publish(host, repositories[layout], image_id, variant)
+                    results[f"{layout}/{variant}"] = {"build_s": round(seconds, 1), "size": size, **pushed}
+                    log(f"{layout}/{variant}: {results[f'{layout}/{variant}']}")
+                    if layout == "new" and variant == "torch-changed":
+                        log("new: publishing as zstd")
+                        results["new-zstd"] = publish(host, repositories["new-zstd"], image_id, "latest", "zstd")
+            remove_everything(client, local)
+            for layout in layouts:
+                reference = f"{host}/{repositories[layout]}:torch-changed"
+                log(f"{layout}: docker pull")
+                results["images on the engine before the pulls"] = sorted(
+                    tag for image in client.images.list() for tag in image.tags)
+                results[f"{layout}/docker-pull"] = docker_pull(client, reference)
+                remove_everything(client, [reference])
+            pulled = [*layouts, "new-zstd"] if "new" in layouts else layouts
+            if "new" in layouts:
+                log("new (zstd): docker pull")
+                results["new-zstd/docker-pull"] = docker_pull(client, f"{host}/{repositories['new-zstd']}:latest")
+                remove_everything(client, [f"{host}/{repositories['new-zstd']}:latest"])
+            if Path(args.containerd_socket).exists():
+                for key in pulled:
+                    reference = f"{host}/{repositories[key]}:" + ("latest" if key == "new-zstd" else "torch-changed")
+                    log(f"{key}: ctr pull")
+                    results[f"{key}/ctr-pull"] = ctr_pull(args.containerd_socket, reference)
+        finally:
+            remove_everything(client, local)
+            for repository in repositories.values():
+                delete_repository(host, repository)
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def delete_repository(host: str, repository: str) -> None:
+    """Delete the run's manifests (the registry keeps blobs until its garbage collection)."""
+    accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+    try:
+        with urllib.request.urlopen(f"http://{host}/v2/{repository}/tags/list", timeout=10) as response:
+            tags = json.loads(response.read()).get("tags") or []
+        for tag in tags:
+            request = urllib.request.Request(f"http://{host}/v2/{repository}/manifests/{tag}", method="HEAD",
+                                             headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                digest = response.headers["Docker-Content-Digest"]
+            urllib.request.urlopen(urllib.request.Request(f"http://{host}/v2/{repository}/manifests/{digest}",
+                                                          method="DELETE"), timeout=10).close()
+    except OSError as error:
+        log(f"could not delete {repository}: {error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
