@@ -226,12 +226,7 @@ class Index:
         try:
             auth = self.auth if urlsplit(package.url).hostname == self.host else None
             with RemoteZip(package.url, session=self.session, timeout=TIMEOUT_S, auth=auth) as wheel:
-                members = [info for info in wheel.infolist() if want(info.filename)]
-                too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
-                if too_large:
-                    raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
-                                                  f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
-                return {info.filename: wheel.read(info) for info in members}
+                return _read_wanted(wheel, package.url, want)
         except RangeNotSupported:
             raise unreadable(package.url, "the file host does not answer range requests (it would send the whole "
                                           "wheel)") from None
@@ -299,12 +294,7 @@ class Wheelhouse(Index):
     def read_members(self, package, want: Callable[[str], bool]) -> dict[str, bytes]:
         try:
             with zipfile.ZipFile(package.url) as wheel:
-                members = [info for info in wheel.infolist() if want(info.filename)]
-                too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
-                if too_large:
-                    raise unreadable(package.url, f"{', '.join(too_large)} is larger than a torch wheel's "
-                                                  f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
-                return {info.filename: wheel.read(info) for info in members}
+                return _read_wanted(wheel, package.url, want)
         except (OSError, zipfile.BadZipFile) as error:
             raise unreadable(package.url, f"cannot read the wheel as a zip: {error}") from None
 
@@ -624,3 +614,13 @@ def _check_shape(text: str, path: Path) -> None:
     if problems:
         raise InputError([Problem(str(path), line, f"not written: what the index gave leaves {message}")
                           for line, message in problems])
+
+
+def _read_wanted(wheel: zipfile.ZipFile, url: str, want: Callable[[str], bool]) -> dict[str, bytes]:
+    """The members of an open wheel (remote or local) that `want` picks, each bounded before it is read."""
+    members = [info for info in wheel.infolist() if want(info.filename)]
+    too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
+    if too_large:
+        raise unreadable(url, f"{', '.join(too_large)} is larger than a torch wheel's "
+                              f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
+    return {info.filename: wheel.read(info) for info in members}
