@@ -69,14 +69,14 @@ class Workspace:
         self.registry_host = registry_host
         self.repository = f"{registry_host}/{self.namespace}/pytorch"
 
-    def cli(self, *args: str, check_exit: int | None = None) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check_exit: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
         return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
-                       *args, check_exit=check_exit)
+                       *args, check_exit=check_exit, env=env)
 
     def publish(self, *selectors: str, date: str = "20260101", check_exit: int | None = 0, extra=(), env=None):
-        return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
-                       "publish", *selectors, "--registry", self.repository, "--catalog", str(self.catalog),
-                       "--date", date, *extra, check_exit=check_exit, env=env)
+        # Through cli(): a workspace with a login (test_registry_login) adds its Docker config there.
+        return self.cli("publish", *selectors, "--registry", self.repository, "--catalog", str(self.catalog),
+                        "--date", date, *extra, check_exit=check_exit, env=env)
 
     def build(self, docker_client, tag: str, blob_mb: int = 0) -> str:
         """A stand-in for the row's image: unique content, the labels publish checks. Returns its image id."""
