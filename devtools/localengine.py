@@ -82,8 +82,10 @@ BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/
 
 # Debian package -> the program we need from it.
 # skopeo: publishing talks to registries through it (torchimages/registry.py).
+# pigz: dockerd and containerd decompress gzip layers with unpigz when it is on their PATH (doctor's advice, measured
+# in docs/benchmarks.md); the engine the tests pull from follows it.
 PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap",
-            "skopeo": "skopeo"}
+            "skopeo": "skopeo", "pigz": "unpigz"}
 REGISTRY_BIN = "/usr/bin/docker-registry"
 DEFAULT_REGISTRY_PORT = 5000
 ENGINE_START_S = 60

@@ -6,7 +6,8 @@ import stat
 
 import pytest
 
-from torchimages.doctor import Finding, HostGpu, arch_findings, disk_finding, parse_nvidia_smi, row_findings
+from torchimages.doctor import (Finding, HostGpu, arch_findings, disk_finding, gzip_finding, parse_nvidia_smi,
+                                row_findings)
 from torchimages.matrix import load_matrix
 
 from .conftest import ROOT, run_cli
@@ -138,4 +139,14 @@ def test_on_the_engine_doctor_reports_the_engine_its_gpu_runtime_and_disk():
     [engine] = found["engine"]
     assert engine.status == "ok" and engine.detail.startswith("Docker ")
     assert statuses(found["gpu runtime"]) in (["ok"], ["warn"]) and "free" in found["disk"][0].detail
+    # `make engine` installs pigz: the engine the tests pull from follows doctor's advice.
+    assert statuses(found["gzip layers"]) == ["ok"] and "unpigz" in found["gzip layers"][0].detail
     assert code == (1 if any(f.status == "fail" for findings in found.values() for f in findings) else 0)
+
+
+def test_an_engine_without_unpigz_is_warned_with_the_measured_pull_time_and_the_fix():
+    # moby pkg/archive: gzip layers go through unpigz when dockerd finds it on its PATH, else through Go's gzip.
+    finding = gzip_finding(None)
+    assert finding.status == "warn" and "Go's gzip" in finding.detail and "apt-get install pigz" in finding.detail
+    assert "62.9 s with Go's gzip and 56.6 s with unpigz" in finding.detail
+    assert gzip_finding("/usr/bin/unpigz").status == "ok"
