@@ -269,7 +269,8 @@ def engine_without_pigz():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--row", default="2.13.0-cpu-runtime")
-    parser.add_argument("--baseline", default="main", help="git ref whose committed Dockerfile is today's layout")
+    parser.add_argument("--baseline", default="099bab1^", help="git ref whose committed Dockerfile is today's layout "
+                                                              "(default: the last commit with one venv layer)")
     parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
     parser.add_argument("--containerd-socket", default=str(localengine.EXEC_ROOT / "containerd" / "containerd.sock"))
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),

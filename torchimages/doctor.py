@@ -26,8 +26,8 @@ NVIDIA_SMI_TIMEOUT_S = 30
 DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # dockerd decompresses gzip layers with unpigz when it finds it on its PATH (moby pkg/archive gzDecompress), else
 # with Go's gzip. Measured on the CUDA 13.0 runtime image (docs/benchmarks.md, "Cold start and republish").
-UNPIGZ_MEASURED = ("`docker pull` of the 6.1 GB CUDA 13.0 runtime image took 62.9 s with Go's gzip and 56.6 s with "
-                   "unpigz (0.90x; 2 cores, Docker 20.10, docs/benchmarks.md)")
+UNPIGZ_MEASURED = ("`docker pull` of the 6.1 GB CUDA 13.0 runtime image took 59.4 s with Go's gzip and 52.1 s with "
+                   "unpigz (0.88x; 2 cores, Docker 20.10, docs/benchmarks.md)")
 
 
 @dataclass(frozen=True)
