@@ -495,6 +495,18 @@ class RegistryClient:
                                            *self.access.flags("dest"), self.registry.reference(digest),
                                            self.registry.reference(tag), transfer=True))
 
+    def read_artifact(self, tag: str, folder: Path) -> bool:
+        """Copy repository:tag (a small artifact: a signature, attestations) into folder in skopeo's `dir:` layout
+        (manifest.json and one file per blob, named by its hex digest); False when there is no such tag."""
+        return self._retried(lambda: self._skopeo("copy", "--quiet", *self.access.flags("src"),
+                                                  self.registry.reference(tag), f"dir:{folder}",
+                                                  missing_ok=True)) is not None
+
+    def write_artifact(self, folder: Path, tag: str) -> None:
+        """Push a `dir:` layout as repository:tag byte for byte (its manifest digest is the one written)."""
+        self._retried(lambda: self._skopeo("copy", "--quiet", "--preserve-digests", *self.access.flags("dest"),
+                                           f"dir:{folder}", self.registry.reference(tag), transfer=True))
+
     def delete(self, digest: str) -> None:
         """Delete a manifest; the registry drops every tag naming it."""
         self._retried(lambda: self._skopeo("delete", *self.access.flags(), self.registry.reference(digest)))

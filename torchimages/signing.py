@@ -1,0 +1,287 @@
+"""Signatures and attestations in cosign's formats, made and checked with `cryptography` alone (no cosign binary).
+
+What cosign writes and checks, key-based, without a transparency log (`cosign verify --key KEY.pub
+--insecure-ignore-tlog=true`, Kyverno's `rekor: {ignoreTlog: true}`):
+- a signature is an ECDSA P-256 signature (DER, base64) over the SHA-256 of a "simple signing" payload naming the
+  repository and the manifest digest; it travels as a layer of the `sha256-<hex>.sig` tag, its payload the layer,
+  the signature in the layer's annotation;
+- an attestation is an in-toto Statement v1 (subject: the manifest digest) in a DSSE envelope whose signature is
+  over the envelope's PAE encoding; it travels as a layer of the `sha256-<hex>.att` tag, its predicate type in the
+  layer's annotation.
+
+Keys: a key made by `cosign generate-key-pair` (an "ENCRYPTED SIGSTORE PRIVATE KEY": scrypt + NaCl secretbox around
+PKCS#8, password in COSIGN_PASSWORD, cosign's own convention) or a PKCS#8 PEM key (encrypted or not). ECDSA P-256
+only: it is what cosign makes, and what every verifier in front of a cluster (cosign, Kyverno, policy-controller,
+Ratify, CRI-O) checks with SHA-256. Neither the key nor its password ever reaches a message.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.secret
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from .files import read_bytes
+from .model import InputError, Problem
+
+SIGNATURE_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
+ATTESTATION_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+PREDICATE_TYPE_ANNOTATION = "predicateType"
+SIMPLE_SIGNING_TYPE = "cosign container image signature"
+IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+
+PASSWORD_VARIABLE = "COSIGN_PASSWORD"
+KEY_VARIABLE = "TORCHIMAGES_SIGNING_KEY"
+ENV_PREFIX = "env://"  # cosign's way to name a key held in an environment variable (a CI secret)
+COSIGN_PEM_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
+MAX_KEY_BYTES = 64 * 1024
+# scrypt's cost parameters are read from the key file: bounded, so a hostile file cannot ask for gigabytes.
+MAX_SCRYPT_N = 1 << 20
+MAKE_A_KEY = ("make one with `cosign generate-key-pair` (password in COSIGN_PASSWORD) or "
+              "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem`")
+
+
+class SignatureError(Exception):
+    """A signature or attestation that does not hold: what it is and why."""
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    key: ec.EllipticCurvePublicKey
+
+    @property
+    def pem(self) -> str:
+        return self.key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the DER public key, as `sha256:<hex>`: what the catalog lists and a consumer compares."""
+        der = self.key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return "sha256:" + hashlib.sha256(der).hexdigest()
+
+    def verifies(self, signature: bytes, message: bytes) -> bool:
+        try:
+            self.key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    private: ec.EllipticCurvePrivateKey
+    source: str  # the file or env:// name it came from, for messages
+
+    @property
+    def public(self) -> PublicKey:
+        return PublicKey(self.private.public_key())
+
+    def sign(self, message: bytes) -> bytes:
+        return self.private.sign(message, ec.ECDSA(hashes.SHA256()))
+
+    def __repr__(self) -> str:  # never the key
+        return f"SigningKey({self.source!r}, {self.public.fingerprint})"
+
+
+# ------------------------------------------------------------------------------------------------------------ keys
+
+def load_signing_key(source: str, environment: dict | None = None) -> SigningKey:
+    """The private key named by source (a file, or env://VAR), decrypted with COSIGN_PASSWORD where it is
+    encrypted; an InputError naming the source and what to do, never quoting the key or the password."""
+    environment = os.environ if environment is None else environment
+    text = _key_text(source, environment)
+    password = environment.get(PASSWORD_VARIABLE, "").encode()
+
+    def wrong(message: str) -> InputError:
+        return InputError([Problem(source, 0, message)])
+
+    if "PUBLIC KEY-----" in text and "PRIVATE KEY-----" not in text:
+        raise wrong("is a public key: signing needs the private key (cosign.key), the public one is for verifying")
+    pem_type = _pem_type(text)
+    if pem_type in COSIGN_PEM_TYPES:
+        der = _cosign_decrypt(text, password, wrong)
+        key = _load_der(der, wrong)
+    elif pem_type and pem_type.endswith("PRIVATE KEY"):
+        key = _load_pem(text.encode(), password, wrong)
+    else:
+        raise wrong(f"is not a PEM private key: {MAKE_A_KEY}")
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+        kind = key.curve.name if isinstance(key, ec.EllipticCurvePrivateKey) else type(key).__name__.removeprefix("_")
+        raise wrong(f"is a {_key_kind(kind)} key: cosign-compatible signing here takes ECDSA P-256 keys, "
+                    f"what every cluster verifier checks; {MAKE_A_KEY}")
+    return SigningKey(key, source)
+
+
+def load_public_key(path: Path) -> PublicKey:
+    """A PEM public key (cosign.pub) for verifying; an InputError naming the file otherwise."""
+    data = read_bytes(path, "--key names the PEM public key the images were signed with (cosign.pub)", MAX_KEY_BYTES)
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError):
+        hint = " (it is a private key: give the public one)" if b"PRIVATE KEY" in data else ""
+        raise InputError([Problem(str(path), 0, f"is not a PEM public key{hint}: "
+                                                "`cosign public-key --key cosign.key` prints it")]) from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise InputError([Problem(str(path), 0, "is not an ECDSA P-256 public key, the kind images are signed with")])
+    return PublicKey(key)
+
+
+def public_key_from_pem(pem: str) -> PublicKey:
+    return PublicKey(serialization.load_pem_public_key(pem.encode()))
+
+
+def _key_text(source: str, environment) -> str:
+    if source.startswith(ENV_PREFIX):
+        name = source.removeprefix(ENV_PREFIX)
+        value = environment.get(name)
+        if not value:
+            raise InputError([Problem(source, 0, f"the environment variable {name} is not set or empty: set it to "
+                                                 "the PEM text of the signing key (a CI secret)")])
+        return value
+    data = read_bytes(Path(source), f"--signing-key (or {KEY_VARIABLE}) names the private key file; {MAKE_A_KEY}",
+                      MAX_KEY_BYTES)
+    return data.decode("ascii", errors="replace")
+
+
+def _pem_type(text: str) -> str | None:
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("-----BEGIN ") and line.endswith("-----"):
+            return line.removeprefix("-----BEGIN ").removesuffix("-----")
+    return None
+
+
+def _key_kind(name: str) -> str:
+    kinds = {"RSAPrivateKey": "RSA", "Ed25519PrivateKey": "Ed25519", "Ed448PrivateKey": "Ed448",
+             "DSAPrivateKey": "DSA", "secp384r1": "ECDSA P-384", "secp521r1": "ECDSA P-521"}
+    return kinds.get(name, name)
+
+
+def _load_pem(data: bytes, password: bytes, wrong):
+    try:
+        return serialization.load_pem_private_key(data, password or None)
+    except TypeError:  # encrypted and no password, or a password for a key that has none
+        if password:
+            return _load_pem(data, b"", wrong)
+        raise wrong(f"is encrypted: put its password in {PASSWORD_VARIABLE}") from None
+    except ValueError:
+        raise wrong(f"cannot be read as a private key (a wrong {PASSWORD_VARIABLE}, or a damaged file)") from None
+    except Exception:  # noqa: BLE001 - cryptography's UnsupportedAlgorithm and its Rust errors
+        raise wrong(f"holds a key of a kind that cannot be used: {MAKE_A_KEY}") from None
+
+
+def _load_der(der: bytes, wrong):
+    try:
+        return serialization.load_der_private_key(der, None)
+    except Exception:  # noqa: BLE001 - any failure means the same: not a key
+        raise wrong("decrypts to something that is not a private key: the file is damaged") from None
+
+
+def _cosign_decrypt(text: str, password: bytes, wrong) -> bytes:
+    """cosign's encrypted key: a JSON document (scrypt parameters and salt, a secretbox nonce, the ciphertext) in PEM."""
+    body = "".join(line.strip() for line in text.strip().splitlines() if not line.startswith("-----"))
+    try:
+        document = json.loads(base64.b64decode(body, validate=True))
+        params, salt = document["kdf"]["params"], base64.b64decode(document["kdf"]["salt"], validate=True)
+        nonce = base64.b64decode(document["cipher"]["nonce"], validate=True)
+        ciphertext = base64.b64decode(document["ciphertext"], validate=True)
+        n, r, p = int(params["N"]), int(params["r"]), int(params["p"])
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError):
+        raise wrong("is not a cosign key file of the shape `cosign generate-key-pair` writes: the file is damaged") \
+            from None
+    if document["kdf"].get("name") != "scrypt" or document["cipher"].get("name") != "nacl/secretbox":
+        raise wrong("is encrypted with something other than scrypt and nacl/secretbox, which cosign writes")
+    if not (2 <= n <= MAX_SCRYPT_N and n & (n - 1) == 0 and 1 <= r <= 32 and 1 <= p <= 16):
+        raise wrong("asks for scrypt parameters outside what cosign writes: the file is damaged")
+    if not password:
+        raise wrong(f"is encrypted: put its password in {PASSWORD_VARIABLE}")
+    secret = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=256 * r * n * p + (1 << 20))
+    try:
+        return nacl.secret.SecretBox(secret).decrypt(ciphertext, nonce)
+    except (nacl.exceptions.CryptoError, ValueError, TypeError):
+        raise wrong(f"cannot be decrypted: {PASSWORD_VARIABLE} is not its password") from None
+
+
+# -------------------------------------------------------------------------------------------------------- payloads
+
+def simple_signing_payload(repository: str, digest: str) -> bytes:
+    """What a cosign signature signs: the repository and the manifest digest."""
+    return json.dumps({"critical": {"identity": {"docker-reference": repository},
+                                    "image": {"docker-manifest-digest": digest},
+                                    "type": SIMPLE_SIGNING_TYPE},
+                       "optional": None}, separators=(",", ":")).encode()
+
+
+def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> bytes:
+    """An in-toto Statement v1 about repository@digest."""
+    algorithm, _, value = digest.partition(":")
+    return json.dumps({"_type": STATEMENT_TYPE, "subject": [{"name": repository, "digest": {algorithm: value}}],
+                       "predicateType": predicate_type, "predicate": predicate}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what an envelope's signature is over."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def envelope(key: SigningKey, payload: bytes) -> bytes:
+    """A DSSE envelope of an in-toto payload, signed with key."""
+    signature = key.sign(pae(IN_TOTO_PAYLOAD_TYPE, payload))
+    return json.dumps({"payloadType": IN_TOTO_PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
+                       "signatures": [{"keyid": "", "sig": base64.b64encode(signature).decode()}]},
+                      separators=(",", ":")).encode()
+
+
+# ------------------------------------------------------------------------------------------------------- checking
+
+def check_signature(key: PublicKey, payload: bytes, signature_b64: str, digest: str) -> None:
+    """That a signature layer is key's signature naming digest; a SignatureError saying why not."""
+    try:
+        signature = base64.b64decode(signature_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise SignatureError("its signature annotation is not base64") from None
+    if not key.verifies(signature, payload):
+        raise SignatureError("the signature does not match this key and payload")
+    try:
+        signed = json.loads(payload)["critical"]["image"]["docker-manifest-digest"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise SignatureError("the signed payload is not a simple-signing document") from None
+    if signed != digest:
+        raise SignatureError(f"it signs {signed}, not {digest}")
+
+
+def open_envelope(key: PublicKey, document: bytes, digest: str) -> dict:
+    """The statement inside a DSSE envelope that key signed about digest; a SignatureError saying why not."""
+    try:
+        sealed = json.loads(document)
+        payload = base64.b64decode(sealed["payload"], validate=True)
+        signatures = [base64.b64decode(entry["sig"], validate=True) for entry in sealed["signatures"]]
+        payload_type = sealed["payloadType"]
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError):
+        raise SignatureError("not a DSSE envelope") from None
+    if payload_type != IN_TOTO_PAYLOAD_TYPE:
+        raise SignatureError(f"its payload type is {payload_type!r}, not in-toto")
+    if not any(key.verifies(signature, pae(payload_type, payload)) for signature in signatures):
+        raise SignatureError("no signature in the envelope matches this key")
+    try:
+        found = json.loads(payload)
+        subjects = [subject["digest"] for subject in found["subject"]]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise SignatureError("its payload is not an in-toto statement") from None
+    algorithm, _, value = digest.partition(":")
+    if not any(isinstance(subject, dict) and subject.get(algorithm) == value for subject in subjects):
+        raise SignatureError(f"its subject is not {digest}")
+    return found
