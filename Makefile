@@ -8,7 +8,7 @@ SELECTION ?=
 WHEELHOUSE ?= wheelhouse
 PYTEST_ARGS ?=
 
-.PHONY: setup engine engine-down render render-check lint images test test-fast bench clean
+.PHONY: setup engine engine-down cosign render render-check lint images test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,10 @@ engine: setup
 engine-down:
 	$(PYTHON) -m devtools.localengine down
 
+# The real cosign CLI, which the signing tests verify published images with (unpacked under .tools/).
+cosign: setup
+	$(PYTHON) -m devtools.cosign
+
 render: setup
 	$(PYTHON) build.py render
 
@@ -38,7 +42,7 @@ images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
-test: render-check lint engine
+test: render-check lint engine cosign
 	source $(ENGINE_ENV) && $(PYTHON) -m pytest --durations=15 $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.

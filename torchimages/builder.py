@@ -22,7 +22,7 @@ import requests
 import urllib3
 
 from . import engine
-from .files import check_destinations, open_new, read_bytes, read_text
+from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_text
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .redaction import Secrets
@@ -299,6 +299,7 @@ class Builder:
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
+            write_wheel_record(self.options.reports_dir, spec.tag, context)
         except Exception as error:  # one image fails, the others go on
             result.error = self.secrets.redact(_build_error(error))
             if self.cancelled.is_set():
@@ -389,6 +390,27 @@ class Builder:
 
     def _log_path(self, spec: ImageSpec) -> Path:
         return self.options.reports_dir / spec.tag / "build.log"
+
+
+def wheel_record_path(reports_dir: Path, tag: str) -> Path:
+    return reports_dir / tag / "wheels.json"
+
+
+def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> None:
+    """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
+    input hash they went into: publish's build provenance names them (the image keeps no wheel's hash)."""
+    wheels = [{"name": path.name, "sha256": _file_sha256(path)} for name, path in sorted(context.files.items())
+              if name.startswith("build-inputs/wheelhouse/") and name.endswith(".whl")]
+    atomic_write_json(wheel_record_path(reports_dir, tag), {"input_hash": context.input_hash, "wheels": wheels},
+                      root=reports_dir)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class BuildFailed(Exception):

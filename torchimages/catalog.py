@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .attestations import COSIGN_TYPE_NAMES
 from .builder import INPUT_HASH_LABEL
 from .files import (
     atomic_write,
@@ -51,7 +52,10 @@ README_NAME = "README.md"
 SCHEMA = 1
 # What an SBOM path may hold: sbom/<pinned tag>.cdx.json is what publish writes; nothing that needs quoting or escaping.
 SBOM_PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+PREDICATE_TYPE = re.compile(r"https://[A-Za-z0-9._/-]+", re.ASCII)
 SBOM_RULE = "must be a relative path inside the catalog folder, like sbom/<pinned tag>.cdx.json"
+KEYS_DIR = "keys"
+SIGNATURE_TAG = re.compile(r"sha256-[0-9a-f]{64}\.(?:sig|att)", re.ASCII)
 
 
 @dataclass
@@ -83,6 +87,9 @@ class CatalogEntry:
     input_hash: str = ""  # the builder's hash of everything the image was built from (its label too)
     platform: str = ""  # os/architecture[/variant], e.g. linux/amd64
     verified_on: dict = field(default_factory=dict)  # host kind (cpu-only | gpu), GPU models, driver, checks ran/skipped
+    # Who signed `digest` ({} when published unsigned): the keys' fingerprints (their PEM files in catalog/keys/),
+    # the signature and attestation tags, the attestations' predicate types.
+    signing: dict = field(default_factory=dict)
 
     def pull_pinned(self) -> str:
         return f"{self.repository}:{self.pinned[0].tag}"
@@ -163,6 +170,23 @@ def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
             shape.wrong((*keys, "pinned", index, "sbom"), f"{SBOM_RULE}, not {brief(pinned['sbom'])}")
     if not is_sbom_path(folder, entry["sbom"]):
         shape.wrong((*keys, "sbom"), f"{SBOM_RULE}, not {brief(entry['sbom'])}")
+    check_signing(shape, keys, entry.get("signing", {}))
+
+
+def check_signing(shape: Shape, keys: tuple, signing: dict) -> None:
+    """What goes from an entry's signing record into images/README.md's commands: fingerprints and tags."""
+    if not signing:
+        return
+    fingerprints = signing.get("keys")
+    if not isinstance(fingerprints, list) or not fingerprints or not all(
+            isinstance(key, str) and DIGEST.fullmatch(key) for key in fingerprints):
+        shape.wrong((*keys, "signing", "keys"), "must list the signing keys' fingerprints, sha256: and 64 hex digits")
+    for name in ("signature", "attestation"):
+        if not isinstance(signing.get(name), str) or not SIGNATURE_TAG.fullmatch(signing[name]):
+            shape.wrong((*keys, "signing", name), f"must be a tag sha256-<hex>.sig/.att, not {brief(signing.get(name))}")
+    types = signing.get("predicate_types")
+    if not isinstance(types, list) or not all(isinstance(kind, str) and PREDICATE_TYPE.fullmatch(kind) for kind in types):
+        shape.wrong((*keys, "signing", "predicate_types"), "must list predicate type URLs")
 
 
 def is_sbom_path(folder: Path, relative: str) -> bool:
@@ -188,7 +212,7 @@ def _is_repository(name: str) -> bool:
 def require_sbom_folder(catalog_dir: Path) -> None:
     """Refuse a link or file where catalog/sbom/ belongs before a registry is changed: SBOMs are written (publish)
     or deleted (prune) there afterwards."""
-    problems = folder_problems(catalog_dir / SBOM_DIR, catalog_dir)
+    problems = folder_problems(catalog_dir / SBOM_DIR, catalog_dir) + folder_problems(catalog_dir / KEYS_DIR, catalog_dir)
     if problems:
         raise InputError(problems)
 
@@ -201,8 +225,10 @@ def require_folder(folder: Path, what: str) -> None:
 
 
 def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, download_size: int, checks: dict,
-               pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None, verified_on: dict) -> CatalogEntry:
-    """The catalog entry for spec published as repository@digest, carrying over the older pinned tags."""
+               pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None, verified_on: dict,
+               signed: dict) -> CatalogEntry:
+    """The catalog entry for spec published as repository@digest, carrying over the older pinned tags and the keys
+    that signed the same digest before (a second key is added beside the first)."""
     same_digest = previous is not None and previous.digest == digest and previous.repository == repository
     older = [p for p in (previous.pinned if previous and previous.repository == repository else []) if p.tag != pinned.tag]
     return CatalogEntry(
@@ -212,7 +238,29 @@ def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, downl
         sbom=pinned.sbom, published_at=previous.published_at if same_digest else utc_timestamp(), updated_at=utc_timestamp(),
         deprecated=spec.deprecated, input_hash=(image.get("Config", {}).get("Labels") or {}).get(INPUT_HASH_LABEL, ""),
         platform=platform_of(image), verified_on=verified_on,
+        signing=signing_record(signed, previous.signing if same_digest else {}),
     )
+
+
+def signing_record(signed: dict, before: dict) -> dict:
+    """What the catalog says of a digest's signatures: this run's (publish's PublishResult.signing) merged with what
+    an earlier run recorded for the same digest."""
+    if not signed:
+        return before
+    keys = sorted(set(before.get("keys", [])) | {signed["key"]})
+    return {"keys": keys, "signature": signed["signature"], "attestation": signed["attestation"],
+            "predicate_types": signed["predicate_types"]}
+
+
+def public_key_path(catalog_dir: Path, fingerprint: str) -> Path:
+    return catalog_dir / KEYS_DIR / f"{fingerprint.removeprefix('sha256:')[:16]}.pub"
+
+
+def save_public_key(catalog_dir: Path, public) -> None:
+    """catalog/keys/<fingerprint>.pub: the public key consumers verify with (`cosign verify --key`, Kyverno)."""
+    path = public_key_path(catalog_dir, public.fingerprint)
+    if not path.is_file():
+        atomic_write(path, public.pem, root=catalog_dir)
 
 
 def platform_of(image: dict) -> str:
@@ -305,12 +353,36 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
         for name in entry.floating:
             lines.append(f"| {markdown_code(f'{entry.repository}:{name}')} | {markdown_code(entry.digest)} | "
                          f"{markdown_code(entry.pinned[0].tag)} |")
+    lines += signatures_section(entries, catalog_link)
     older = [(entry, pinned) for entry in entries for pinned in entry.pinned[1:]]
     if older:
         lines += ["", "## Older pinned tags (kept until pruned)", "", "| pinned tag | digest | published |", "|---|---|---|"]
         lines += [f"| {markdown_code(f'{entry.repository}:{pinned.tag}')} | {markdown_code(pinned.digest)} | "
                   f"{markdown_cell(pinned.date)} |" for entry, pinned in older]
     return "\n".join(lines) + "\n"
+
+
+def signatures_section(entries: list[CatalogEntry], catalog_link: str) -> list[str]:
+    """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands."""
+    signed = [entry for entry in entries if entry.signing]
+    if not signed:
+        return []
+    lines = ["", "## Signatures and attestations", "",
+             "Each digest below is signed, and carries three attestations signed with the same key: its CycloneDX SBOM, "
+             "its SLSA v1 build provenance and its verification report. The public keys are in "
+             f"{markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use no transparency log: "
+             "verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).", "",
+             "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
+    for entry in signed:
+        reference = entry.pull_digest()
+        key = f"{catalog_link}/{KEYS_DIR}/{entry.signing['keys'][-1].removeprefix('sha256:')[:16]}.pub"
+        commands = [f"cosign verify --key {key} --insecure-ignore-tlog=true {reference}",
+                    *(f"cosign verify-attestation --key {key} --type {COSIGN_TYPE_NAMES.get(kind, kind)} "
+                      f"--insecure-ignore-tlog=true {reference}" for kind in entry.signing["predicate_types"]),
+                    f"python build.py verify-image {reference} --key {key}"]
+        lines.append(f"| {markdown_cell(entry.tag)} | {', '.join(markdown_code(key) for key in entry.signing['keys'])} | "
+                     + "<br>".join(markdown_code(command) for command in commands) + " |")
+    return lines
 
 
 def checks_text(checks: dict) -> str:

@@ -15,7 +15,9 @@ from .yamlsource import LineDict, LineList, load_yaml
 COMPAT_FILE = Path(__file__).with_name("compat.yaml")
 DRIVER_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")  # 580, 525.60.13
 
-TOP_LEVEL_KEYS = ("registry", "defaults", "variants")
+TOP_LEVEL_KEYS = ("registry", "signing", "defaults", "variants")
+# `signing: required`: publish and nightly refuse to run without a signing key (nothing is pushed unsigned).
+SIGNING_POLICIES = ("optional", "required")
 VARIANT_KEYS = (
     "torch", "cuda", "cudnn", "python", "os", "flavors", "torchvision", "arch_list", "user",
     "shm_size", "size_budget", "deprecated", "allow_unlisted", "aliases", "base", "arch",
@@ -41,6 +43,7 @@ class Matrix:
     path: Path
     repository: str
     specs: list[ImageSpec]
+    signing: str = "optional"  # SIGNING_POLICIES
 
 
 def load_matrix(path: Path, compat_path: Path = COMPAT_FILE) -> Matrix:
@@ -137,9 +140,13 @@ def validate_matrix(document, compat: dict, filename: str) -> Matrix:
             continue
         specs.extend(_resolve_variant(item, defaults, compat, repository, report))
     _check_tags(specs, repository, report)
+    signing = document.get("signing", "optional")
+    if signing not in SIGNING_POLICIES:
+        report(document.line_of("signing"), f"'signing' must be one of {', '.join(SIGNING_POLICIES)}, not "
+                                            f"{brief(signing)}: `required` makes publish refuse to run without a key")
     if problems:
         raise InputError(problems)
-    return Matrix(Path(filename), repository, specs)
+    return Matrix(Path(filename), repository, specs, signing)
 
 
 def _repository(document: LineDict, report) -> str:

@@ -17,10 +17,11 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from . import attestations
 from . import catalog as catalog_stage
 from . import engine
 from . import sbom as sbom_stage
-from .builder import local_name
+from .builder import local_name, wheel_record_path
 from .files import read_json_document
 from .model import LABEL_PREFIX, ImageSpec
 from .redaction import redact
@@ -35,6 +36,9 @@ from .registry import (
     with_retries,
 )
 from .reporting import RowReport, utc_timestamp
+from .catalog import SIGNATURE_TAG
+from .signatures import SignatureStore, attestation_tag, signature_tag
+from .signing import SigningKey
 from .verify.reports import VerifyReport, read_verify_report, verify_report_path
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
@@ -154,7 +158,8 @@ def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list
 
     def is_foreign(tag: str) -> bool:
         dated = DATED_TAG.fullmatch(tag)
-        return tag not in written and not (dated and dated.group(1) in written)
+        # A signature's or attestation's tag names no image: prune removes it with the digest it is about.
+        return tag not in written and not (dated and dated.group(1) in written) and not SIGNATURE_TAG.fullmatch(tag)
 
     present = set(all_tags)
     return sorted({name for names in own.values() for name in names if name in present}
@@ -200,6 +205,7 @@ class PublishOptions:
     compression: str = DEFAULT_COMPRESSION  # of the layers pushed: gzip (every client) or zstd (registry.COMPRESSIONS)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
+    signing_key: SigningKey | None = None  # None: publish unsigned (the CLI refuses that where signing is required)
 
 
 @dataclass
@@ -211,6 +217,7 @@ class PublishResult:
     created: list[str] = field(default_factory=list)  # registry tags this run created
     moved: list[str] = field(default_factory=list)  # floating tags and aliases this run pointed elsewhere
     message: str = ""
+    signing: dict = field(default_factory=dict)  # key fingerprint, signature and attestations: added or present
 
 
 class Publisher:
@@ -266,6 +273,7 @@ class Publisher:
         on_record = verified_on(report, facts)
         if pinned and all(current.get(name) == digest for name in targets):
             unchanged = PublishResult(spec.tag, "unchanged", digest, pinned, message="already published")
+            unchanged.signing = self._attach(spec, image, report, facts, unchanged)
             self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged)
             return unchanged
 
@@ -279,14 +287,79 @@ class Publisher:
             pinned = new_pinned_tag(spec.tag, self.options.date, all_tags)
             digest = self._push(image["Id"], spec.tag, pinned)
             result.created.append(pinned)
+        result.digest, result.pinned = digest, pinned
+        # Signed before any floating tag moves to it; a digest this run pushed goes again if it cannot be signed.
+        try:
+            result.signing = self._attach(spec, image, report, facts, result, inventory)
+        except (RegistryError, sbom_stage.SbomError) as error:
+            if pinned in result.created and digest not in current.values():
+                self._withdraw(digest, pinned)
+            raise RegistryError(f"{error}; not signed, so no tag names it", transient=False) from None
         manifest = self.registry.manifest(digest)
         for name in targets:
             if current.get(name) != digest:
                 self._promote(name, manifest)
                 (result.moved if name in current else result.created).append(name)
-        result.digest, result.pinned = digest, pinned
         self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, inventory)
         return result
+
+    def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, facts: dict, result: PublishResult,
+                inventory: sbom_stage.Inventory | None = None) -> dict:
+        """Sign result.digest and attest its SBOM, build provenance and verification report at the registry (what
+        is there already by this key stays, nothing is added twice); {} when publishing unsigned."""
+        key = self.options.signing_key
+        if key is None:
+            return {}
+        predicates = {
+            attestations.SBOM_PREDICATE: self._sbom(result, image, inventory),
+            attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(spec, image,
+                                                                                 self._wheels(spec, image)),
+            attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(spec, image["Id"], report, facts),
+        }
+        store = SignatureStore(self.registry)
+        signature = store.sign(key, result.digest)
+        attested = store.attest(key, result.digest, predicates)
+        self.log(f"{spec.tag}: signature {signature}, attestations {attested} ({key.public.fingerprint})")
+        return {"key": key.public.fingerprint, "signature": signature_tag(result.digest),
+                "attestation": attestation_tag(result.digest), "predicate_types": sorted(predicates),
+                "signature_status": signature, "attestation_status": attested}
+
+    def _sbom(self, result: PublishResult, image: dict, inventory: sbom_stage.Inventory | None) -> dict:
+        """The CycloneDX SBOM of result.pinned, as the catalog holds it."""
+        path = self._ensure_sbom(result, image, inventory)
+        document = read_json_document(path, "delete it: publish writes it again", default=None)
+        if not isinstance(document, dict):
+            raise sbom_stage.SbomError(f"{path} is not a CycloneDX document: delete it, publish writes it again")
+        return document
+
+    def _ensure_sbom(self, result: PublishResult, image: dict, inventory: sbom_stage.Inventory | None) -> Path:
+        """catalog/sbom/<pinned>.cdx.json, made from the image's inventory where it is not there yet."""
+        path = sbom_stage.sbom_path(self.options.catalog_dir, result.pinned)
+        if not path.is_file():
+            inventory = inventory or sbom_stage.collect_inventory(self.client, image["Id"])
+            sbom_stage.write_sbom(path, sbom_stage.cyclonedx(inventory, self.options.registry.name, result.digest,
+                                                             image["Id"], utc_timestamp()))
+        return path
+
+    def _wheels(self, spec: ImageSpec, image: dict) -> list[dict]:
+        """The wheels the build recorded for this image's inputs (reports/<tag>/wheels.json), else none."""
+        path = wheel_record_path(self.options.reports_dir, spec.tag)
+        record = read_json_document(path, f"delete it: `python build.py build {spec.tag} --force` writes it again",
+                                    default={})
+        labels = (image.get("Config") or {}).get("Labels") or {}
+        if not isinstance(record, dict) or record.get("input_hash") != labels.get("io.torchimages.input-hash"):
+            return []
+        wheels = record.get("wheels")
+        return [wheel for wheel in wheels if isinstance(wheel, dict) and isinstance(wheel.get("name"), str)
+                and isinstance(wheel.get("sha256"), str)] if isinstance(wheels, list) else []
+
+    def _withdraw(self, digest: str, pinned: str) -> None:
+        """Delete a digest this run pushed and could not sign: no tag may name an unsigned digest."""
+        try:
+            self.registry.delete(digest)
+            self.log(f"{self.options.registry.name}:{pinned}: deleted again, it could not be signed")
+        except RegistryError as error:
+            self.log(f"{self.options.registry.name}:{pinned} could not be signed nor deleted ({error}): delete it")
 
     def _same_image(self, image: dict, manifest: Manifest) -> bool:
         """An OCI manifest with zstd layers is this image when its config is (read only for such manifests)."""
@@ -326,17 +399,15 @@ class Publisher:
                 inventory: sbom_stage.Inventory | None = None) -> None:
         """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
         folder = self.options.catalog_dir
-        sbom_file = sbom_stage.sbom_path(folder, result.pinned)
-        if not sbom_file.is_file():
-            inventory = inventory or sbom_stage.collect_inventory(self.client, image["Id"])
-            sbom_stage.write_sbom(sbom_file, sbom_stage.cyclonedx(inventory, self.options.registry.name, result.digest,
-                                                                  image["Id"], utc_timestamp()))
+        sbom_file = self._ensure_sbom(result, image, inventory)
         pinned = catalog_stage.PinnedTag(result.pinned, result.digest, pinned_date(result.pinned),
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)
+        if self.options.signing_key is not None:
+            catalog_stage.save_public_key(folder, self.options.signing_key.public)
         entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
                                          manifest.download_size, check_counts(report), pinned, previous, scan,
-                                         on_record)
+                                         on_record, result.signing)
         if previous is not None and catalog_stage.same_entry(previous, entry):
             return
         catalog.images[spec.tag] = entry
@@ -364,8 +435,12 @@ def prune(registry: RegistryClient, rows: list[ImageSpec], matrix: list[ImageSpe
     for name, kept in sorted(plan.kept_shared.items()):
         log(f"keeping {name}: its digest is also tagged {kept}")
     result = PruneResult(kept_shared=plan.kept_shared)
+    signatures = SignatureStore(registry)
     try:
         for digest, names in sorted(plan.delete.items()):
+            # Its signature and attestations first: a failure part-way leaves a signed image, never an orphan.
+            for artifact in signatures.remove(digest):
+                log(f"deleted {artifact}")
             registry.delete(digest)
             log(f"deleted {', '.join(names)} ({digest})")
             result.removed += names

@@ -132,12 +132,6 @@ def attestation_layer(key: signing.SigningKey, repository: str, digest: str, pre
 
 # ---------------------------------------------------------------------------------------------------- the registry
 
-@dataclass
-class SigningOutcome:
-    signature: str  # "added" | "present"
-    attestations: dict[str, str]  # predicate type -> "added" | "present"
-
-
 class SignatureStore:
     """The `.sig` and `.att` tags of one repository."""
 
@@ -155,22 +149,23 @@ class SignatureStore:
     def sign(self, key: signing.SigningKey, digest: str) -> str:
         """Make sure key's signature of digest is on the registry: 'present' or 'added'."""
         repository, public = self.registry.registry.name, key.public
-        return self._append(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE,
-                            has=lambda layers: any(signed_by(public, layer, digest) for layer in layers),
-                            make=lambda: signature_layer(key, repository, digest))
 
-    def attest(self, key: signing.SigningKey, digest: str, predicates: dict[str, dict]) -> dict[str, str]:
-        """Make sure key's attestation of each predicate type is on the registry: type -> 'present' or 'added'."""
+        def missing(layers: list[Layer]) -> list[Layer]:
+            signed = any(signed_by(public, layer, digest) for layer in layers)
+            return [] if signed else [signature_layer(key, repository, digest)]
+
+        return self._append(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE, missing)
+
+    def attest(self, key: signing.SigningKey, digest: str, predicates: dict[str, dict]) -> str:
+        """Make sure key's attestation of each predicate type is on the registry: 'present' or 'added'."""
         repository, public = self.registry.registry.name, key.public
-        outcome = {}
-        for predicate_type, predicate in predicates.items():
-            def has(layers: list[Layer], wanted: str = predicate_type) -> bool:
-                return any(layer.predicate_type == wanted and attested_by(public, layer, digest) for layer in layers)
 
-            outcome[predicate_type] = self._append(
-                attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE, has,
-                lambda kind=predicate_type, body=predicate: attestation_layer(key, repository, digest, kind, body))
-        return outcome
+        def missing(layers: list[Layer]) -> list[Layer]:
+            found = {layer.predicate_type for layer in layers if attested_by(public, layer, digest)}
+            return [attestation_layer(key, repository, digest, kind, predicate)
+                    for kind, predicate in predicates.items() if kind not in found]
+
+        return self._append(attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE, missing)
 
     def remove(self, digest: str) -> list[str]:
         """Delete the signature and attestation tags of digest (prune); returns the tags deleted."""
@@ -182,21 +177,58 @@ class SignatureStore:
                 removed.append(tag)
         return removed
 
-    def _append(self, tag: str, media_type: str, has, make) -> str:
-        """Append make()'s layer to the artifact at tag unless has() finds one there already; read back after the
-        write, since a concurrent writer of the same tag may have replaced it with a manifest without it."""
+    def _append(self, tag: str, media_type: str, missing) -> str:
+        """Append the layers missing() asks for to the artifact at tag, unless it asks for none; read back after the
+        write, since a concurrent writer of the same tag may have replaced it with a manifest without them."""
         layers = self.layers(tag, media_type)
-        if has(layers):
+        wanted = missing(layers)
+        if not wanted:
             return "present"
         for _ in range(APPEND_TRIES):
             with tempfile.TemporaryDirectory(prefix="torchimages-artifact-") as scratch:
                 folder = Path(scratch) / "artifact"
                 folder.mkdir()
-                for name, content in artifact_files([*layers, make()]).items():
+                for name, content in artifact_files([*layers, *wanted]).items():
                     (folder / name).write_bytes(content)
                 self.registry.write_artifact(folder, tag)
             layers = self.layers(tag, media_type)
-            if has(layers):
+            wanted = missing(layers)
+            if not wanted:
                 return "added"
         raise RegistryError(f"{self.registry.registry.name}:{tag}: another writer replaced it {APPEND_TRIES} times "
                             "while this one appended to it; publish again", transient=False)
+
+
+# ------------------------------------------------------------------------------------------------ the consumer side
+
+@dataclass
+class Evidence:
+    """What a key vouches for about one digest: its signature and its attestations by predicate type."""
+
+    digest: str
+    signed_as: str = ""  # the repository the verified signature names; "" when none verifies
+    predicates: dict[str, dict] = field(default_factory=dict)  # predicate type -> predicate, of verified ones
+    problems: list[str] = field(default_factory=list)
+
+    def holds(self, predicate_types) -> bool:
+        return bool(self.signed_as) and all(kind in self.predicates for kind in predicate_types) and not self.problems
+
+
+def gather_evidence(store: SignatureStore, key: signing.PublicKey, digest: str, predicate_types) -> Evidence:
+    """Check digest's signature and attestations on the registry against key; every failure is a problem named."""
+    evidence = Evidence(digest)
+    signatures = store.layers(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE)
+    verified = [layer for layer in signatures if signed_by(key, layer, digest)]
+    if verified:
+        evidence.signed_as = json.loads(verified[0].data)["critical"]["identity"]["docker-reference"]
+    else:
+        evidence.problems.append(f"no signature by this key for {digest} ({len(signatures)} signature(s) at "
+                                 f"{signature_tag(digest)}, none verifies)")
+    for layer in store.layers(attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE):
+        found = attested_by(key, layer, digest)
+        if found is not None:
+            evidence.predicates.setdefault(layer.predicate_type, found.get("predicate") or {})
+    for kind in predicate_types:
+        if kind not in evidence.predicates:
+            evidence.problems.append(f"no {kind} attestation by this key for {digest}")
+    return evidence

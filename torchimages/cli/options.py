@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import builder as build_stage
 from .. import catalog as catalog_stage
 from .. import sbom as sbom_stage
+from .. import signing
 from ..files import read_bytes
 from ..model import InputError, Problem
 from ..project import Project
@@ -126,6 +127,12 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layer compression of pushed images: gzip, which every client pulls (default), or zstd, "
                              "smaller and faster to unpack, for clients that read it: containerd 1.5+, Docker 23+ "
                              "(Docker 20.10 cannot pull it)")
+    parser.add_argument("--signing-key", metavar="FILE|env://VAR",
+                        help=f"sign each published digest and attach its SBOM, provenance and verification report "
+                             f"(cosign's format): a `cosign generate-key-pair` key or a PKCS#8 PEM ECDSA P-256 key, "
+                             f"password in {signing.PASSWORD_VARIABLE} (default: ${signing.KEY_VARIABLE})")
+    parser.add_argument("--require-signing", action="store_true",
+                        help="refuse to publish without a signing key (as `signing: required` in the matrix does)")
 
 
 def publish_options(project: Project, args: argparse.Namespace) -> PublishOptions:
@@ -133,13 +140,29 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
     if args.allowlist and not os.path.lexists(args.allowlist):  # what is there but not a file: the reader says what
         raise InputError([Problem(str(args.allowlist), 0, f"--allowlist {args.allowlist} does not exist")])
     registry = parse_registry(args.registry)
+    key = signing_key(project, args)
     return PublishOptions(
         registry=registry, access=access_settings(args).access(registry), reports_dir=project.reports,
         catalog_dir=catalog_dir(project, args), images_dir=project.images,
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
         retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
-        daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression,
+        daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
     )
+
+
+def signing_key(project: Project, args: argparse.Namespace) -> signing.SigningKey | None:
+    """The key publish signs with (read and decrypted before anything is pushed), or None to publish unsigned; an
+    InputError when signing is required (--require-signing, or `signing: required` in the matrix) and no key is
+    given."""
+    source = args.signing_key or os.environ.get(signing.KEY_VARIABLE)
+    if source:
+        return signing.load_signing_key(source)
+    if args.require_signing or project.load().signing == "required":
+        why = "--require-signing" if args.require_signing else f"{project.matrix} says `signing: required`"
+        raise InputError([Problem("--signing-key", 0, f"{why}, and no key was given: pass --signing-key FILE (or set "
+                                                      f"{signing.KEY_VARIABLE}; password in "
+                                                      f"{signing.PASSWORD_VARIABLE}); nothing was published")])
+    return None
 
 
 def parse_date(text: str) -> str:

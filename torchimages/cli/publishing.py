@@ -4,15 +4,21 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 
+from .. import attestations
 from .. import catalog as catalog_stage
 from .. import engine
 from .. import lock as lock_stage
 from .. import publish as publish_stage
 from ..files import atomic_write
 from ..lockfile import read_lock, write_lock
+from ..model import InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+from ..registry import RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
+from ..reporting import DIGEST
+from ..signatures import Evidence, SignatureStore, gather_evidence
+from ..signing import load_public_key
 from .display import log
 from .options import (
     access_settings,
@@ -57,6 +63,9 @@ def cmd_publish(project: Project, args) -> int:
     options = publish_options(project, args)
     results = publish_stage.Publisher(engine.client(), options, log).publish_all(specs)
     print_results(results, options.registry.name)
+    if options.signing_key is None and any(result.status in ("published", "unchanged") for result in results):
+        print("unsigned: no --signing-key (or $TORCHIMAGES_SIGNING_KEY) was given, so nothing carries a signature or "
+              "attestations; clusters that require them will refuse these images")
     path = publish_stage.write_publish_report(project.reports, results)
     counts = Counter(result.status for result in results)
     print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
@@ -68,7 +77,9 @@ def print_results(results: list[publish_stage.PublishResult], repository: str) -
         if result.status in ("published", "unchanged"):
             written = result.created + result.moved
             tags = f"; tags written: {', '.join(written)}" if written else ""
-            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}")
+            signed = (f"; signed by {result.signing['key'][:19]}... (signature {result.signing['signature_status']}, "
+                      f"attestations {result.signing['attestation_status']})" if result.signing else "")
+            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}")
         else:
             print(f"{result.status:9} {result.tag}: {result.message}")
 
@@ -87,6 +98,52 @@ def cmd_prune(project: Project, args) -> int:
     print(f"pruned {len(result.removed)} dated tags, keeping the {args.retention} newest of each row"
           + (": " + ", ".join(result.removed) if result.removed else ""))
     return EXIT_OK
+
+
+def cmd_verify_image(project: Project, args) -> int:
+    """Check an image's signature and its three attestations against a public key, at the digest the registry
+    serves now, and say what they vouch for."""
+    key = load_public_key(args.key)
+    registry, reference = image_reference(args.reference)
+    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
+    try:
+        digest = client.digest_of(reference)
+        if digest is None:
+            print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
+            return EXIT_FAILED
+        evidence = gather_evidence(SignatureStore(client), key, digest, attestations.PREDICATE_TYPES)
+    except RegistryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.format == "json":
+        print(json.dumps({"reference": args.reference, "digest": digest, "key": key.fingerprint,
+                          "signed_as": evidence.signed_as, "predicates": evidence.predicates,
+                          "problems": evidence.problems, "verified": evidence.holds(attestations.PREDICATE_TYPES)},
+                         indent=2, sort_keys=True))
+    else:
+        print_evidence(f"{registry.name}@{digest}", key.fingerprint, evidence)
+    return EXIT_OK if evidence.holds(attestations.PREDICATE_TYPES) else EXIT_FAILED
+
+
+def image_reference(text: str):
+    """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise."""
+    registry, reference = image_registry(text or "")
+    parse_registry(registry.name, flag="REF")
+    if "@" in text and not DIGEST.fullmatch(reference):
+        raise InputError([Problem("REF", 0, f"{text!r}: a digest is sha256: and 64 lower-case hex digits")])
+    return registry, reference
+
+
+def print_evidence(image: str, fingerprint: str, evidence: Evidence) -> None:
+    print(image)
+    print(f"  signature: {'verified, signs ' + evidence.signed_as if evidence.signed_as else 'NOT VERIFIED'} "
+          f"(key {fingerprint})")
+    for kind in attestations.PREDICATE_TYPES:
+        predicate = evidence.predicates.get(kind)
+        print(f"  {kind}: " + (f"verified: {attestations.summary(kind, predicate)}" if predicate is not None
+                               else "NOT VERIFIED"))
+    for problem in evidence.problems:
+        print(f"  problem: {problem}")
 
 
 def cmd_catalog(project: Project, args) -> int:
@@ -137,6 +194,16 @@ def register(commands) -> None:
     pruning.add_argument("--retention", type=integer, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
     pruning.set_defaults(handler=cmd_prune, writes=writes_catalog)
+
+    checking = commands.add_parser("verify-image", help="check an image's signature and attestations (no cosign needed)")
+    checking.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
+    checking.add_argument("--key", type=Path, required=True, metavar="KEY.pub",
+                          help="the public key the images are signed with (catalog/keys/<fingerprint>.pub)")
+    checking.add_argument("--format", choices=("text", "json"), default="text")
+    checking.add_argument("--retries", type=integer, default=RetryPolicy.retries,
+                          help="tries again after a transient registry error (default: %(default)s)")
+    add_access_arguments(checking)
+    checking.set_defaults(handler=cmd_verify_image, writes=lambda project, args: [])
 
     cataloging = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
     cataloging.add_argument("--format", choices=("markdown", "json"), default="markdown")
