@@ -45,7 +45,6 @@ PASSWORD_VARIABLE = "COSIGN_PASSWORD"
 KEY_VARIABLE = "TORCHIMAGES_SIGNING_KEY"
 ENV_PREFIX = "env://"  # cosign's way to name a key held in an environment variable (a CI secret)
 COSIGN_PEM_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
-MAX_KEY_BYTES = 64 * 1024
 # scrypt's cost parameters are read from the key file: bounded, so a hostile file cannot ask for gigabytes.
 MAX_SCRYPT_N = 1 << 20
 MAKE_A_KEY = ("make one with `cosign generate-key-pair` (password in COSIGN_PASSWORD) or "
@@ -125,7 +124,7 @@ def load_signing_key(source: str, environment: dict | None = None) -> SigningKey
 
 def load_public_key(path: Path) -> PublicKey:
     """A PEM public key (cosign.pub) for verifying; an InputError naming the file otherwise."""
-    data = read_bytes(path, "--key names the PEM public key the images were signed with (cosign.pub)", MAX_KEY_BYTES)
+    data = read_bytes(path, "--key names the PEM public key the images were signed with (cosign.pub)")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):
@@ -149,8 +148,7 @@ def _key_text(source: str, environment) -> str:
             raise InputError([Problem(source, 0, f"the environment variable {name} is not set or empty: set it to "
                                                  "the PEM text of the signing key (a CI secret)")])
         return value
-    data = read_bytes(Path(source), f"--signing-key (or {KEY_VARIABLE}) names the private key file; {MAKE_A_KEY}",
-                      MAX_KEY_BYTES)
+    data = read_bytes(Path(source), f"--signing-key (or {KEY_VARIABLE}) names the private key file; {MAKE_A_KEY}")
     return data.decode("ascii", errors="replace")
 
 

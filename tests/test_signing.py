@@ -1,0 +1,414 @@
+"""Signed, attested publishing: keys, signatures and DSSE attestations in cosign's formats, checked by the real
+cosign CLI (Debian 13's package, `make cosign`) and by `build.py verify-image`, on the real registry of `make engine`.
+
+tests/data/signing/{first,second}.key are key pairs made by `cosign generate-key-pair` 2.5 with the password
+TEST_PASSWORD: test keys, never used for anything published.
+"""
+import base64
+import json
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from devtools.cosign import cosign_path
+from torchimages import attestations, signing
+from torchimages.matrix import load_matrix
+from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access
+from torchimages.signatures import (
+    Layer,
+    SignatureStore,
+    attestation_tag,
+    gather_evidence,
+    signature_layer,
+    signature_tag,
+)
+from torchimages.verify.reports import CheckVerdict, VerifyReport
+
+from .conftest import CPU_SELECTOR, ROOT, run_cli_in_process
+from .test_publish import DEVEL, RUNTIME, Workspace, clean_up, nightly
+
+KEYS = Path(__file__).parent / "data" / "signing"
+TEST_PASSWORD = "torchimages-test"
+FIRST, SECOND = KEYS / "first.key", KEYS / "second.key"
+DIGEST = "sha256:" + "ab" * 32
+POLICY = ROOT / "docs" / "kyverno-policy.yaml"
+
+
+def key(path: Path = FIRST) -> signing.SigningKey:
+    return signing.load_signing_key(str(path), {signing.PASSWORD_VARIABLE: TEST_PASSWORD})
+
+
+def pem_key(private, password: bytes | None = None) -> bytes:
+    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    return private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+
+
+# ------------------------------------------------------------------------------------------------------- keys
+
+def test_a_cosign_key_opens_with_its_password_and_matches_its_public_key():
+    loaded = key()
+    assert loaded.public.pem.strip() == (KEYS / "first.pub").read_text().strip()
+    assert signing.load_public_key(KEYS / "first.pub").fingerprint == loaded.public.fingerprint
+    assert "torchimages-test" not in repr(loaded) and "PRIVATE" not in repr(loaded)
+
+
+def test_a_pkcs8_key_plain_or_encrypted_and_an_env_key_load(tmp_path):
+    private = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "plain.pem").write_bytes(pem_key(private))
+    (tmp_path / "locked.pem").write_bytes(pem_key(private, b"secret"))
+    fingerprint = signing.PublicKey(private.public_key()).fingerprint
+    assert signing.load_signing_key(str(tmp_path / "plain.pem"), {}).public.fingerprint == fingerprint
+    assert signing.load_signing_key(str(tmp_path / "locked.pem"), {"COSIGN_PASSWORD": "secret"}).public.fingerprint \
+        == fingerprint
+    environment = {"CI_KEY": pem_key(private).decode()}
+    assert signing.load_signing_key("env://CI_KEY", environment).public.fingerprint == fingerprint
+
+
+def scratch_folders(folder: Path) -> list[str]:
+    """Where a publish that is refused up front would have written: this test's own folders."""
+    return ["--reports", str(folder / "reports"), "--images", str(folder / "images")]
+
+
+def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
+    """name -> (--signing-key value, environment, what the one line must say)."""
+    (folder / "rsa.pem").write_bytes(pem_key(rsa.generate_private_key(65537, 2048)))
+    (folder / "ed25519.pem").write_bytes(pem_key(ed25519.Ed25519PrivateKey.generate()))
+    (folder / "p384.pem").write_bytes(pem_key(ec.generate_private_key(ec.SECP384R1())))
+    (folder / "garbage.key").write_text("hello\n")
+    cosign = (FIRST).read_text().splitlines()
+    (folder / "damaged.key").write_text("\n".join([cosign[0], cosign[1][:-4] + "AAAA", *cosign[2:]]))
+    document = {"kdf": {"name": "scrypt", "params": {"N": 1 << 30, "r": 8, "p": 1}, "salt": "AAAA"},
+                "cipher": {"name": "nacl/secretbox", "nonce": "AAAA"}, "ciphertext": "AAAA"}
+    body = base64.b64encode(json.dumps(document).encode()).decode()
+    (folder / "greedy.key").write_text(f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}\n"
+                                       "-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
+    password = {"COSIGN_PASSWORD": TEST_PASSWORD}
+    return {
+        "missing": (str(folder / "nope.key"), password, "cannot read it"),
+        "folder": (str(folder), password, "a folder where a file belongs"),
+        "no password": (str(FIRST), {"COSIGN_PASSWORD": ""}, "is encrypted: put its password in COSIGN_PASSWORD"),
+        "wrong password": (str(FIRST), {"COSIGN_PASSWORD": "not-the-password"}, "COSIGN_PASSWORD is not its password"),
+        "public key": (str(KEYS / "first.pub"), password, "is a public key"),
+        "rsa": (str(folder / "rsa.pem"), password, "is a RSA key"),
+        "ed25519": (str(folder / "ed25519.pem"), password, "is a Ed25519 key"),
+        "p384": (str(folder / "p384.pem"), password, "is a ECDSA P-384 key"),
+        "garbage": (str(folder / "garbage.key"), password, "is not a PEM private key"),
+        "damaged": (str(folder / "damaged.key"), password, "the file is damaged"),
+        "greedy scrypt": (str(folder / "greedy.key"), password, "scrypt parameters"),
+        "empty env": ("env://NO_SUCH_VARIABLE_SET", password, "NO_SUCH_VARIABLE_SET is not set"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "no password", "wrong password", "public key", "rsa", "ed25519",
+                                  "p384", "garbage", "damaged", "greedy scrypt", "empty env"])
+def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
+    source, environment, expected = bad_keys(tmp_path)[case]
+    result = run_cli_in_process(*scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime", "--registry",
+                                "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--signing-key",
+                                source, env=environment)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
+    secret = environment.get("COSIGN_PASSWORD") or TEST_PASSWORD
+    assert secret not in result.stdout + result.stderr
+    assert "PRIVATE KEY-----\n" not in result.stderr and FIRST.read_text().splitlines()[1] not in result.stderr
+
+
+def test_required_signing_without_a_key_exits_2_before_anything(tmp_path):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("signing: required\n" + (ROOT / "matrix.yaml").read_text())
+    assert load_matrix(matrix).signing == "required"
+    result = run_cli_in_process("--matrix", str(matrix), *scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime",
+                                "--registry", "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), env={})
+    assert result.returncode == 2 and "says `signing: required`, and no key was given" in result.stderr, result.stderr
+    flagged = run_cli_in_process(*scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime", "--registry",
+                                 "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--require-signing",
+                                 env={"TORCHIMAGES_SIGNING_KEY": ""})
+    assert flagged.returncode == 2 and "--require-signing, and no key was given" in flagged.stderr
+    matrix.write_text("signing: always\n" + (ROOT / "matrix.yaml").read_text())
+    wrong = run_cli_in_process("--matrix", str(matrix), "list")
+    assert wrong.returncode == 2 and f"{matrix}:1: 'signing' must be one of optional, required" in wrong.stderr
+
+
+# ---------------------------------------------------------------------------------------------- formats, offline
+
+def test_signatures_and_envelopes_hold_for_their_key_and_digest_only():
+    first, second = key(FIRST), key(SECOND)
+    layer = signature_layer(first, "registry.example.com/ml/pytorch", DIGEST)
+    signature = layer.annotations[signing.SIGNATURE_ANNOTATION]
+    signing.check_signature(first.public, layer.data, signature, DIGEST)
+    for public, payload, digest, why in [
+            (second.public, layer.data, DIGEST, "does not match this key"),
+            (first.public, layer.data.replace(b"ml/pytorch", b"ml/pytorcH"), DIGEST, "does not match"),
+            (first.public, layer.data, "sha256:" + "cd" * 32, "not sha256:cdcd")]:
+        with pytest.raises(signing.SignatureError, match=why):
+            signing.check_signature(public, payload, signature, digest)
+
+    document = signing.envelope(first, signing.statement("r/x", DIGEST, attestations.VERIFICATION_PREDICATE, {"a": 1}))
+    assert signing.open_envelope(first.public, document, DIGEST)["predicate"] == {"a": 1}
+    with pytest.raises(signing.SignatureError, match="no signature in the envelope matches"):
+        signing.open_envelope(second.public, document, DIGEST)
+    with pytest.raises(signing.SignatureError, match="its subject is not"):
+        signing.open_envelope(first.public, document, "sha256:" + "cd" * 32)
+    sealed = json.loads(document)
+    sealed["payload"] = base64.b64encode(base64.b64decode(sealed["payload"]).replace(b'"a":1', b'"a":2')).decode()
+    with pytest.raises(signing.SignatureError, match="no signature in the envelope matches"):
+        signing.open_envelope(first.public, json.dumps(sealed).encode(), DIGEST)
+
+
+def verification_report(gpu: bool) -> tuple[VerifyReport, dict]:
+    """A verification as `build.py test` records it: on a CPU-only host, or on an H100 host with driver 580.95.05
+    (the shape of tests/gpu_hosts' H100 record: nvidia-smi's driver_version, torch's device name and capability)."""
+    checks = {"identity": CheckVerdict("passed", "torch 2.14.1+cu130"),
+              "gpu": CheckVerdict("passed", "1 GPU") if gpu else CheckVerdict("skipped", "no GPU on this host")}
+    gpu_facts = {"driver_version": "580.95.05", "libcuda_driver_version": 13000,
+                 "devices": [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]}
+    return (VerifyReport("sha256:" + "12" * 32, True, checks, tag="t", finished_at="2026-11-25T00:00:00Z"),
+            {"main": {"gpu": gpu_facts if gpu else {}}})
+
+
+def kyverno_conditions(policy: dict) -> list[dict]:
+    rules = policy["spec"]["rules"]
+    return [condition for rule in rules for image in rule["verifyImages"] for attestation in image["attestations"]
+            for block in attestation["conditions"] for condition in block["all"]]
+
+
+def jmespath_field(predicate: dict, key: str):
+    """The value a Kyverno condition key such as '{{ checks.gpu.status }}' reads from a predicate."""
+    value = predicate
+    for part in key.strip("{} ").split("."):
+        value = value[part]
+    return value
+
+
+def test_the_kyverno_policy_parses_and_reads_fields_the_verification_report_has():
+    policy = yaml.safe_load(POLICY.read_text())
+    assert policy["apiVersion"] == "kyverno.io/v1" and policy["kind"] == "ClusterPolicy"
+    image = policy["spec"]["rules"][0]["verifyImages"][0]
+    assert image["attestors"][0]["entries"][0]["keys"]["rekor"] == {"ignoreTlog": True}
+    assert [attestation["type"] for attestation in image["attestations"]] == [attestations.VERIFICATION_PREDICATE]
+    spec = load_matrix(ROOT / "matrix.yaml").specs[0]
+    predicate = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=False))
+    for condition in kyverno_conditions(policy):
+        assert jmespath_field(predicate, condition["key"]) is not None, condition
+
+
+def test_the_verification_report_names_the_gpu_host_a_policy_can_require():
+    spec = load_matrix(ROOT / "matrix.yaml").specs[0]
+    on_gpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=True))
+    assert on_gpu["host"] == {"kind": "gpu", "gpu_models": ["NVIDIA H100 80GB HBM3"],
+                              "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}], "driver": "580.95.05",
+                              "driver_major": 580, "cuda_driver": "13000", "note": ""}
+    assert on_gpu["checks"]["gpu"]["status"] == "passed" and on_gpu["result"] == "passed"
+    on_cpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=False))
+    assert on_cpu["host"]["note"] == "no GPU: GPU checks skipped" and on_cpu["checks"]["gpu"]["status"] == "skipped"
+
+
+# ----------------------------------------------------------------------------------------- the real registry
+
+@pytest.fixture(scope="session")
+def cosign():
+    found = cosign_path()
+    assert found, "the signing tests need the real cosign CLI: `make cosign` (or `python -m devtools.cosign`)"
+    return found
+
+
+def run_cosign(cosign: Path, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(cosign), *arguments, "--insecure-ignore-tlog=true", "--allow-insecure-registry",
+                           "--allow-http-registry"], capture_output=True, text=True, timeout=120, check=False)
+
+
+def cosign_accepts(cosign: Path, reference: str, public: Path, predicate_type: str | None = None) -> bool:
+    if predicate_type is None:
+        return run_cosign(cosign, "verify", "--key", str(public), reference).returncode == 0
+    kind = attestations.COSIGN_TYPE_NAMES[predicate_type]
+    return run_cosign(cosign, "verify-attestation", "--key", str(public), "--type", kind, reference).returncode == 0
+
+
+def accepted_everything(cosign: Path, reference: str, public: Path) -> bool:
+    return cosign_accepts(cosign, reference, public) and all(
+        cosign_accepts(cosign, reference, public, kind) for kind in attestations.PREDICATE_TYPES)
+
+
+SIGNED = {"COSIGN_PASSWORD": TEST_PASSWORD}
+
+
+@pytest.fixture
+def workspace(tmp_path, engine_env, docker_client):
+    space = Workspace(tmp_path, engine_env.registry)
+    yield space
+    clean_up(docker_client, space)
+
+
+def store_of(space: Workspace) -> SignatureStore:
+    registry = Registry(space.registry_host, f"{space.namespace}/pytorch")
+    return SignatureStore(RegistryClient(registry, registry_access(registry), RetryPolicy(retries=1), lambda _: None))
+
+
+def verify_image(space: Workspace, reference: str, public: Path):
+    return space.cli("verify-image", reference, "--key", str(public))
+
+
+def environment(**extra) -> dict:
+    import os
+    return {**os.environ, **extra}
+
+
+def test_a_signed_publish_is_accepted_by_cosign_and_verify_image_and_each_tampering_is_rejected(
+        workspace, docker_client, cosign):
+    workspace.build_verified(docker_client, RUNTIME)
+    published = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    assert "signed by sha256:" in published.stdout and "unsigned" not in published.stdout
+    entry = workspace.catalog_json()["images"][RUNTIME]
+    digest, first_pub, second_pub = entry["digest"], KEYS / "first.pub", KEYS / "second.pub"
+    reference = f"{workspace.repository}@{digest}"
+    assert entry["signing"]["keys"] == [key().public.fingerprint]
+    assert (workspace.catalog / "keys" / f"{key().public.fingerprint[7:23]}.pub").read_text() == first_pub.read_text()
+    readme = (workspace.images / "README.md").read_text()
+    assert f"cosign verify --key ../catalog/keys/{key().public.fingerprint[7:23]}.pub" in readme
+
+    assert accepted_everything(cosign, reference, first_pub)
+    assert accepted_everything(cosign, f"{workspace.repository}:{RUNTIME}", first_pub)
+    checked = verify_image(workspace, f"{workspace.repository}:{RUNTIME}", first_pub)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "signature: verified" in checked.stdout and "passed on cpu-only (no GPU: GPU checks skipped)" in checked.stdout
+    assert "https://cyclonedx.org/bom: verified: CycloneDX SBOM" in checked.stdout
+
+    # Another key.
+    assert not cosign_accepts(cosign, reference, second_pub)
+    assert verify_image(workspace, reference, second_pub).returncode == 1
+
+    # A tampered payload: the signature kept, the payload changed (another repository named).
+    store = store_of(workspace)
+    original = store.layers(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE)
+    tampered = Layer(signing.SIGNATURE_MEDIA_TYPE, original[0].data.replace(b"/pytorch", b"/pytorcH"),
+                     original[0].annotations)
+    write_layers(store, signature_tag(digest), [tampered])
+    assert not cosign_accepts(cosign, reference, first_pub)
+    assert "NOT VERIFIED" in verify_image(workspace, reference, first_pub).stdout
+    write_layers(store, signature_tag(digest), original)
+    assert cosign_accepts(cosign, reference, first_pub)
+
+    # The floating tag moved to another digest: nothing vouches for what it names now.
+    other = workspace.build_verified(docker_client, DEVEL)
+    workspace.publish(DEVEL)
+    other_digest = workspace.catalog_json()["images"][DEVEL]["digest"]
+    store.registry.copy_tag(other_digest, RUNTIME)
+    assert other and not cosign_accepts(cosign, f"{workspace.repository}:{RUNTIME}", first_pub)
+    assert verify_image(workspace, f"{workspace.repository}:{RUNTIME}", first_pub).returncode == 1
+
+    # A deleted signature; the attestations alone do not pass verify-image either.
+    store.registry.delete(store.registry.digest_of(signature_tag(digest)))
+    assert not cosign_accepts(cosign, reference, first_pub)
+    assert cosign_accepts(cosign, reference, first_pub, attestations.VERIFICATION_PREDICATE)
+    deleted = verify_image(workspace, reference, first_pub)
+    assert deleted.returncode == 1 and "no signature by this key" in deleted.stdout
+
+
+def write_layers(store: SignatureStore, tag: str, layers: list[Layer]) -> None:
+    from torchimages.signatures import artifact_files
+    import tempfile
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "artifact"
+        folder.mkdir()
+        for name, content in artifact_files(layers).items():
+            (folder / name).write_bytes(content)
+        store.registry.write_artifact(folder, tag)
+
+
+def test_a_republish_adds_nothing_a_second_key_appends_and_prune_takes_only_pruned_digests_signatures(
+        workspace, docker_client, cosign):
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.publish(RUNTIME, date="20260101", extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    old = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    store = store_of(workspace)
+    again = workspace.publish(RUNTIME, date="20260101", extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    assert "unchanged" in again.stdout and "signature present, attestations present" in again.stdout
+    assert len(store.layers(signature_tag(old), signing.SIGNATURE_MEDIA_TYPE)) == 1
+    assert len(store.layers(attestation_tag(old), signing.ATTESTATION_MEDIA_TYPE)) == 3
+
+    rotated = workspace.publish(RUNTIME, date="20260101", extra=["--signing-key", str(SECOND)],
+                                env=environment(**SIGNED))
+    assert "signature added, attestations added" in rotated.stdout
+    assert len(store.layers(signature_tag(old), signing.SIGNATURE_MEDIA_TYPE)) == 2
+    assert len(store.layers(attestation_tag(old), signing.ATTESTATION_MEDIA_TYPE)) == 6
+    reference = f"{workspace.repository}@{old}"
+    assert accepted_everything(cosign, reference, KEYS / "first.pub")
+    assert accepted_everything(cosign, reference, KEYS / "second.pub")
+    assert workspace.catalog_json()["images"][RUNTIME]["signing"]["keys"] == sorted(
+        [key(FIRST).public.fingerprint, key(SECOND).public.fingerprint])
+
+    workspace.build_verified(docker_client, RUNTIME)  # a new image: a new digest, signed on 20260102
+    workspace.publish(RUNTIME, date="20260102", extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    new = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    assert new != old
+    pruned = workspace.cli("prune", RUNTIME, "--registry", workspace.repository, "--retention", "1",
+                           "--catalog", str(workspace.catalog), check_exit=0)
+    assert f"deleted {signature_tag(old)}" in pruned.stderr + pruned.stdout
+    tags = set(workspace.tags())
+    assert {signature_tag(new), attestation_tag(new)} <= tags
+    assert not {signature_tag(old), attestation_tag(old)} & tags
+    assert accepted_everything(cosign, f"{workspace.repository}@{new}", KEYS / "first.pub")
+
+
+def test_a_foreign_signature_tag_is_refused_and_concurrent_signers_both_land(workspace, docker_client):
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.publish(RUNTIME)  # unsigned
+    digest = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    store = store_of(workspace)
+    store.registry.copy_tag(digest, signature_tag(digest))  # an image, not a signature, at the .sig tag
+    refused = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED), check_exit=1)
+    assert f"{signature_tag(digest)} holds a layer of type" in refused.stdout
+    assert "it is not ours to rewrite" in refused.stdout and TEST_PASSWORD not in refused.stdout + refused.stderr
+    assert workspace.digest_of(RUNTIME) == digest
+    store.registry.delete(digest)  # the image and the tag that named it
+
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.publish(RUNTIME)
+    digest = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    signers = [threading.Thread(target=store_of(workspace).sign, args=(key(path), digest)) for path in (FIRST, SECOND)]
+    for signer in signers:
+        signer.start()
+    for signer in signers:
+        signer.join()
+    layers = store.layers(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE)
+    assert {signed.public.fingerprint for signed in (key(FIRST), key(SECOND))
+            if any(signing_check(signed, layer, digest) for layer in layers)} == {key(FIRST).public.fingerprint,
+                                                                                 key(SECOND).public.fingerprint}
+
+
+def signing_check(signed: signing.SigningKey, layer: Layer, digest: str) -> bool:
+    from torchimages.signatures import signed_by
+    return signed_by(signed.public, layer, digest)
+
+
+def test_make_test_publishes_the_cpu_rows_signed_and_cosign_verifies_all_three_attestations(
+        tmp_path, engine_env, docker_client, wheelhouse, cosign):
+    """The issue's acceptance run: real builds of the CPU rows, verified and published signed by the nightly."""
+    space = Workspace(tmp_path, engine_env.registry, real_rows=True)
+    space.cli("render", check_exit=0)
+    try:
+        first, summary = nightly(space, wheelhouse, "--signing-key", str(FIRST))
+        assert first.returncode == 0, first.stdout + first.stderr
+        catalog = space.catalog_json()["images"]
+        assert sorted(catalog) == sorted([RUNTIME, DEVEL])
+        for tag, entry in catalog.items():
+            reference = f"{space.repository}@{entry['digest']}"
+            assert accepted_everything(cosign, reference, KEYS / "first.pub"), tag
+            found = gather_evidence(store_of(space), key().public, entry["digest"], attestations.PREDICATE_TYPES)
+            provenance = found.predicates[attestations.PROVENANCE_PREDICATE]
+            wheels = [item["name"] for item in provenance["buildDefinition"]["resolvedDependencies"]
+                      if item["uri"].startswith("pkg:pypi/")]
+            assert any(name.startswith("torch-2.13.0") for name in wheels), wheels
+            report = found.predicates[attestations.VERIFICATION_PREDICATE]
+            assert report["result"] == "passed" and report["checks"]["identity"]["status"] == "passed"
+            for condition in kyverno_conditions(yaml.safe_load(POLICY.read_text())):
+                assert jmespath_field(report, condition["key"]) is not None
+    finally:
+        clean_up(docker_client, space)
