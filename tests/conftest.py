@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Tests that use these fixtures need a Docker engine (or fetch wheels for one): the slow lane. `make test-fast`
 # runs the rest, with no engine, in under a minute.
-ENGINE_FIXTURES = {"engine_env", "wheelhouse"}
+ENGINE_FIXTURES = {"engine_env", "wheelhouse", "cosign"}
 
 
 def pytest_collection_modifyitems(items):
@@ -83,6 +83,16 @@ CPU_SELECTOR = "2.13.0-cpu-*"
 # The CUDA rows CI builds from the real wheel set (PyPI's torch 2.14.1 is the cu130 build): runtime and devel.
 CUDA_SELECTOR = "2.14.1-cuda13.0-*"
 CUDA_RUNTIME, CUDA_DEVEL = "2.14.1-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-devel"
+
+
+@pytest.fixture(scope="session")
+def cosign():
+    """The real cosign CLI that `make cosign` installs (the signing tests verify with it)."""
+    from devtools.cosign import cosign_path
+
+    found = cosign_path()
+    assert found, "the signing tests need the real cosign CLI: run `make cosign` (python -m devtools.cosign)"
+    return found
 
 
 @pytest.fixture(scope="session")

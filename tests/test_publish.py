@@ -19,7 +19,9 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+import yaml
 
+from torchimages.attestations import PROVENANCE_PREDICATE, VERIFICATION_PREDICATE
 from torchimages.builder import local_name
 from torchimages.lockfile import LOCAL_ONLY_NOTE
 from torchimages.matrix import load_matrix
@@ -33,6 +35,7 @@ from torchimages.publish import (
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
+from .signing_fixtures import FIRST, KEYS, POLICY, TEST_PASSWORD, accepted_everything, jmespath_field, kyverno_conditions
 
 pytestmark = pytest.mark.engine
 
@@ -464,9 +467,9 @@ def test_lock_pins_a_local_only_base_by_image_id_and_notices_it_moving(workspace
 
 # --------------------------------------------------------------------------------------------------------- nightly
 
-def nightly(space: Workspace, wheelhouse, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def nightly(space: Workspace, wheelhouse, *extra: str, env=None) -> tuple[subprocess.CompletedProcess, dict]:
     result = space.cli("nightly", CPU_SELECTOR, "--registry", space.repository, "--catalog", str(space.catalog),
-                       "--wheelhouse", str(wheelhouse), *extra)
+                       "--wheelhouse", str(wheelhouse), *extra, env=env)
     return result, json.loads((space.reports / "nightly-summary.json").read_text())
 
 
@@ -501,11 +504,25 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)
 
 
-def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows(real_rows, wheelhouse):
-    """The issue's acceptance run: real builds, real verification, real pushes; then a quick no-op run."""
-    first, summary = nightly(real_rows, wheelhouse)
+def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows_signed(real_rows, wheelhouse, cosign):
+    """The acceptance run: real builds, real verification, real pushes signed with a key, each digest's signature and
+    three attestations accepted by the real cosign; then a quick no-op run."""
+    first, summary = nightly(real_rows, wheelhouse, "--signing-key", str(FIRST),
+                             env={**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD})
     assert first.returncode == 0, first.stdout
     assert sorted(p["tag"] for p in summary["published"]) == sorted([RUNTIME, DEVEL])
+    policy_fields = [condition["key"] for condition in kyverno_conditions(yaml.safe_load(POLICY.read_text()))]
+    for tag, entry in real_rows.catalog_json()["images"].items():
+        assert accepted_everything(cosign, f"{real_rows.repository}@{entry['digest']}", KEYS / "first.pub"), tag
+        checked = real_rows.cli("verify-image", f"{real_rows.repository}:{tag}", "--key", str(KEYS / "first.pub"),
+                                "--format", "json", check_exit=0)
+        predicates = json.loads(checked.stdout)["predicates"]
+        wheels = [item["name"] for item in predicates[PROVENANCE_PREDICATE]["buildDefinition"]["resolvedDependencies"]
+                  if item["uri"].startswith("pkg:pypi/")]
+        assert any(name.startswith("torch-2.13.0+cpu") for name in wheels), wheels
+        report = predicates[VERIFICATION_PREDICATE]
+        assert report["result"] == "passed" and report["checks"]["identity"]["status"] == "passed"
+        assert all(jmespath_field(report, key) is not None for key in policy_fields)
     second, again = nightly(real_rows, wheelhouse)
     assert second.returncode == 0 and again["nothing_to_do"], second.stdout
     real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)

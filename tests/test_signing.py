@@ -1,14 +1,12 @@
 """Signed, attested publishing: keys, signatures and DSSE attestations in cosign's formats, checked by the real
 cosign CLI (Debian 13's package, `make cosign`) and by `build.py verify-image`, on the real registry of `make engine`.
-
-tests/data/signing/{first,second}.key are key pairs made by `cosign generate-key-pair` 2.5 with the password
-TEST_PASSWORD: test keys, never used for anything published.
+The CPU rows themselves are published signed and checked by cosign in test_publish's nightly end-to-end test.
 """
 import base64
 import json
-import subprocess
+import os
+import tempfile
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,32 +14,39 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from devtools.cosign import cosign_path
 from torchimages import attestations, signing
 from torchimages.matrix import load_matrix
 from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access
 from torchimages.signatures import (
     Layer,
     SignatureStore,
+    artifact_files,
     attestation_tag,
-    gather_evidence,
     signature_layer,
     signature_tag,
+    signed_by,
 )
 from torchimages.verify.reports import CheckVerdict, VerifyReport
 
-from .conftest import CPU_SELECTOR, ROOT, run_cli_in_process
-from .test_publish import DEVEL, RUNTIME, Workspace, clean_up, nightly
+from .conftest import run_cli_in_process
+from .signing_fixtures import (
+    FIRST,
+    KEYS,
+    POLICY,
+    SECOND,
+    TEST_PASSWORD,
+    accepted_everything,
+    cosign_accepts,
+    jmespath_field,
+    key,
+    kyverno_conditions,
+)
+from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
 
-KEYS = Path(__file__).parent / "data" / "signing"
-TEST_PASSWORD = "torchimages-test"
-FIRST, SECOND = KEYS / "first.key", KEYS / "second.key"
 DIGEST = "sha256:" + "ab" * 32
-POLICY = ROOT / "docs" / "kyverno-policy.yaml"
-
-
-def key(path: Path = FIRST) -> signing.SigningKey:
-    return signing.load_signing_key(str(path), {signing.PASSWORD_VARIABLE: TEST_PASSWORD})
+# A frozen matrix of the tests' own (a new row in matrix.yaml changes no test here).
+MATRIX = Path(__file__).parent / "data" / "golden-matrix.yaml"
+CPU_ROW = "2.13.0-cpu-devel"
 
 
 def pem_key(private, password: bytes | None = None) -> bytes:
@@ -109,7 +114,7 @@ def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
                                   "p384", "garbage", "damaged", "greedy scrypt", "empty env"])
 def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
     source, environment, expected = bad_keys(tmp_path)[case]
-    result = run_cli_in_process(*scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime", "--registry",
+    result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(tmp_path), "publish", CPU_ROW, "--registry",
                                 "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--signing-key",
                                 source, env=environment)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -122,16 +127,16 @@ def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
 
 def test_required_signing_without_a_key_exits_2_before_anything(tmp_path):
     matrix = tmp_path / "matrix.yaml"
-    matrix.write_text("signing: required\n" + (ROOT / "matrix.yaml").read_text())
+    matrix.write_text("signing: required\n" + MATRIX.read_text())
     assert load_matrix(matrix).signing == "required"
-    result = run_cli_in_process("--matrix", str(matrix), *scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime",
+    result = run_cli_in_process("--matrix", str(matrix), *scratch_folders(tmp_path), "publish", CPU_ROW,
                                 "--registry", "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), env={})
     assert result.returncode == 2 and "says `signing: required`, and no key was given" in result.stderr, result.stderr
-    flagged = run_cli_in_process(*scratch_folders(tmp_path), "publish", "2.13.0-cpu-runtime", "--registry",
+    flagged = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(tmp_path), "publish", CPU_ROW, "--registry",
                                  "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--require-signing",
                                  env={"TORCHIMAGES_SIGNING_KEY": ""})
     assert flagged.returncode == 2 and "--require-signing, and no key was given" in flagged.stderr
-    matrix.write_text("signing: always\n" + (ROOT / "matrix.yaml").read_text())
+    matrix.write_text("signing: always\n" + MATRIX.read_text())
     wrong = run_cli_in_process("--matrix", str(matrix), "list")
     assert wrong.returncode == 2 and f"{matrix}:1: 'signing' must be one of optional, required" in wrong.stderr
 
@@ -173,34 +178,20 @@ def verification_report(gpu: bool) -> tuple[VerifyReport, dict]:
             {"main": {"gpu": gpu_facts if gpu else {}}})
 
 
-def kyverno_conditions(policy: dict) -> list[dict]:
-    rules = policy["spec"]["rules"]
-    return [condition for rule in rules for image in rule["verifyImages"] for attestation in image["attestations"]
-            for block in attestation["conditions"] for condition in block["all"]]
-
-
-def jmespath_field(predicate: dict, key: str):
-    """The value a Kyverno condition key such as '{{ checks.gpu.status }}' reads from a predicate."""
-    value = predicate
-    for part in key.strip("{} ").split("."):
-        value = value[part]
-    return value
-
-
 def test_the_kyverno_policy_parses_and_reads_fields_the_verification_report_has():
     policy = yaml.safe_load(POLICY.read_text())
     assert policy["apiVersion"] == "kyverno.io/v1" and policy["kind"] == "ClusterPolicy"
     image = policy["spec"]["rules"][0]["verifyImages"][0]
     assert image["attestors"][0]["entries"][0]["keys"]["rekor"] == {"ignoreTlog": True}
     assert [attestation["type"] for attestation in image["attestations"]] == [attestations.VERIFICATION_PREDICATE]
-    spec = load_matrix(ROOT / "matrix.yaml").specs[0]
+    spec = load_matrix(MATRIX).specs[0]
     predicate = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=False))
     for condition in kyverno_conditions(policy):
         assert jmespath_field(predicate, condition["key"]) is not None, condition
 
 
 def test_the_verification_report_names_the_gpu_host_a_policy_can_require():
-    spec = load_matrix(ROOT / "matrix.yaml").specs[0]
+    spec = load_matrix(MATRIX).specs[0]
     on_gpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=True))
     assert on_gpu["host"] == {"kind": "gpu", "gpu_models": ["NVIDIA H100 80GB HBM3"],
                               "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}], "driver": "580.95.05",
@@ -211,30 +202,6 @@ def test_the_verification_report_names_the_gpu_host_a_policy_can_require():
 
 
 # ----------------------------------------------------------------------------------------- the real registry
-
-@pytest.fixture(scope="session")
-def cosign():
-    found = cosign_path()
-    assert found, "the signing tests need the real cosign CLI: `make cosign` (or `python -m devtools.cosign`)"
-    return found
-
-
-def run_cosign(cosign: Path, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(cosign), *arguments, "--insecure-ignore-tlog=true", "--allow-insecure-registry",
-                           "--allow-http-registry"], capture_output=True, text=True, timeout=120, check=False)
-
-
-def cosign_accepts(cosign: Path, reference: str, public: Path, predicate_type: str | None = None) -> bool:
-    if predicate_type is None:
-        return run_cosign(cosign, "verify", "--key", str(public), reference).returncode == 0
-    kind = attestations.COSIGN_TYPE_NAMES[predicate_type]
-    return run_cosign(cosign, "verify-attestation", "--key", str(public), "--type", kind, reference).returncode == 0
-
-
-def accepted_everything(cosign: Path, reference: str, public: Path) -> bool:
-    return cosign_accepts(cosign, reference, public) and all(
-        cosign_accepts(cosign, reference, public, kind) for kind in attestations.PREDICATE_TYPES)
-
 
 SIGNED = {"COSIGN_PASSWORD": TEST_PASSWORD}
 
@@ -256,7 +223,6 @@ def verify_image(space: Workspace, reference: str, public: Path):
 
 
 def environment(**extra) -> dict:
-    import os
     return {**os.environ, **extra}
 
 
@@ -312,8 +278,6 @@ def test_a_signed_publish_is_accepted_by_cosign_and_verify_image_and_each_tamper
 
 
 def write_layers(store: SignatureStore, tag: str, layers: list[Layer]) -> None:
-    from torchimages.signatures import artifact_files
-    import tempfile
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "artifact"
         folder.mkdir()
@@ -379,36 +343,5 @@ def test_a_foreign_signature_tag_is_refused_and_concurrent_signers_both_land(wor
         signer.join()
     layers = store.layers(signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE)
     assert {signed.public.fingerprint for signed in (key(FIRST), key(SECOND))
-            if any(signing_check(signed, layer, digest) for layer in layers)} == {key(FIRST).public.fingerprint,
+            if any(signed_by(signed.public, layer, digest) for layer in layers)} == {key(FIRST).public.fingerprint,
                                                                                  key(SECOND).public.fingerprint}
-
-
-def signing_check(signed: signing.SigningKey, layer: Layer, digest: str) -> bool:
-    from torchimages.signatures import signed_by
-    return signed_by(signed.public, layer, digest)
-
-
-def test_make_test_publishes_the_cpu_rows_signed_and_cosign_verifies_all_three_attestations(
-        tmp_path, engine_env, docker_client, wheelhouse, cosign):
-    """The issue's acceptance run: real builds of the CPU rows, verified and published signed by the nightly."""
-    space = Workspace(tmp_path, engine_env.registry, real_rows=True)
-    space.cli("render", check_exit=0)
-    try:
-        first, summary = nightly(space, wheelhouse, "--signing-key", str(FIRST))
-        assert first.returncode == 0, first.stdout + first.stderr
-        catalog = space.catalog_json()["images"]
-        assert sorted(catalog) == sorted([RUNTIME, DEVEL])
-        for tag, entry in catalog.items():
-            reference = f"{space.repository}@{entry['digest']}"
-            assert accepted_everything(cosign, reference, KEYS / "first.pub"), tag
-            found = gather_evidence(store_of(space), key().public, entry["digest"], attestations.PREDICATE_TYPES)
-            provenance = found.predicates[attestations.PROVENANCE_PREDICATE]
-            wheels = [item["name"] for item in provenance["buildDefinition"]["resolvedDependencies"]
-                      if item["uri"].startswith("pkg:pypi/")]
-            assert any(name.startswith("torch-2.13.0") for name in wheels), wheels
-            report = found.predicates[attestations.VERIFICATION_PREDICATE]
-            assert report["result"] == "passed" and report["checks"]["identity"]["status"] == "passed"
-            for condition in kyverno_conditions(yaml.safe_load(POLICY.read_text())):
-                assert jmespath_field(report, condition["key"]) is not None
-    finally:
-        clean_up(docker_client, space)
