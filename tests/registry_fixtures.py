@@ -8,6 +8,7 @@ server (the flow of Harbor, GHCR and Docker Hub) that this module runs, signing 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import threading
 import uuid
@@ -22,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,6 +201,49 @@ def start_secure_registry(folder: Path, password: str, bearer: bool = False) -> 
             raise RuntimeError(f"the test registry did not start: {(folder / 'registry.log').read_text()[-2000:]}")
         time.sleep(0.2)
     return registry
+
+
+def start_refusing_proxy(upstream: str, refused: Callable[[str, str], bool]) -> ThreadingHTTPServer:
+    """A plain-HTTP proxy on a free loopback port in front of a registry at upstream (HOST:PORT), answering 403 DENIED
+    (as a registry with immutable or protected tags does) to every request refused(method, path) names; the caller
+    shuts it down. The Host header is passed on, so the registry's upload locations point at the proxy."""
+
+    class Proxy(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def forward(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if refused(self.command, self.path):
+                message = json.dumps({"errors": [{"code": "DENIED", "message": "tag is protected"}]}).encode()
+                self.send_response(403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(message)))
+                self.end_headers()
+                self.wfile.write(message)
+                return
+            connection = http.client.HTTPConnection(upstream, timeout=60)
+            connection.request(self.command, self.path, body, {k: v for k, v in self.headers.items()})
+            answer = connection.getresponse()
+            data = answer.read()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            connection.close()
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = forward
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def _interrupt(*_) -> None:

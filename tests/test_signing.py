@@ -5,6 +5,7 @@ The CPU rows themselves are published signed and checked by cosign in test_publi
 import base64
 import json
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -41,7 +42,8 @@ from .signing_fixtures import (
     key,
     kyverno_conditions,
 )
-from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
+from .registry_fixtures import start_refusing_proxy
+from .test_publish import DEVEL, RUNTIME, Workspace, clean_up, own_registry  # noqa: F401 - a fixture
 
 DIGEST = "sha256:" + "ab" * 32
 # A frozen matrix of the tests' own (a new row in matrix.yaml changes no test here).
@@ -345,3 +347,21 @@ def test_a_foreign_signature_tag_is_refused_and_concurrent_signers_both_land(wor
     assert {signed.public.fingerprint for signed in (key(FIRST), key(SECOND))
             if any(signed_by(signed.public, layer, digest) for layer in layers)} == {key(FIRST).public.fingerprint,
                                                                                  key(SECOND).public.fingerprint}
+
+
+def test_a_registry_that_refuses_the_signature_leaves_no_tag_on_the_unsigned_digest(tmp_path, docker_client,
+                                                                                     own_registry):
+    _, upstream = own_registry
+    signature_push = re.compile(r"/v2/.+/manifests/sha256-[0-9a-f]{64}\.(?:sig|att)", re.ASCII)
+    proxy = start_refusing_proxy(upstream, lambda method, path: method == "PUT" and bool(signature_push.fullmatch(path)))
+    space = Workspace(tmp_path, f"127.0.0.1:{proxy.server_address[1]}")
+    try:
+        space.build_verified(docker_client, RUNTIME)
+        refused = space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED), check_exit=1)
+        failed = [line for line in refused.stdout.splitlines() if line.startswith("failed")]
+        assert len(failed) == 1 and "tag is protected" in failed[0] and "not signed, so no tag names it" in failed[0]
+        assert space.tags() == [] and not (space.catalog / "catalog.json").exists()
+        assert TEST_PASSWORD not in refused.stdout + refused.stderr
+    finally:
+        proxy.shutdown()
+        clean_up(docker_client, space)

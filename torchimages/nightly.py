@@ -133,7 +133,7 @@ class Nightly:
                 continue
             try:
                 unchanged = (entry.repository == self.publishing.registry.name and catalog_stage.matches_spec(entry, spec)
-                             and builder.input_hash(spec) == entry.input_hash)
+                             and self.signed_as_asked(entry) and builder.input_hash(spec) == entry.input_hash)
                 tags = [*entry.floating, entry.pinned[0].tag]
                 if unchanged and self.registry.tag_digests(tags) == dict.fromkeys(tags, entry.digest):
                     current.append(spec)
@@ -148,6 +148,12 @@ class Nightly:
                 f"tags name the catalog's digest), so nothing was pulled, built or verified: "
                 f"{', '.join(spec.tag for spec in current)}")
         return current
+
+    def signed_as_asked(self, entry: catalog_stage.CatalogEntry) -> bool:
+        """Whether the catalog records this run's key (if it has one) among the digest's signers: a row published
+        unsigned, or before a key rotation, is run again so that publish signs it."""
+        key = self.publishing.signing_key
+        return key is None or key.public.fingerprint in entry.signing.get("keys", [])
 
     def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
         """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a

@@ -22,7 +22,7 @@ from . import catalog as catalog_stage
 from . import engine
 from . import sbom as sbom_stage
 from .builder import local_name, wheel_record_path
-from .files import read_json_document
+from .files import read_json_document, remove_file
 from .model import LABEL_PREFIX, ImageSpec
 from .redaction import redact
 from .registry import (
@@ -36,7 +36,6 @@ from .registry import (
     with_retries,
 )
 from .reporting import RowReport, utc_timestamp
-from .catalog import SIGNATURE_TAG
 from .signatures import SignatureStore, attestation_tag, signature_tag
 from .signing import SigningKey
 from .verify.reports import VerifyReport, read_verify_report, verify_report_path
@@ -159,7 +158,7 @@ def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list
     def is_foreign(tag: str) -> bool:
         dated = DATED_TAG.fullmatch(tag)
         # A signature's or attestation's tag names no image: prune removes it with the digest it is about.
-        return tag not in written and not (dated and dated.group(1) in written) and not SIGNATURE_TAG.fullmatch(tag)
+        return tag not in written and not (dated and dated.group(1) in written) and not catalog_stage.SIGNATURE_TAG.fullmatch(tag)
 
     present = set(all_tags)
     return sorted({name for names in own.values() for name in names if name in present}
@@ -294,6 +293,7 @@ class Publisher:
         except (RegistryError, sbom_stage.SbomError) as error:
             if pinned in result.created and digest not in current.values():
                 self._withdraw(digest, pinned)
+                remove_file(sbom_stage.sbom_path(self.options.catalog_dir, pinned), self.options.catalog_dir)
             raise RegistryError(f"{error}; not signed, so no tag names it", transient=False) from None
         manifest = self.registry.manifest(digest)
         for name in targets:

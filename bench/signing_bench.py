@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What signing costs a publish (issue 24): one row published unsigned and signed, each into a fresh repository on
+the engine's registry, alternating, `--runs` times; Markdown for docs/benchmarks.md.
+
+Each publish is `build.py publish ROW` as a user runs it (a process of its own, Python start-up included): the push
+of every layer (a fresh repository holds none of them), the scan, the SBOM, the catalog, and with `--signing-key` the
+signature and the three attestations (SBOM, provenance, verification report) written to the registry. Reported: the
+median wall time of each kind, the difference, and the bytes the signature and attestation tags add to the registry.
+
+Needs the project's engine (`make engine`, `source .engine/env`) and the row built and verified
+(`build.py images ROW --wheelhouse wheelhouse`). Leaves nothing behind but the registry's shared blobs: its
+repositories' manifests and its scratch folders are removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access  # noqa: E402
+from torchimages.signatures import attestation_tag, signature_tag  # noqa: E402
+
+KEY = ROOT / "tests" / "data" / "signing" / "first.key"  # a test key, never used for anything published
+PASSWORD = "torchimages-test"
+
+
+def publish(row: str, registry: str, catalog: Path, signed: bool) -> float:
+    """Wall seconds of one `build.py publish` into registry (a fresh repository)."""
+    command = [sys.executable, str(ROOT / "build.py"), "publish", row, "--registry", registry, "--catalog",
+               str(catalog), *(["--signing-key", str(KEY)] if signed else [])]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COSIGN_PASSWORD": PASSWORD})
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"publish failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return wall
+
+
+def artifact_bytes(client: RegistryClient, digest: str) -> int:
+    """Bytes the .sig and .att tags add: their manifests, configs and layers."""
+    total = 0
+    for tag in (signature_tag(digest), attestation_tag(digest)):
+        manifest = client.manifest(tag)
+        total += len(manifest.body) + manifest.download_size
+    return total
+
+
+def delete_repository(client: RegistryClient) -> None:
+    for tag in client.tags():
+        digest = client.digest_of(tag)
+        if digest:
+            client.delete(digest)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--row", default="2.13.0-cpu-runtime")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    host = os.environ.get("TORCHIMAGES_REGISTRY", "127.0.0.1:5000")
+    times: dict[str, list[float]] = {"unsigned": [], "signed": []}
+    clients, added = [], []
+    with tempfile.TemporaryDirectory(prefix="signing-bench-") as scratch:
+        for run in range(args.runs):
+            order = ("unsigned", "signed") if run % 2 == 0 else ("signed", "unsigned")
+            for kind in order:
+                repository = f"bench-{uuid.uuid4().hex[:8]}/pytorch"
+                catalog = Path(scratch) / f"catalog-{run}-{kind}"
+                catalog.mkdir()
+                times[kind].append(publish(args.row, f"{host}/{repository}", catalog, kind == "signed"))
+                registry = Registry(host, repository)
+                client = RegistryClient(registry, registry_access(registry), RetryPolicy(retries=1), lambda _: None)
+                clients.append(client)
+                if kind == "signed":
+                    entry = json.loads((catalog / "catalog.json").read_text())["images"][args.row]
+                    added.append(artifact_bytes(client, entry["digest"]))
+        for client in clients:
+            delete_repository(client)
+    unsigned, signed = statistics.median(times["unsigned"]), statistics.median(times["signed"])
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"### Signing's cost per image ({args.row}, {when}, {platform.node()}, {os.cpu_count()} cores)\n")
+    print("| publish into a fresh repository | runs (s) | median |")
+    print("|---|---|---|")
+    for kind in ("unsigned", "signed"):
+        runs = ", ".join(f"{value:.1f}" for value in times[kind])
+        print(f"| {kind} | {runs} | {statistics.median(times[kind]):.1f} s |")
+    print(f"\nSigning adds {signed - unsigned:+.1f} s ({(signed - unsigned) / unsigned:+.1%}) and "
+          f"{statistics.median(added):,.0f} bytes on the registry (the .sig and .att tags) per digest.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
