@@ -1,5 +1,10 @@
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -163,3 +168,31 @@ def interruptible(command: list[str], **popen_kwargs) -> subprocess.Popen:
     import signal
 
     return subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def own_registry(tmp_path):
+    """A registry process of this test's own (Debian's docker-registry), so the test may kill it."""
+    port = free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(f'version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: "{tmp_path / "data"}"}}\n'
+                      f'  delete: {{enabled: true}}\nhttp: {{addr: "127.0.0.1:{port}"}}\n')
+    process = subprocess.Popen(["/usr/bin/docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield process, f"127.0.0.1:{port}"
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait()

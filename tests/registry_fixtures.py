@@ -223,7 +223,10 @@ def start_refusing_proxy(upstream: str, refused: Callable[[str, str], bool]) -> 
                 self.wfile.write(message)
                 return
             connection = http.client.HTTPConnection(upstream, timeout=60)
-            connection.request(self.command, self.path, body, {k: v for k, v in self.headers.items()})
+            connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in self.headers.items():  # repeated headers (a client's several Accept:) stay repeated
+                connection.putheader(name, value)
+            connection.endheaders(body)
             answer = connection.getresponse()
             data = answer.read()
             self.send_response(answer.status)

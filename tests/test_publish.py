@@ -9,7 +9,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,8 +33,17 @@ from torchimages.publish import (
 )
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
-from .conftest import CPU_SELECTOR, ROOT, run_cli
-from .signing_fixtures import FIRST, KEYS, POLICY, TEST_PASSWORD, accepted_everything, jmespath_field, kyverno_conditions
+from .conftest import CPU_SELECTOR, ROOT, free_port, run_cli
+from .signing_fixtures import (
+    FIRST,
+    KEYS,
+    POLICY,
+    TEST_PASSWORD,
+    accepted_everything,
+    jmespath_field,
+    key,
+    kyverno_conditions,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -163,34 +171,6 @@ def real_rows(tmp_path, engine_env, docker_client, wheelhouse):
     space.cli("render", check_exit=0)
     yield space
     clean_up(docker_client, space)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def own_registry(tmp_path):
-    """A registry process of this test's own (Debian's docker-registry), so the test may kill it."""
-    port = free_port()
-    config = tmp_path / "registry.yml"
-    config.write_text(f'version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: "{tmp_path / "data"}"}}\n'
-                      f'  delete: {{enabled: true}}\nhttp: {{addr: "127.0.0.1:{port}"}}\n')
-    process = subprocess.Popen(["/usr/bin/docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield process, f"127.0.0.1:{port}"
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 # ------------------------------------------------------------------------------------------------------- publish
@@ -502,6 +482,14 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     assert again["nothing_to_do"] and sorted(again["unchanged"]) == sorted(ids) and again["new_tags"] == []
     assert real_rows.catalog_json()["images"] == catalog
     real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)
+
+    # A signing key now: rows published unsigned are not taken as done; publish signs their unchanged digests.
+    third, signed = nightly(real_rows, wheelhouse, "--retention", "1", "--signing-key", str(FIRST),
+                            env={**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD})
+    assert third.returncode == 0 and not signed["nothing_to_do"], third.stdout + third.stderr
+    after = real_rows.catalog_json()["images"]
+    assert {tag: entry["digest"] for tag, entry in after.items()} == {tag: entry["digest"] for tag, entry in catalog.items()}
+    assert all(entry["signing"]["keys"] == [key().public.fingerprint] for entry in after.values())
 
 
 def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows_signed(real_rows, wheelhouse, cosign):

@@ -30,6 +30,7 @@ from torchimages.signatures import (
 from torchimages.verify.reports import CheckVerdict, VerifyReport
 
 from .conftest import run_cli_in_process
+from .registry_fixtures import start_refusing_proxy
 from .signing_fixtures import (
     FIRST,
     KEYS,
@@ -42,8 +43,7 @@ from .signing_fixtures import (
     key,
     kyverno_conditions,
 )
-from .registry_fixtures import start_refusing_proxy
-from .test_publish import DEVEL, RUNTIME, Workspace, clean_up, own_registry  # noqa: F401 - a fixture
+from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
 
 DIGEST = "sha256:" + "ab" * 32
 # A frozen matrix of the tests' own (a new row in matrix.yaml changes no test here).
@@ -363,5 +363,5 @@ def test_a_registry_that_refuses_the_signature_leaves_no_tag_on_the_unsigned_dig
         assert space.tags() == [] and not (space.catalog / "catalog.json").exists()
         assert TEST_PASSWORD not in refused.stdout + refused.stderr
     finally:
-        proxy.shutdown()
         clean_up(docker_client, space)
+        proxy.shutdown()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,9 +18,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from . import attestations
+from . import attestations, engine
 from . import catalog as catalog_stage
-from . import engine
 from . import sbom as sbom_stage
 from .builder import local_name, wheel_record_path
 from .files import read_json_document, remove_file
@@ -317,8 +317,10 @@ class Publisher:
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(spec, image["Id"], report, facts),
         }
         store = SignatureStore(self.registry)
-        signature = store.sign(key, result.digest)
-        attested = store.attest(key, result.digest, predicates)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
+            signing = pool.submit(store.sign, key, result.digest)
+            attesting = pool.submit(store.attest, key, result.digest, predicates)
+            signature, attested = signing.result(), attesting.result()
         self.log(f"{spec.tag}: signature {signature}, attestations {attested} ({key.public.fingerprint})")
         return {"key": key.public.fingerprint, "signature": signature_tag(result.digest),
                 "attestation": attestation_tag(result.digest), "predicate_types": sorted(predicates),

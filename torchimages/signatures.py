@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,9 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 ZERO_TIME = "0001-01-01T00:00:00Z"  # what cosign writes into its artifacts' configs: they have no creation time
 APPEND_TRIES = 3
+# How long a concurrent writer of a .sig/.att tag may take between reading it and writing it back: one skopeo copy of
+# a few KB (well under a second on any registry that works).
+SETTLE_S = 1.0
 MAX_LAYERS = 256  # a signature tag with more is no cosign artifact we write to
 
 
@@ -178,8 +182,12 @@ class SignatureStore:
         return removed
 
     def _append(self, tag: str, media_type: str, missing) -> str:
-        """Append the layers missing() asks for to the artifact at tag, unless it asks for none; read back after the
-        write, since a concurrent writer of the same tag may have replaced it with a manifest without them."""
+        """Append the layers missing() asks for to the artifact at tag, unless it asks for none.
+
+        A registry has no compare-and-swap on tags: a concurrent writer of the same tag, which read it before this
+        write, replaces it with a manifest without these layers. So the tag is read back at once and again after
+        SETTLE_S (a writer that read it before ours has written by then), and what went missing is appended again.
+        """
         layers = self.layers(tag, media_type)
         wanted = missing(layers)
         if not wanted:
@@ -193,6 +201,10 @@ class SignatureStore:
                 self.registry.write_artifact(folder, tag)
             layers = self.layers(tag, media_type)
             wanted = missing(layers)
+            if not wanted:
+                time.sleep(SETTLE_S)
+                layers = self.layers(tag, media_type)
+                wanted = missing(layers)
             if not wanted:
                 return "added"
         raise RegistryError(f"{self.registry.registry.name}:{tag}: another writer replaced it {APPEND_TRIES} times "

@@ -6,9 +6,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .. import attestations
+from .. import attestations, engine
 from .. import catalog as catalog_stage
-from .. import engine
 from .. import lock as lock_stage
 from .. import publish as publish_stage
 from ..files import atomic_write
