@@ -258,7 +258,8 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
     for name in ("gpu", "amp", "multi-gpu"):
         assert checks[name]["status"] == "skipped"
         assert "GPU 1: NVIDIA H100 PCIe" in checks[name]["message"]
-        assert "nvidia-smi -i INDEX -c DEFAULT" in checks[name]["message"]
+        # The UUID names the host's GPU, where the container's index may not (--gpus device=1,3 numbers them 0, 1).
+        assert "`nvidia-smi -i GPU-0b0c0d0e-1111-2222-3333-444455550001 -c DEFAULT`" in checks[name]["message"]
 
 
 @pytest.mark.parametrize(("capability", "forced"), [
@@ -283,3 +284,31 @@ def test_the_records_multi_gpu_process_runs_before_the_probe_makes_its_contexts(
     with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
         facts = probe.record_gpu_facts(torch, ["sm_90"])
     assert order[0] == "multi-gpu process" and facts["multi_gpu"] == {"ok": True}
+
+
+@pytest.mark.parametrize(("host", "nvml", "cuda"), [
+    ("a100-mig2", 2, 1), ("h100x4-mig-all", 4, 1), ("h100x4-mig-no-instances-beside-whole", 4, 3),
+], indirect=["host"])
+def test_the_probe_counts_cudas_devices_not_nvmls_gpus(host, nvml, cuda):
+    """torch.cuda.device_count() answers NVML's count until torch initialises CUDA (torch/cuda/__init__.py); the probe,
+    its smoke devices and torchrun's ranks take CUDA's."""
+    import torch
+
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_80", "sm_90"], probe.arch_covers):
+        assert torch.cuda.device_count() == nvml  # what a probe reading it first would record
+        availability = probe.cuda_availability(torch)
+        devices = probe.gpu_devices(torch)
+    assert (availability["device_count"], availability["nvml_device_count"], len(devices)) == (cuda, nvml, cuda)
+    assert probe.all_reduce_plan(cuda, "") == ((cuda, "nccl") if cuda >= 2 else (2, "gloo"))
+
+
+@pytest.mark.parametrize(("names", "mig_lines", "skipped"), [
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB MIG 1g.10gb"], {}, True),  # named by torch
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], {"0": [MIG_LINE]}, True),  # listed by nvidia-smi
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], {}, False),
+    (["NVIDIA A100-SXM4-80GB MIG 1g.10gb"], {"0": [MIG_LINE]}, False),  # one device: nothing to skip
+])
+def test_peer_copies_and_nccl_skip_across_a_mig_device_and_a_whole_gpu(names, mig_lines, skipped):
+    reason = probe.mig_multi_gpu_reason(len(names), {"mig_devices": mig_lines}, names)
+    assert bool(reason) == skipped
+    assert probe.all_reduce_plan(len(names), reason)[1] == ("gloo" if skipped or len(names) < 2 else "nccl")

@@ -67,7 +67,16 @@ EXCLUSIVE_REASON = ("not run: a GPU is in {mode} compute mode (one CUDA context 
                     "own process holds it; run on GPUs in Default compute mode (nvidia-smi -c DEFAULT) to test this")
 PROHIBITED_REASON = ("not run: {gpus} in Prohibited compute mode: no process may use it, so the host, not the image, "
                      "stops the GPU checks; give the container only usable GPUs (--gpus device=...), or set the mode "
-                     "back with `nvidia-smi -i INDEX -c DEFAULT`")
+                     "back on the host with {fix}")
+# The container's nvidia-smi numbers its GPUs from 0 whichever host GPUs it was given (--gpus device=1,3 shows 0 and
+# 1), so a fix for the host names the GPU by its UUID, which `nvidia-smi -i` accepts as well as an index.
+NVIDIA_SMI_UUID = re.compile(r"\(UUID: ([^)\s]+)\)")
+# MIG devices have no CUDA peer access (RAPIDS' MIG guide; NVIDIA's statement in NVIDIA/nccl#1716), and NCCL runs on
+# MIG instances only experimentally and only recently (NVIDIA/nccl#1716; older NCCL refuses them, NVIDIA/nccl#431):
+# where CUDA lists a MIG device beside a whole GPU, peer copies and NCCL across them are not what a good image does.
+MIG_MULTI_GPU_REASON = ("not run: {count} CUDA devices, one of them a MIG device ({mig}): MIG devices have no CUDA "
+                        "peer access and NCCL supports them only experimentally (NVIDIA/nccl#1716), so peer copies "
+                        "and NCCL across a MIG device and a whole GPU test the host's layout, not the image")
 
 CUDA_LIBRARY = re.compile(
     r"^(libcudart|libcublas|libcublasLt|libcudnn(?:_[a-z_]+)?|libnccl|libcufft|libcufftw|libcurand|libcusolver|"
@@ -722,9 +731,25 @@ def compute_mode_limits(host: dict) -> ComputeModeLimits:
                   for index, mode in enumerate(modes) if mode == PROHIBITED_COMPUTE_MODE]
     exclusive = next((mode for mode in modes if mode in EXCLUSIVE_COMPUTE_MODES), None)
     if prohibited:
-        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"))
+        uuids = [match.group(1) if match else "UUID" for match in map(NVIDIA_SMI_UUID.search, prohibited)]
+        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"),
+                                          fix=" and ".join(f"`nvidia-smi -i {uuid} -c DEFAULT`" for uuid in uuids))
         return ComputeModeLimits(bool(exclusive), reason, reason)
     return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
+
+
+def mig_multi_gpu_reason(device_count: int, host: dict, device_names: list[str] = ()) -> str:
+    """Why peer copies and NCCL must not run across these CUDA devices ("" where they must): 2+ devices, one of them
+    a MIG device. One CUDA process enumerates one MIG device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), so 2+
+    devices with one of them MIG is a MIG device beside whole GPUs. Known before any context from nvidia-smi's MIG
+    lines in the container; from torch's device names ("NVIDIA A100-SXM4-80GB MIG 3g.40gb") where nvidia-smi said
+    nothing."""
+    if device_count < 2:
+        return ""
+    named = [name for name in device_names if " MIG " in name]
+    listed = [line for lines in (host.get("mig_devices") or {}).values() for line in lines]
+    mig = (named or listed)[:1]
+    return MIG_MULTI_GPU_REASON.format(count=device_count, mig=mig[0]) if mig else ""
 
 
 def libcuda_driver_version() -> int | None:
@@ -859,7 +884,7 @@ def bf16_matmul_throughput(torch, size: int = 8192, repeats: int = 20) -> dict:
 
 def multi_gpu_facts(torch) -> dict:
     """Tensors on each device, peer copies, and an NCCL all-reduce across all of them."""
-    count = torch.cuda.device_count()
+    count = cuda_device_count(torch)
     tensors = [torch.full((1 << 20,), float(i + 1), device=f"cuda:{i}") for i in range(count)]
     peers, copies_ok = {}, True
     for i in range(count):
@@ -887,14 +912,40 @@ def multi_gpu_in_subprocess() -> dict:
         return {"ok": False, "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
 
 
+def cuda_device_count(torch) -> int:
+    """CUDA's own count of the devices this process can use, for a torch whose CUDA is available. torch.cuda.
+    device_count() asks CUDA only once torch has initialised it: before, it answers NVML's count of physical GPUs
+    (torch/cuda/__init__.py: `_device_count_nvml` until `_initialized`), and MIG devices are not NVML devices, so on a
+    node with MIG on two GPUs it says 2 where CUDA has 1 and get_device_properties(1) raises "Invalid device id"
+    (pytorch#130181). torch.cuda.init() initialises torch's CUDA state without making a context on any GPU."""
+    torch.cuda.init()
+    return torch.cuda.device_count()
+
+
+def nvml_device_count(torch) -> int | None:
+    """What torch.cuda.device_count() answers before CUDA is initialised: NVML's count (-1 where NVML fails, and torch
+    then asks CUDA); None where this torch has no such function. Recorded, as the number that tells MIG nodes apart."""
+    count_nvml = getattr(torch.cuda, "_device_count_nvml", None)
+    try:
+        return int(count_nvml()) if count_nvml else None
+    except Exception:  # noqa: BLE001 - a private function: any failure means "not known", not a broken image
+        return None
+
+
 def cuda_availability(torch) -> dict:
     """The process's first CUDA call: torch warns why CUDA cannot start ("CUDA initialization: ...") only once, there
     (c10::cuda::device_count's static initialiser), so it must run under a warnings recorder."""
+    init_error = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        nvml_count = nvml_device_count(torch)  # before torch initialises CUDA, as device_count() would answer it
         available = bool(torch.cuda.is_available())
-        count = torch.cuda.device_count() if available else 0
-    return {"available": available, "device_count": count, "warnings": [str(w.message) for w in caught]}
+        try:
+            count = cuda_device_count(torch) if available else 0
+        except Exception as error:  # noqa: BLE001 - CUDA answered a count, then torch could not start it: say why
+            available, count, init_error = False, 0, f"torch.cuda.init() failed: {type(error).__name__}: {error}"
+    return {"available": available, "device_count": count, "nvml_device_count": nvml_count,
+            "warnings": [str(w.message) for w in caught] + ([init_error] if init_error else [])}
 
 
 def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: dict | None = None,
@@ -909,6 +960,7 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
         return facts
     count = facts["device_count"]
     facts["devices"] = [device_facts(torch, index, flags) for index in range(count)]
+    mig_reason = mig_multi_gpu_reason(count, facts, [device["name"] for device in facts["devices"]])
     facts["cudnn"] = section(cudnn_conv, torch)
     facts["cudnn_attention"] = section(cudnn_attention, torch)
     facts["amp_fp16"] = section(fp16_grad_scaler, torch)
@@ -917,6 +969,8 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
         facts["bf16_matmul"] = section(bf16_matmul_throughput, torch)
     if count < 2:
         facts["multi_gpu"] = {"ok": True, "skipped": f"{count} GPU visible"}
+    elif mig_reason:
+        facts["multi_gpu"] = {"ok": True, "skipped": mig_reason}
     else:
         facts["multi_gpu"] = multi_gpu or multi_gpu_in_subprocess()
     return facts
@@ -979,7 +1033,7 @@ CONV_TOLERANCE = {"float16": 2e-2, "float32": 5e-3, "float64": 5e-3}
 
 
 def gpu_devices(torch) -> list[str]:
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return [f"cuda:{index}" for index in range(cuda_device_count(torch))] if torch.cuda.is_available() else []
 
 
 def openmp_facts(torch) -> dict:
@@ -1206,14 +1260,15 @@ def smoke_gpu_errors(torch) -> dict:
 class AllReduceRun:
     """`torchrun --standalone --nproc-per-node N`, as users start single-node jobs, started when the probe knows how
     many GPUs it sees, and collected at its end: it runs while the probe does its own work. 2 processes over gloo on
-    the CPU; one per GPU (up to 8) over NCCL with 2+ GPUs."""
+    the CPU; one per GPU (up to 8) over NCCL with 2+ GPUs (`all_reduce_plan`)."""
 
-    def __init__(self, processes: int = DISTRIBUTED_PROCESSES):
+    def __init__(self, processes: int = DISTRIBUTED_PROCESSES, backend: str = "gloo"):
         self.started, self.processes = time.monotonic(), processes
         self.result_dir = tempfile.mkdtemp(prefix="torchimages-all-reduce-")
         self.log = tempfile.TemporaryFile()
         self.command = ["torchrun", "--standalone", "--nproc-per-node", str(processes),
-                        os.path.abspath(__file__), "--part", "all-reduce", "--result-dir", self.result_dir]
+                        os.path.abspath(__file__), "--part", "all-reduce", "--backend", backend,
+                        "--result-dir", self.result_dir]
         try:
             # Its own session: on a timeout the whole tree (launcher and workers) is killed at once.
             self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
@@ -1242,15 +1297,16 @@ class AllReduceRun:
         return facts
 
 
-def all_reduce_worker(result_dir: str) -> None:
-    """One torchrun process: all-reduce (sum) rank + 1 across the processes, and write what it got."""
+def all_reduce_worker(result_dir: str, backend: str) -> None:
+    """One torchrun process: all-reduce (sum) rank + 1 across the processes over the backend the probe chose (from
+    CUDA's count, which a worker's torch.cuda.device_count() is not before CUDA starts), and write what it got."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
     rank, world, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    nccl = backend == "nccl"
     device = f"cuda:{local_rank}" if nccl else "cpu"
     if nccl:
         torch.cuda.set_device(local_rank)
@@ -1295,6 +1351,14 @@ def distributed_processes(device_count: int) -> int:
     return min(device_count, DISTRIBUTED_MAX_PROCESSES) if device_count >= 2 else DISTRIBUTED_PROCESSES
 
 
+def all_reduce_plan(device_count: int, mig_reason: str) -> tuple[int, str]:
+    """torchrun's processes and backend: one per GPU over NCCL with 2+ CUDA devices, 2 over gloo otherwise, and where
+    a MIG device sits beside whole GPUs (`mig_multi_gpu_reason`)."""
+    if device_count >= 2 and not mig_reason:
+        return distributed_processes(device_count), "nccl"
+    return DISTRIBUTED_PROCESSES, "gloo"
+
+
 def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_list: list[str],
                     budget_s: float | None = None) -> None:
     # Fork first, before anything starts CUDA or CPU thread pools: the children run beside everything below. The
@@ -1310,11 +1374,12 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     dataloader = start_dataloader(torch)
     facts["torch"].update(torch_versions(torch))
     availability = cuda_availability(torch)  # the first CUDA call: no context yet, and torch's warnings recorded
-    all_reduce = AllReduceRun(distributed_processes(availability["device_count"]))
+    mig_reason = mig_multi_gpu_reason(availability["device_count"], host)
+    all_reduce = AllReduceRun(*all_reduce_plan(availability["device_count"], mig_reason))
     multi_gpu = None
     if exclusive:
         facts["distributed"] = all_reduce.result()
-        multi_gpu = multi_gpu_in_subprocess() if availability["device_count"] >= 2 else None
+        multi_gpu = multi_gpu_in_subprocess() if availability["device_count"] >= 2 and not mig_reason else None
     facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
     facts["smoke"] = smoke_eager(torch)
     facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"], False, availability, host, multi_gpu)
@@ -1347,7 +1412,9 @@ def record_gpu_facts(torch, flags: list[str]) -> dict:
     host = driver_facts()
     availability = cuda_availability(torch)
     exclusive = compute_mode_limits(host).exclusive
-    multi_gpu = multi_gpu_in_subprocess() if exclusive and availability["device_count"] >= 2 else None
+    count = availability["device_count"]
+    multi_gpu = (multi_gpu_in_subprocess() if exclusive and count >= 2 and not mig_multi_gpu_reason(count, host)
+                 else None)
     return gpu_facts(torch, flags, True, availability, host, multi_gpu)
 
 
@@ -1372,6 +1439,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--after-main", action="store_true",
                         help="the import part: start once the main part imported torch (it leaves bytecode behind)")
     parser.add_argument("--result-dir", help="the all-reduce part: where each process writes its result")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="the all-reduce part: the process group's backend, as the main part chose it")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU facts, with a bf16 matmul throughput figure")
     parser.add_argument("--package-caches", default="", help="the files part: the OS family's caches, ';'-separated")
     parser.add_argument("--budget-s", type=float, help="the main part: seconds until the container kills the probe")
@@ -1381,7 +1450,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     if arguments.part == "all-reduce":
-        all_reduce_worker(arguments.result_dir)
+        all_reduce_worker(arguments.result_dir, arguments.backend)
         return 0
     # Keep stdout for the JSON document: whatever torch, compilers or workers print goes to stderr.
     json_out = os.dup(1)

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from torchimages.checkplugin import CheckWarning
-from torchimages.checks.probe import arch_covers, arch_flags_for
+from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
 from .helpers import driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver
 
@@ -93,8 +93,11 @@ def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
 def test_peer_copies_and_nccl_all_reduce(devices, gpu):
     if len(devices) < 2:
         pytest.skip(f"{len(devices)} GPU visible: multi-GPU checks need 2 or more (--gpus all on a multi-GPU host)")
+    mig_reason = mig_multi_gpu_reason(len(devices), gpu, [device["name"] for device in devices])
+    if mig_reason:
+        pytest.skip(mig_reason)
     result = gpu["multi_gpu"]
-    assert result.get("ok"), (
+    assert result.get("ok") and not result.get("skipped"), (
         f"across {len(devices)} GPUs: {result.get('error') or result}; peer copies ok: {result.get('peer_copies_ok')}, "
         f"NCCL all-reduce ok: {result.get('all_reduce_ok')}. With NCCL errors about shared memory, raise --shm-size "
         "or use --ipc=host")
