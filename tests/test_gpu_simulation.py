@@ -47,7 +47,8 @@ def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
     """The probe's own GPU part (first CUDA call, nvidia-smi, every device, cuDNN, attention, AMP, multi-GPU)."""
     import torch
 
-    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers):
+    cudnn = torch_facts(spec, flags)["cudnn_version"]
+    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers, cudnn):
         in_process = lambda: probe.section(probe.multi_gpu_facts, torch)  # noqa: E731 - patched torch.cuda lives here
         original, probe.multi_gpu_in_subprocess = probe.multi_gpu_in_subprocess, in_process
         try:
@@ -262,12 +263,25 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
         assert "`nvidia-smi -i GPU-0b0c0d0e-1111-2222-3333-444455550001 -c DEFAULT`" in checks[name]["message"]
 
 
-@pytest.mark.parametrize(("capability", "forced"), [
-    ((7, 5), False), ((8, 0), True), ((8, 9), True), ((10, 3), True), ((12, 1), True),
-    ((13, 0), False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+@pytest.mark.parametrize(("capability", "cudnn", "forced"), [
+    ((7, 5), 92400, False), ((8, 0), 92400, True), ((8, 9), 92400, True), ((10, 3), 92400, True),
+    ((12, 1), 92400, True),
+    ((13, 0), 92400, False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+    ((9, 0), 91002, False),  # the cu126 row's cuDNN 9.10: PyTorch turned cuDNN attention off there (pytorch#171627)
+    ((9, 0), 91500, False), ((9, 0), 91501, True),  # torch prefers it above 9.15.0 (sdp_utils.cpp)
+    ((9, 0), None, False),
 ])
-def test_cudnn_attention_is_forced_where_torch_runs_it(capability, forced):
-    assert probe.cudnn_attention_runs_on(capability) == forced
+def test_cudnn_attention_is_forced_where_torch_runs_it_by_default(capability, cudnn, forced):
+    assert probe.cudnn_attention_forced(capability, cudnn) == forced
+
+
+@pytest.mark.parametrize(("host", "row", "forced"), [
+    ("h100-r580", "2.14.1-cuda12.6-cudnn9-runtime", False), ("h100-r580", "2.14.1-cuda13.0-cudnn9-runtime", True),
+], indirect=["host"])
+def test_the_cu126_rows_cudnn_runs_attention_by_torchs_default_dispatch(host, row, forced):
+    spec = BY_TAG[row]
+    gpu = gather_gpu_facts(host, spec, arch_flags_for(list(spec.arch_list)))
+    assert gpu["cudnn_attention"]["cudnn_forced"] == forced and gpu["cudnn_attention"]["ok"]
 
 
 @pytest.mark.parametrize("host", ["exclusive-process"], indirect=True)

@@ -820,17 +820,25 @@ def cudnn_conv(torch) -> dict:
 # aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); outside it, forcing the backend fails with "No available
 # kernel" on a good image, and torch picks another backend by itself.
 CUDNN_ATTENTION_CAPABILITIES = ((8, 0), (12, 1))
+# And the cuDNN it prefers it with: cuDNN before 9.15.1 corrupts memory for sequence lengths not divisible by 128, so
+# PyTorch turned cuDNN attention off by default for wheels that ship an older one (pytorch#171627, fixing #169849;
+# check_prefer_cudnn_attention in sdp_utils.cpp: cudnn_version > 91500). The cu126 row's cuDNN 9.10 is one: forcing
+# the path there would blame the image for a configuration its users never reach.
+CUDNN_ATTENTION_FIRST_SAFE_VERSION = 91501
 
 
-def cudnn_attention_runs_on(capability: tuple[int, int]) -> bool:
+def cudnn_attention_forced(capability: tuple[int, int], cudnn_version: int | None) -> bool:
+    """Whether the probe forces cuDNN attention: only where torch itself would run it by default (the GPU within
+    check_cudnn_hardware_support's bounds and a cuDNN torch prefers); elsewhere the default dispatch runs, as
+    upstream's test_sdpa does."""
     lowest, highest = CUDNN_ATTENTION_CAPABILITIES
-    return lowest <= tuple(capability) <= highest
+    return lowest <= tuple(capability) <= highest and (cudnn_version or 0) >= CUDNN_ATTENTION_FIRST_SAFE_VERSION
 
 
 def cudnn_attention(torch) -> dict:
     """Upstream's smoke test_sdpa on CUDA (fp16 q/k/v 1x16x77x64, float mask, no NaN): the regression test for
-    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention, it is
-    forced, so that path really runs (elsewhere torch picks another backend)."""
+    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention by
+    default, it is forced, so that path really runs (elsewhere torch picks another backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     functional = torch.nn.functional
@@ -839,14 +847,15 @@ def cudnn_attention(torch) -> dict:
     mask = torch.randn(1, 1, 77, 77, dtype=torch.float16, device="cuda")
     reference = functional.scaled_dot_product_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
                                                         attn_mask=mask.float().cpu())
-    forced = cudnn_attention_runs_on(torch.cuda.get_device_capability())
+    cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    forced = cudnn_attention_forced(torch.cuda.get_device_capability(), cudnn_version)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if forced else contextlib.nullcontext():
         output = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.cuda.synchronize()
     no_nan = not bool(output.isnan().any())
     error = relative_error(torch, output, reference.double())
     return {"ok": no_nan and error < CUDNN_TOLERANCE, "no_nan": no_nan, "relative_error": error,
-            "cudnn_forced": forced}
+            "cudnn_forced": forced, "cudnn_version": cudnn_version}
 
 
 def fp16_grad_scaler(torch) -> dict:
