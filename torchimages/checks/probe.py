@@ -1427,14 +1427,46 @@ def record_gpu_facts(torch, flags: list[str]) -> dict:
     return gpu_facts(torch, flags, True, availability, host, multi_gpu)
 
 
-def gpu_only_facts() -> dict:
-    """For a GPU host's own torch (docs/gpu-validation.md): the GPU facts, then the smoke test on each GPU."""
+# nvidia-smi's per-GPU fields a record keeps, as printed: what a lane host (tests/gpu_hosts/*.yaml) lists per GPU.
+RECORD_QUERY_FIELDS = "name,uuid,compute_cap,driver_version,compute_mode,mig.mode.current"
+
+
+def record_host_facts() -> dict:
+    """The host's raw answers a record keeps, so that it replays as a lane host: nvidia-smi's -L and per-GPU query as
+    it printed them, /proc/driver/nvidia/version, the CPU architecture and how the GPUs were selected."""
+    import platform
+
+    facts = {"machine": platform.machine(), "hostname": platform.node(), "proc_driver_version": None,
+             "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    with contextlib.suppress(OSError):
+        with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:
+            facts["proc_driver_version"] = stream.read().strip()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        facts["nvidia_smi_list"] = run_tool([smi, "-L"])
+        facts["nvidia_smi_query"] = run_tool([smi, f"--query-gpu={RECORD_QUERY_FIELDS}", "--format=csv,noheader"])
+    return facts
+
+
+def gpu_only_facts(budget_s: float | None = None) -> dict:
+    """For a GPU host's own torch (docs/gpu-validation.md): the host's raw answers, the GPU facts, then the smoke test
+    on each GPU. The compiles run in a child forked before any CUDA call, bounded inside `budget_s` (the record's
+    kill timeout) as in the main part, so that a slow max-autotune is reported rather than costing every fact."""
     torch, facts = import_torch()
+    host = record_host_facts()
     if torch is None:
-        return {"part": "gpu-only", "torch": facts}
+        return {"part": "gpu-only", "torch": facts, "host": host}
     facts.update(torch_versions(torch))
-    result = {"part": "gpu-only", "torch": facts, "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
-    result.update({"smoke": smoke_facts()["smoke"], "libraries_loaded": loaded_libraries()})
+    skip_gpu = compute_mode_limits(driver_facts()).children_skip
+    compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
+    result = {"part": "gpu-only", "torch": facts, "host": host,
+              "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
+    smoke = smoke_eager(torch)
+    smoke["compiles"] = compiles.result()
+    if gpu_devices(torch):
+        smoke["gpu_errors"] = section(smoke_gpu_errors, torch)
+    result.update({"smoke": smoke, "libraries_loaded": loaded_libraries()})
     return result
 
 
@@ -1452,7 +1484,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="the all-reduce part: the process group's backend, as the main part chose it")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU facts, with a bf16 matmul throughput figure")
     parser.add_argument("--package-caches", default="", help="the files part: the OS family's caches, ';'-separated")
-    parser.add_argument("--budget-s", type=float, help="the main part: seconds until the container kills the probe")
+    parser.add_argument("--budget-s", type=float,
+                        help="the main part and --gpu-only: seconds until the probe is killed (its compiles end before)")
     return parser.parse_args(argv)
 
 
@@ -1466,7 +1499,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     started = time.monotonic()
     if arguments.gpu_only:
-        facts = gpu_only_facts()
+        facts = gpu_only_facts(arguments.budget_s)
     elif arguments.part == "files":
         facts = files_facts([path for path in arguments.package_caches.split(";") if path])
     elif arguments.part == "import":
