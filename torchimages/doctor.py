@@ -16,7 +16,7 @@ from pathlib import Path
 from . import engine
 from .builder import local_name
 from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for
-from .checks.suite.helpers import driver_start_failure, driver_verdict
+from .checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from .model import ImageSpec, InputError, parse_size
 from .reporting import human_size
 
@@ -106,7 +106,13 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     elif status == "warn":
         findings.append(Finding(spec.tag, "warn", why))
     for gpu in sorted(set(gpus), key=lambda gpu: gpu.capability):
-        if arch_covers(arch_flags_for(spec.arch_list), gpu.capability) is None:
+        coverage = arch_covers(arch_flags_for(spec.arch_list), gpu.capability)
+        if ptx_only_without_jit(coverage, status):
+            findings.append(Finding(spec.tag, "fail", f"the {gpu.name} is covered only by {coverage}, and the driver "
+                                                      f"{driver} is older than CUDA {spec.cuda}'s own "
+                                                      f"({spec.min_driver}): it cannot JIT-compile that PTX, so nothing "
+                                                      f"runs on this GPU; upgrade the driver to {spec.min_driver}+"))
+        if coverage is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
             covering = [other.tag for other in specs
                         if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability)]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from torchimages.checks.suite.helpers import PTX_TOO_NEW, cuda_version_number
+
 HERE = Path(__file__).resolve().parent
 SCENARIOS = sorted(path.stem for path in HERE.glob("*.yaml"))
 NO_KERNEL_IMAGE = "CUDA error: no kernel image is available for execution on the device"
@@ -121,11 +123,15 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     facts = torch_cuda_facts(scenario, cuda)
     count, nvml_count = facts["device_count"], nvml_device_count(scenario, facts)
     devices = cuda_devices(scenario, facts)
-    uncovered = {index for index, device in enumerate(devices) if covers(arch_flags, device["capability"]) is None}
+    # PTX newer than the libcuda cannot be JIT-compiled (NVIDIA CUDA Compatibility, minor-version compatibility).
+    jit_fails = ((scenario.get("libcuda") or {}).get("driver_version") or 0) < cuda_version_number(cuda)
+    coverage = [covers(arch_flags, device["capability"]) for device in devices]
+    kernel_errors = [NO_KERNEL_IMAGE if covered is None else PTX_TOO_NEW if covered.startswith("PTX") and jit_fails
+                     else None for covered in coverage]
     warned, initialized = [], []
 
     def device_error(index: int) -> str | None:
-        return facts.get("device_error") or (NO_KERNEL_IMAGE if index in uncovered else None)
+        return facts.get("device_error") or (kernel_errors[index] if index < len(kernel_errors) else None)
 
     def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA
         initialized.append(True)

@@ -7,7 +7,8 @@ import pytest
 from torchimages.checkplugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
-from .helpers import driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver
+from .helpers import (driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver,
+                      ptx_only_without_jit)
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -55,14 +56,22 @@ def test_a_kernel_runs_on_every_device(devices):
 
 
 @pytest.mark.check("gpu")
-def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, spec):
+def test_every_device_is_covered_by_the_arch_list(devices, gpu, torch_facts, expect, spec):
     flags = torch_facts["arch_flags"]
+    driver = gpu.get("driver_version")
+    driver_status = driver_verdict(driver, gpu.get("libcuda_driver_version"), spec)[0] if driver else "ok"
     uncovered = []
     for device in devices:
         capability = tuple(device["capability"])
-        if arch_covers(flags, capability):
-            continue
+        coverage = arch_covers(flags, capability)
         sm = f"sm_{capability[0]}{capability[1]}"
+        if ptx_only_without_jit(coverage, driver_status):
+            uncovered.append(f"{device['name']} is {sm}: only {coverage} covers it, and the host driver {driver} is "
+                             f"older than CUDA {spec.cuda}'s own ({spec.min_driver}), which cannot JIT-compile that "
+                             "PTX (NVIDIA CUDA Compatibility, minor-version compatibility): upgrade the driver")
+            continue
+        if coverage:
+            continue
         rows = [tag for tag, arch in expect["arch_rows"].items() if arch_covers(arch_flags_for(arch), capability)]
         uncovered.append(f"{device['name']} is {sm}, but this image's torch has {' '.join(flags)} (no cubin "
                          f"sm_{capability[0]}x at or below it, no PTX at or below {capability[0]}.{capability[1]}); "
