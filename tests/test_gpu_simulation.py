@@ -190,6 +190,8 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
     (["sm_120", "compute_120"], (13, 0), "PTX compute_120 (JIT-compiled on first use)"),
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (11, 0), None),  # Thor: no cubin, no PTX
     (["sm_80", "sm_86"], (8, 7), None),  # Orin is Tegra: no binary compatibility with desktop cubins
+    (["sm_100"], (10, 1), None),  # Thor in CUDA 12 numbering: torch excludes it from sm_100
+    (["sm_101"], (11, 0), "cubin sm_101"),  # Thor's sm_101 cubin runs under CUDA 13's number too
     (["sm_86", "sm_87"], (8, 7), "cubin sm_87"),
     (["sm_87"], (8, 9), None),  # nor the other way
     (["sm_86", "compute_86"], (8, 7), "PTX compute_86 (JIT-compiled on first use)"),
@@ -197,6 +199,19 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
 ])
 def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
     assert probe.arch_covers(flags, capability) == covered
+
+
+@pytest.mark.parametrize(("flag", "capability", "before_13_2", "from_13_2"), [
+    # torch 2.14.1's DEVICE_REQUIREMENT and DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION (torch/cuda/__init__.py),
+    # as gpu-audit-2 B6 read them from the wheel.
+    ("sm_80", (8, 7), False, True), ("sm_86", (8, 7), False, True), ("sm_70", (7, 2), False, True),  # Orin, Xavier
+    ("sm_100", (10, 1), False, False), ("sm_101", (11, 0), True, True),  # Thor, CUDA 12 and 13 numbering
+    ("sm_120", (12, 1), True, True),  # DGX Spark GB10
+    ("sm_100", (10, 3), True, True), ("sm_86", (8, 9), True, True),  # B300, L4: desktop rules
+])
+def test_tegra_coverage_follows_the_table_torchs_wheel_carries_for_its_cuda(flag, capability, before_13_2, from_13_2):
+    assert bool(probe.arch_covers([flag], capability, "13.0")) == before_13_2
+    assert bool(probe.arch_covers([flag], capability, "13.2")) == from_13_2
 
 
 def test_the_compile_child_ends_inside_the_probes_kill_budget(monkeypatch):

@@ -106,7 +106,7 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     elif status == "warn":
         findings.append(Finding(spec.tag, "warn", why))
     for gpu in sorted(set(gpus), key=lambda gpu: gpu.capability):
-        coverage = arch_covers(arch_flags_for(spec.arch_list), gpu.capability)
+        coverage = arch_covers(arch_flags_for(spec.arch_list), gpu.capability, spec.cuda)
         if ptx_only_without_jit(coverage, status):
             findings.append(Finding(spec.tag, "fail", f"the {gpu.name} is covered only by {coverage}, and the driver "
                                                       f"{driver} is older than CUDA {spec.cuda}'s own "
@@ -115,7 +115,7 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
         if coverage is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
             covering = [other.tag for other in specs
-                        if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability)]
+                        if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability, other.cuda)]
             findings.append(Finding(spec.tag, "fail", f"its arch list ({';'.join(spec.arch_list)}) has no kernels for "
                                                       f"the {gpu.name} ({sm}): torch would fail with 'no kernel image "
                                                       f"is available'; rows that cover {sm}: "

@@ -114,7 +114,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     """The CPU torch answers as the host's torch.cuda does: availability (with torch's first-call warning), the device
     count (NVML's until CUDA is initialised, CUDA's after, as torch.cuda.device_count() does), devices and their
     properties (torch's "Invalid device id" past CUDA's count), and "cuda" tensors computed on the CPU. A device the
-    image's arch list does not cover (`covers(flags, capability)` is None) fails torch's own kernels with the real
+    image's arch list does not cover (`covers(flags, capability, cuda)` is None) fails torch's own kernels with the real
     error, as libtorch without a cubin or PTX for it does, the others run; copies and cuBLAS (own SASS) still run. A
     host whose devices refuse every context (`device_error`, e.g. a Prohibited compute mode) fails any tensor made on
     them with that error. `cudnn_version`: what torch.backends.cudnn.version() reports (the row's cuDNN)."""
@@ -125,7 +125,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     devices = cuda_devices(scenario, facts)
     # PTX newer than the libcuda cannot be JIT-compiled (NVIDIA CUDA Compatibility, minor-version compatibility).
     jit_fails = ((scenario.get("libcuda") or {}).get("driver_version") or 0) < cuda_version_number(cuda)
-    coverage = [covers(arch_flags, device["capability"]) for device in devices]
+    coverage = [covers(arch_flags, device["capability"], cuda) for device in devices]
     kernel_errors = [NO_KERNEL_IMAGE if covered is None else PTX_TOO_NEW if covered.startswith("PTX") and jit_fails
                      else None for covered in coverage]
     warned, initialized = [], []

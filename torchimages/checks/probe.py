@@ -132,32 +132,50 @@ def _flag_scope(flag: str) -> str:
     return flag[-1] if flag[-1] in "af" else ""
 
 
-# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 11.0 (NVIDIA CUDA GPUs page). "Binary
-# compatibility is supported only for the desktop. It is not supported for Tegra. Also, the binary compatibility
-# between desktop and Tegra is not supported" (CUDA C++ Programming Guide, "Binary Compatibility"): an sm_86 cubin
-# does not run on an Orin, nor an sm_87 one on an 8.9 GPU. PTX is still JIT-compiled for them.
-TEGRA_CAPABILITIES = {(5, 3), (6, 2), (7, 2), (8, 7), (11, 0)}
+# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 10.1 in CUDA 12 numbering and 11.0 in
+# CUDA 13's (NVIDIA CUDA GPUs page). "Binary compatibility is supported only for the desktop. It is not supported for
+# Tegra. Also, the binary compatibility between desktop and Tegra is not supported" (CUDA C++ Programming Guide,
+# "Binary Compatibility"); CUDA 13.2 unified Jetson with SBSA, so Orin and Xavier run their major's desktop cubins.
+# The exceptions follow the tables torch's own wheel checks its cubins against (torch/cuda/__init__.py, torch 2.14.1:
+# DEVICE_REQUIREMENT for builds before CUDA 13.2, DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION after), in its
+# notation: a cubin's capability -> the device capabilities it never runs on, or -> the only ones it runs on.
+TEGRA_EXCLUDED = {50: {53}, 52: {53}, 60: {62}, 61: {62}, 70: {72}, 80: {87}, 86: {87}, 100: {101}}
+TEGRA_EXCLUDED_FROM_13_2 = {100: {101}}  # only Thor's CUDA 12 number stays apart
+TEGRA_ONLY = {53: {53}, 62: {62}, 72: {72}, 87: {87}, 101: {101, 110}}  # a Tegra cubin: that GPU (Thor: both numbers)
+JETSON_SBSA_UNIFICATION = (13, 2)
 
 
-def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
+def _cubin_runs_on(built: tuple[int, int], capability: tuple[int, int], cuda: str | None) -> bool:
+    """torch's rule for a plain cubin: the same major at or above its minor, but for the Tegra exceptions of the
+    table for this CUDA build (before 13.2 where the build's CUDA is not known)."""
+    code, device = built[0] * 10 + built[1], capability[0] * 10 + capability[1]
+    unified = cuda is not None and tuple(int(part) for part in cuda.split(".")[:2]) >= JETSON_SBSA_UNIFICATION
+    if code in TEGRA_ONLY:
+        return device in TEGRA_ONLY[code]
+    if device in (TEGRA_EXCLUDED_FROM_13_2 if unified else TEGRA_EXCLUDED).get(code, ()):
+        return False
+    return built[0] == capability[0] and built[1] <= capability[1]
+
+
+def _flag_runs_on(flag: str, capability: tuple[int, int], cuda: str | None) -> bool:
     built, scope = _flag_capability(flag), _flag_scope(flag)
     if scope == "a":
         return built == capability
-    if flag.startswith("sm_") and (built in TEGRA_CAPABILITIES or capability in TEGRA_CAPABILITIES):
-        return built == capability  # no binary compatibility on Tegra, nor between Tegra and desktop
-    if scope == "f" or flag.startswith("sm_"):  # a cubin runs on its major at or above its minor; so does family code
+    if scope == "f":  # family code runs within its major, at or above its minor
         return built[0] == capability[0] and built[1] <= capability[1]
+    if flag.startswith("sm_"):
+        return _cubin_runs_on(built, capability, cuda)
     return built <= capability  # generic PTX: JIT-compiled for any newer GPU
 
 
-def arch_covers(flags: list[str], capability: tuple[int, int]) -> str | None:
-    """How a device is covered: a cubin of the same major with minor <= the device's, or PTX at or below it;
-    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major, and on Tegra
-    (integrated) GPUs a cubin only for exactly that GPU."""
-    cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability)]
+def arch_covers(flags: list[str], capability: tuple[int, int], cuda: str | None = None) -> str | None:
+    """How a device is covered by a build for CUDA `cuda`: a cubin of the same major with minor <= the device's (with
+    torch's Tegra exceptions), or PTX at or below it; arch-specific (`a`) code only on its exact capability, family
+    (`f`) code only within its major."""
+    cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability, cuda)]
     if cubins:
         return f"cubin {max(cubins, key=_flag_capability)}"
-    ptx = [f for f in flags if f.startswith("compute_") and _flag_runs_on(f, capability)]
+    ptx = [f for f in flags if f.startswith("compute_") and _flag_runs_on(f, capability, cuda)]
     if ptx:
         return f"PTX {max(ptx, key=_flag_capability)} (JIT-compiled on first use)"
     return None
@@ -770,7 +788,7 @@ def device_facts(torch, index: int, flags: list[str]) -> dict:
     capability = [properties.major, properties.minor]
     facts = {"index": index, "name": properties.name, "capability": capability,
              "uuid": str(getattr(properties, "uuid", "")), "total_memory": properties.total_memory,
-             "covered_by": arch_covers(flags, tuple(capability))}
+             "covered_by": arch_covers(flags, tuple(capability), torch.version.cuda)}
     try:
         device = f"cuda:{index}"
         # A torch kernel made on the device (libtorch's own cubins: "no kernel image" shows here) and a cuBLAS GEMM

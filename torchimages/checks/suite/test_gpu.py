@@ -63,7 +63,7 @@ def test_every_device_is_covered_by_the_arch_list(devices, gpu, torch_facts, exp
     uncovered = []
     for device in devices:
         capability = tuple(device["capability"])
-        coverage = arch_covers(flags, capability)
+        coverage = arch_covers(flags, capability, spec.cuda)
         sm = f"sm_{capability[0]}{capability[1]}"
         if ptx_only_without_jit(coverage, driver_status):
             uncovered.append(f"{device['name']} is {sm}: only {coverage} covers it, and the host driver {driver} is "
