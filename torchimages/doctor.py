@@ -125,6 +125,14 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     return findings
 
 
+def gpu_access_finding(access: engine.GpuAccess) -> Finding:
+    """Which path (the NVIDIA runtime's --gpus, or CDI) the engine offers for GPUs, or how to get one."""
+    if not access.path:
+        return Finding("gpu runtime", "warn", f"{access.why}. Until then, GPU rows build and pass their static checks "
+                                              "here, and their GPU checks are skipped with the reason")
+    return Finding("gpu runtime", "ok", f"the engine gives containers GPUs {access.why}")
+
+
 def disk_finding(free: int, to_build: list[ImageSpec]) -> Finding:
     """Room for the rows not built yet: at most their size budgets, plus the largest once more for its build stage
     (at most: rows of one torch and CUDA share most of their layers)."""
@@ -174,12 +182,8 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
                                         f"{info.get('Architecture', '?')})")]
     findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()))
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
-    if gpu_rows and not engine.has_gpu_runtime(client):
-        findings.append(Finding("gpu runtime", "warn", f"{engine.GPU_RUNTIME_HINT}. Until then, GPU rows build and "
-                                                       "pass their static checks here, and their GPU checks are "
-                                                       "skipped with the reason"))
-    elif gpu_rows:
-        findings.append(Finding("gpu runtime", "ok", "the engine can give containers GPUs"))
+    if gpu_rows:
+        findings.append(gpu_access_finding(engine.gpu_access(client)))
     root = Path(info.get("DockerRootDir") or "")
     if root.is_dir():
         to_build = [spec for spec in specs if engine.inspect_image(client, local_name(spec)) is None]

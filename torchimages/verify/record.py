@@ -159,7 +159,8 @@ def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
     inspected = engine.inspect_image(docker_client, image)
     if inspected is None:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine: pull or build it first")])
-    plan = Plan(spec, image, inspected["Id"], parse_gpus("all"), spec.shm_size, GPU_ONLY_TIMEOUT_S)
+    plan = Plan(spec, image, inspected["Id"], parse_gpus("all"), spec.shm_size, GPU_ONLY_TIMEOUT_S,
+                engine.gpu_access(docker_client).path or "runtime")
     name = container_name(spec)
     try:
         container = create_container(docker_client, plan, name, reports="")
