@@ -64,13 +64,14 @@ def parse_nvidia_smi(output: str) -> list[HostGpu]:
 
 def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
     """GPUs no container can use (Prohibited compute mode): their GPU checks would be skipped, never passed."""
-    prohibited = [f"GPU {index} ({gpu.name})" for index, gpu in enumerate(gpus)
-                  if gpu.compute_mode == PROHIBITED_COMPUTE_MODE]
-    if not prohibited:
+    indices = [str(index) for index, gpu in enumerate(gpus) if gpu.compute_mode == PROHIBITED_COMPUTE_MODE]
+    if not indices:
         return None
-    return Finding("host gpus", "warn", f"{', '.join(prohibited)} in Prohibited compute mode: no process may use it, "
-                                        "so verification skips the GPU checks while it is given to the container; "
-                                        "use --gpus device=<the others>, or `nvidia-smi -i INDEX -c DEFAULT`")
+    prohibited = ", ".join(f"GPU {index} ({gpus[int(index)].name})" for index in indices)
+    # doctor reads the host's own nvidia-smi: its indices are the host's, which `nvidia-smi -i` takes as a list.
+    return Finding("host gpus", "warn", f"{prohibited} in Prohibited compute mode: no process may use it, so "
+                                        "verification skips the GPU checks while it is given to the container; use "
+                                        f"--gpus device=<the others>, or `nvidia-smi -i {','.join(indices)} -c DEFAULT`")
 
 
 # `uname -m` and Docker's Architecture spell the same machines two ways.
