@@ -283,3 +283,34 @@ def test_gpus_are_not_refused_up_front_on_an_engine_without_an_nvidia_runtime_en
 def test_reading_an_images_package_lists_gives_its_container_no_gpu(docker_client, image_giving_every_gpu):
     inventory = collect_inventory(docker_client, image_giving_every_gpu.id)
     assert inventory.debs == [("visible", "void", "all")]
+
+
+def distributed_checks(tmp_path: Path, gpu: dict, distributed: dict) -> dict:
+    """The real suite's distributed tests on recorded facts, as `build.py test` runs them against a container."""
+    spec = BY_TAG[CU132]
+    expect = {"tag": CU132, "container_id": "recorded", "spec": spec.to_json(), "host_gpu_runtime": True,
+              "gpus": parse_gpus("all").to_json()}
+    facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu, "distributed": distributed}}
+    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
+    paths["expect"].write_text(json.dumps(expect))
+    paths["facts"].write_text(json.dumps(facts))
+    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_distributed.py"), "--hosts=local://",
+                    "-p", "torchimages.checkplugin", f"--expect={paths['expect']}", f"--probe={paths['facts']}",
+                    f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE),
+                    "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, check=False)
+    return json.loads(paths["checks"].read_text())["distributed"]
+
+
+@pytest.mark.parametrize("backend, status", [("gloo", "passed"), ("nccl", "failed")])
+def test_torchrun_runs_over_gloo_across_a_mig_device_and_a_whole_gpu(tmp_path, backend, status):
+    """NCCL supports MIG devices only experimentally (NVIDIA/nccl#1716): beside a whole GPU the all-reduce must run
+    over gloo, and one over NCCL is not what the probe was asked to run."""
+    mig = {"name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "capability": [8, 0]}
+    gpu = {"available": True, "device_count": 2, "devices": [{**H100, "name": "NVIDIA A100-SXM4-80GB"}, mig],
+           "mig_devices": {"0": ["MIG 1g.10gb     Device  0: (UUID: MIG-1)"]}, "warnings": []}
+    ranks = [{"rank": rank, "backend": backend, "device": "cpu", "value": 3.0, "expected": 3.0, "ok": True}
+             for rank in range(2)]
+    distributed = {"command": "torchrun --standalone --nproc-per-node 2", "processes": 2, "returncode": 0,
+                   "ranks": ranks, "error": "", "output": "", "ok": True}
+    verdict = distributed_checks(tmp_path, gpu, distributed)
+    assert verdict["status"] == status, verdict

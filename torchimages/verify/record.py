@@ -177,8 +177,8 @@ def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
 
 # nvidia-smi -L's lines (NVIDIA nvidia-smi documentation, "-L"; MIG lines as in the MIG User Guide, "Device
 # Enumeration"), as tests/gpu_hosts/nvidia-smi prints them back.
-SMI_GPU_LINE = re.compile(r"^GPU \d+: (?P<name>.+) \(UUID: (?P<uuid>[^)]+)\)$")
-SMI_MIG_LINE = re.compile(r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+\d+: \(UUID: (?P<uuid>[^)]+)\)$")
+SMI_GPU_LINE = re.compile(r"^GPU \d+: (?P<name>.+) \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
+SMI_MIG_LINE = re.compile(r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+\d+: \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
 QUERY_KEYS = ("name", "uuid", "compute_cap", "driver_version", "compute_mode", "mig_mode")  # probe.RECORD_QUERY_FIELDS
 
 
