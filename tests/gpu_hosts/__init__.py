@@ -1,7 +1,12 @@
 """Real-hardware GPU hosts, recorded: each <scenario>.yaml says what the host's nvidia-smi answers, what a real
 torch.cuda reports on it, and the verdict a real host gives per check and per doctor row, with where each fact
 comes from. `stand_in_nvidia_smi` puts the recorded nvidia-smi first on PATH; `simulated_cuda` makes the test
-environment's CPU torch answer as that host's torch.cuda does, so that the probe's own functions run unchanged."""
+environment's CPU torch answer as that host's torch.cuda does, so that the probe's own functions run unchanged.
+
+`torch_cuda` holds CUDA's answers: `available`, `device_count` (CUDA's count), optionally `nvml_device_count` (what
+torch.cuda.device_count() answers before CUDA is initialised; default: the GPUs nvidia-smi lists), `warning`,
+`device_error` and `devices` (name, uuid, capability in CUDA's order; default: derived from nvidia-smi). `build.py
+gpu-record` writes a real host's answers in this format, with its verdicts as the run's expectations."""
 from __future__ import annotations
 
 import contextlib
