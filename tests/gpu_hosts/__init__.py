@@ -133,13 +133,13 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     coverage = [covers(arch_flags, device["capability"], cuda) for device in devices]
     kernel_errors = [NO_KERNEL_IMAGE if covered is None else PTX_TOO_NEW if covered.startswith("PTX") and jit_fails
                      else None for covered in coverage]
-    warned, initialized = [], []
+    warned, initialized = [], {"cuda": False}
 
     def device_error(index: int) -> str | None:
         return facts.get("device_error") or (kernel_errors[index] if index < len(kernel_errors) else None)
 
     def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA
-        initialized.append(True)
+        initialized["cuda"] = True
 
     def is_available():
         if facts.get("warning") and not warned:  # c10::cuda::device_count warns once, in a static initialiser
@@ -148,7 +148,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         return bool(facts["available"])
 
     def device_count():
-        return count if initialized or nvml_count < 0 else nvml_count
+        return count if initialized["cuda"] or nvml_count < 0 else nvml_count
 
     def properties(index=0):
         lazy_init()

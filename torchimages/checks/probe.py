@@ -10,7 +10,8 @@ and torch (imported lazily: the pure helpers below are also imported on the host
     python probe.py --part import --wheel W  # as an arbitrary uid: import torch, HOME writable, pip install --user W
     python probe.py --part smoke         # PyTorch's smoke-test assertions alone (the benchmark's yardstick)
     python probe.py --gpu-only           # on any GPU host with torch: visibility, arch coverage, cuDNN, AMP, bf16
-                                         # speed, the smoke test on each GPU
+                                         # speed, the smoke test on each GPU, and the host's raw answers (nvidia-smi,
+                                         # /proc, NVML's and CUDA's counts) that gpu-record keeps as a lane host
 
 The JSON document goes to stdout; everything libraries print goes to stderr, so stdout is always parseable.
 """
