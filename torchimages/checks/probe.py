@@ -1476,9 +1476,9 @@ def gpu_only_facts(budget_s: float | None = None) -> dict:
     host = record_host_facts()
     if torch is None:
         return {"part": "gpu-only", "torch": facts, "host": host}
-    facts.update(torch_versions(torch))
     skip_gpu = compute_mode_limits(driver_facts()).children_skip
     compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
+    facts.update(torch_versions(torch))
     result = {"part": "gpu-only", "torch": facts, "host": host,
               "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
     smoke = smoke_eager(torch)
