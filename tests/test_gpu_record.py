@@ -2,6 +2,7 @@
 checks, and every raw fact kept as a simulation-lane host that replays the run. Its facts here come from the recorded
 hosts of the simulation lane (tests/gpu_hosts/), gathered by the probe's own functions."""
 import json
+import os
 import subprocess
 
 import pytest
@@ -140,11 +141,27 @@ def test_a_record_replays_as_a_lane_host_with_the_verdicts_the_host_gave(host, r
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(replayed, tmp_path / "proc"))
     monkeypatch.setattr(probe, "libcuda_driver_version", lambda: replayed["libcuda"]["driver_version"])
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
     spec, flags = BY_TAG[row], arch_flags_for(list(BY_TAG[row].arch_list))
     checks = judge(spec, run, gather_gpu_facts(replayed, spec, flags), flags)
     assert {name: record.verdict(checks[name]) for name in run["expect"]} == run["expect"]
     original = next((r["expect"] for r in host["runs"] if r["row"] == row and r["gpus"] == "all"), {})
     assert {name: run["expect"][name] for name in original} == original
+
+
+@pytest.mark.parametrize("host", ["l4-r570"], indirect=True)
+def test_the_records_cuda_visible_devices_is_replayed(host, tmp_path, monkeypatch):
+    """torch sees what CUDA_VISIBLE_DEVICES leaves: a record made with it set replays with it set."""
+    row = "2.14.1-cuda12.6-cudnn9-runtime"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    result = gpu_record(tmp_path, row, "--facts", saved_facts(tmp_path, host, row=row))
+    [written] = (tmp_path / "reports" / "gpu-record").glob("*.yaml")
+    [run] = yaml.safe_load(written.read_text())["runs"]
+    assert result.returncode == 0 and run["cuda_visible_devices"] == "1,0"
+    gpu_hosts.cuda_visible_devices({}, monkeypatch)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,0"
 
 
 def test_a_mig_slice_has_no_datasheet_peak():

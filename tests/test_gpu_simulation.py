@@ -71,6 +71,7 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
     run = host["runs"][run_index]
     host = gpu_hosts.as_run(host, run, tmp_path / "run")
     monkeypatch.setenv("TORCHIMAGES_GPU_HOST", host["path"])
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
     spec = BY_TAG[run["row"]]
     flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))
     gpu = gather_gpu_facts(host, spec, flags)

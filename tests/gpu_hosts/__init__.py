@@ -41,6 +41,14 @@ def stand_in_nvidia_smi(scenario: dict, folder: Path) -> dict[str, str]:
     return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "TORCHIMAGES_GPU_HOST": scenario["path"]}
 
 
+def cuda_visible_devices(run: dict, monkeypatch) -> None:
+    """The run's CUDA_VISIBLE_DEVICES (a record keeps the one its process had), or none: the probe reads it."""
+    if run.get("cuda_visible_devices") is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(run["cuda_visible_devices"]))
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
 def as_run(scenario: dict, run: dict, folder: Path) -> dict:
     """The host as one run's container sees it: the GPUs it was given (`nvidia_smi_gpus`: indices into the host's
     nvidia-smi list) and what torch.cuda reports there (`torch_cuda`), where the run says; written for the stand-in."""

@@ -245,7 +245,10 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
         "libcuda": {"driver_version": gpu.get("libcuda_driver_version")},
         "torch_cuda": torch_cuda_as_lane_host(gpu),
         "runs": [{"row": spec.tag, "gpus": "all", "expect": expect,
-                  "why": f"the verdicts this host gave on {date} (build.py gpu-record)"}],
+                  "why": f"the verdicts this host gave on {date} (build.py gpu-record)",
+                  # torch's view of the GPUs depends on it: the replay sets it as the record's process had it
+                  **({"cuda_visible_devices": host["cuda_visible_devices"]}
+                     if host.get("cuda_visible_devices") is not None else {})}],
         "expect_doctor": {},
         "recorded": {"torch": facts.get("torch"), "host": host, "gpu": gpu},
     }
