@@ -299,7 +299,8 @@ def register(commands) -> None:
     checking.set_defaults(handler=cmd_doctor)
     recording = commands.add_parser(
         "gpu-record", help="on a GPU host: run the GPU side, judge it with the GPU checks, print the record line of "
-                           "docs/gpu-validation.md (exit 1 when a GPU check failed)")
+                           "docs/gpu-validation.md and keep every raw fact as a simulation-lane host under "
+                           "REPORTS/gpu-record/ (exit 1 when a GPU check failed, 2 for another torch build)")
     recording.add_argument("tag", help="the row whose expectations apply (driver floor, arch list, cuDNN)")
     source = recording.add_mutually_exclusive_group()
     source.add_argument("--image", metavar="REF", help="run the GPU side in a container of this image (Docker, every "
