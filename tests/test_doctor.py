@@ -150,3 +150,15 @@ def test_an_engine_without_unpigz_is_warned_with_the_measured_pull_time_and_the_
     assert finding.status == "warn" and "Go's gzip" in finding.detail and "apt-get install pigz" in finding.detail
     assert "59.4 s with Go's gzip and 52.1 s with unpigz" in finding.detail
     assert gzip_finding("/usr/bin/unpigz").status == "ok"
+
+
+def test_a_gpu_only_ptx_covers_fails_where_the_driver_cannot_jit_that_ptx():
+    """Below the release's own driver (minor-version compatibility) PTX newer than the driver does not JIT-compile
+    (NVIDIA CUDA Compatibility): a row whose only coverage of the GPU is PTX runs nothing there."""
+    ptx_row = dataclasses.replace(BY_TAG[CU132], tag="cu132-ptx-variant", arch_list=("7.5", "8.0", "8.6", "9.0+PTX"))
+    b200 = HostGpu("NVIDIA B200", (10, 0), "580.95.05")
+    findings = row_findings(ptx_row, [b200], SPECS)
+    assert "fail" in statuses(findings)
+    assert any("covered only by PTX compute_90" in f.detail and "cannot JIT-compile" in f.detail for f in findings)
+    # At or above the release's own driver the same PTX is JIT-compiled: a working row.
+    assert statuses(row_findings(ptx_row, [HostGpu("NVIDIA B200", (10, 0), "595.45.04")], SPECS)) == ["ok"]

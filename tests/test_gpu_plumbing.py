@@ -21,7 +21,7 @@ from torchimages.sbom import collect_inventory
 from torchimages.verify.container import container_name, create_container, remove_container
 from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
-from torchimages.verify.suite import failed_start_checks
+from torchimages.verify.suite import failed_start_checks, gpu_start_failure, with_gpu_start_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 BY_TAG = {spec.tag: spec for spec in load_matrix(ROOT / "matrix.yaml").specs}
@@ -108,33 +108,120 @@ def start_error(explanation: str) -> docker.errors.APIError:
     return docker.errors.APIError("500 Server Error", explanation=explanation)
 
 
-@pytest.mark.parametrize("explanation, says", [
+# dockerd's CDI injection failing for a device its specs do not name (moby's CDI injection; the CDI library words it
+# "unresolvable CDI devices"), and NVIDIA's CDI hook failing in the OCI runtime (its createContainer hook).
+CDI_UNRESOLVABLE = ("could not select device driver \"cdi\" with capabilities: []: CDI device injection failed: "
+                    "unresolvable CDI devices nvidia.com/gpu=all")
+CDI_HOOK_FAILED = ("failed to create task for container: failed to create shim task: OCI runtime create failed: "
+                   "runc create failed: unable to start container process: error during container init: error running "
+                   "createContainer hook #0: exit status 1, stdout: , stderr: time=\"...\" level=error msg=\"failed "
+                   "to create link [libcuda.so.1 /lib/x86_64-linux-gnu/libcuda.so]: nvidia-cdi-hook: file exists\"")
+
+
+@pytest.mark.parametrize("explanation, says, driver_cause", [
     (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
-     "the host's NVIDIA driver is not usable"),
+     "the host's NVIDIA driver is not usable", True),
     # libnvidia-container's own words, lower case (as seen in many reports of a driver upgraded without a reboot)
     (f"{HOOK_FAILED}nvidia-container-cli: initialization error: nvml error: driver/library version mismatch: unknown",
-     "a driver upgraded without a reboot"),
-    (f"{HOOK_FAILED}nvidia-container-cli: device error: 3: unknown device: unknown", "nvidia-smi -L"),
+     "a driver upgraded without a reboot", True),
+    (f"{HOOK_FAILED}nvidia-container-cli: device error: 3: unknown device: unknown", "nvidia-smi -L", False),
     (f"{HOOK_FAILED}nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.2, please update your "
-     "driver to a newer version, or use an earlier cuda container: unknown", "too old for this image"),
+     "driver to a newer version, or use an earlier cuda container: unknown", "too old for this image", True),
+    (CDI_UNRESOLVABLE, "nvidia-ctk cdi generate", False),
+    (CDI_HOOK_FAILED, "nvidia-cdi-hook", False),
 ])
-def test_a_gpu_container_that_cannot_start_fails_gpu_and_driver_and_runs_nothing_else(explanation, says):
-    checks = failed_start_checks(start_error(explanation))
-    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"gpu", "driver"}
-    assert says in checks["gpu"]["message"] and says in checks["driver"]["message"]
-    assert all(check["message"].startswith("not run: the container could not start")
-               for name, check in checks.items() if name not in ("gpu", "driver"))
+def test_a_gpu_container_that_cannot_start_still_runs_the_checks_that_need_no_gpu(explanation, says, driver_cause):
+    message = gpu_start_failure(start_error(explanation))
+    assert says in message
+    assert engine.is_driver_start_error(explanation) == driver_cause
+    without_gpus = {name: {"status": "passed", "message": "1 of 1 tests passed", "tests": []} for name in CHECKS}
+    without_gpus.update({name: {"status": "skipped", "message": "not run: no GPUs were requested (--gpus none)",
+                                "tests": []} for name in ("gpu", "driver", "cudnn", "multi-gpu", "amp")})
+    without_gpus["hygiene"] = {"status": "failed", "message": "2 copies of libcudnn", "tests": []}
+    checks = with_gpu_start_failure(message, without_gpus, engine.is_driver_start_error(explanation))
+    assert checks["gpu"]["status"] == "failed" and says in checks["gpu"]["message"]
+    assert [name for name, check in checks.items() if says in check["message"]] == ["gpu"]  # named once
+    assert checks["driver"]["status"] == ("failed" if driver_cause else "skipped")
+    assert {checks[name]["status"] for name in ("identity", "shm", "smoke", "distributed")} == {"passed"}
+    assert checks["hygiene"]["status"] == "failed"  # what the container without GPUs found stands
+    assert all("could not start with GPUs" in checks[name]["message"] for name in ("cudnn", "multi-gpu", "amp"))
 
 
 def test_an_engine_that_cannot_give_gpus_is_bad_input_with_the_fix():
     with pytest.raises(InputError) as raised:
-        failed_start_checks(start_error('could not select device driver "" with capabilities: [[gpu]]'))
-    assert raised.value.problems[0].message == engine.GPU_RUNTIME_HINT
+        gpu_start_failure(start_error('could not select device driver "" with capabilities: [[gpu]]'))
+    assert raised.value.problems[0].message.startswith(engine.GPU_RUNTIME_HINT)
+    assert "nvidia-ctk cdi generate" in raised.value.problems[0].message
 
 
 def test_a_container_that_cannot_start_for_another_reason_fails_every_check():
-    checks = failed_start_checks(start_error("OCI runtime create failed: exec: \"sleep\": executable file not found"))
+    error = start_error("OCI runtime create failed: exec: \"sleep\": executable file not found")
+    assert gpu_start_failure(error) == ""
+    checks = failed_start_checks(error)
     assert all(check["status"] == "failed" and "could not start" in check["message"] for check in checks.values())
+
+
+def test_a_failed_gpu_start_reruns_the_probe_in_a_container_without_gpus(monkeypatch, tmp_path):
+    """verify_one's path on a GPU start error, with stand-ins for the engine: a second container without GPUs runs the
+    probe and the suite, and both containers are kept for removal."""
+    from torchimages.verify import run
+
+    started, names = [], []
+
+    def start(docker_client, plan, options, kept):
+        kept.append(f"container-{len(kept)}")
+        started.append(plan.gpus.text)
+        return object()
+
+    no_gpu_checks = {name: {"status": "passed", "message": "ok", "tests": []} for name in CHECKS}
+    monkeypatch.setattr(run, "_started_container", start)
+    monkeypatch.setattr(run, "_probe_and_check", lambda *args: dict(no_gpu_checks))
+    plan = Plan(BY_TAG[CU132], "image", "sha256:1", parse_gpus("all"), "8g", 60, "cdi")
+    clock = run.StageClock(CU132, Progress())
+    checks = run._checks_after_a_failed_start(None, start_error(CDI_UNRESOLVABLE), plan, VerifyOptions(tmp_path), True,
+                                              tmp_path, clock, names)
+    assert started == ["none"] and names == ["container-0"]
+    assert checks["gpu"]["status"] == "failed" and checks["identity"]["status"] == "passed"
+
+
+@pytest.mark.parametrize("info, hooks, specs, path", [
+    ({"Runtimes": {"nvidia": {}, "runc": {}}}, False, [], "runtime"),
+    ({"Runtimes": {"runc": {}}}, True, [], "runtime"),  # dockerd's nvidia driver from the hook on its PATH
+    ({"Runtimes": {"runc": {}}, "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, False, ["/etc/cdi/nvidia.yaml"], "cdi"),
+    ({"CDISpecDirs": ["/etc/cdi"], "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, False, [],
+     "cdi"),  # a remote engine: its discovered devices tell
+    ({"CDISpecDirs": ["/etc/cdi"]}, False, [], ""),  # CDI on, but no spec names NVIDIA GPUs
+    ({"Runtimes": {"runc": {}}}, False, ["/etc/cdi/nvidia.yaml"], ""),  # a spec, but an engine without CDI
+])
+def test_the_gpu_path_is_the_nvidia_runtime_or_cdi_where_the_engine_and_a_spec_allow(info, hooks, specs, path):
+    access = engine.gpu_access_of(info, hooks, specs)
+    assert access.path == path
+    assert ("CDI" in access.why) == (path in ("cdi", "")) and bool(doctor_says(access)) == bool(path)
+
+
+def doctor_says(access) -> str:
+    from torchimages.doctor import gpu_access_finding
+
+    finding = gpu_access_finding(access)
+    return finding.detail if finding.status == "ok" else ""
+
+
+def test_nvidia_cdi_specs_are_found_in_the_engines_spec_folders(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    (tmp_path / "etc" / "other.json").write_text('{"kind": "vendor.com/fpga"}')
+    assert engine.nvidia_cdi_specs([tmp_path / "etc", tmp_path / "missing"]) == [str(tmp_path / "etc" / "nvidia.yaml")]
+
+
+@pytest.mark.parametrize("gpus, device_ids", [
+    ("all", ["nvidia.com/gpu=all"]), ("2", ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]),
+    ("device=0,GPU-5d5b", ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-5d5b"]),
+    ("device=MIG-c6d4", ["nvidia.com/gpu=MIG-c6d4"]), ("none", None),
+])
+def test_gpus_are_requested_by_cdi_device_name_on_the_cdi_path(gpus, device_ids):
+    requests = parse_gpus(gpus).device_requests("cdi")
+    assert [(request["Driver"], request["DeviceIDs"]) for request in requests] == (
+        [("cdi", device_ids)] if device_ids else [])
 
 
 @pytest.fixture
@@ -196,3 +283,34 @@ def test_gpus_are_not_refused_up_front_on_an_engine_without_an_nvidia_runtime_en
 def test_reading_an_images_package_lists_gives_its_container_no_gpu(docker_client, image_giving_every_gpu):
     inventory = collect_inventory(docker_client, image_giving_every_gpu.id)
     assert inventory.debs == [("visible", "void", "all")]
+
+
+def distributed_checks(tmp_path: Path, gpu: dict, distributed: dict) -> dict:
+    """The real suite's distributed tests on recorded facts, as `build.py test` runs them against a container."""
+    spec = BY_TAG[CU132]
+    expect = {"tag": CU132, "container_id": "recorded", "spec": spec.to_json(), "host_gpu_runtime": True,
+              "gpus": parse_gpus("all").to_json()}
+    facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu, "distributed": distributed}}
+    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
+    paths["expect"].write_text(json.dumps(expect))
+    paths["facts"].write_text(json.dumps(facts))
+    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_distributed.py"), "--hosts=local://",
+                    "-p", "torchimages.checkplugin", f"--expect={paths['expect']}", f"--probe={paths['facts']}",
+                    f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE),
+                    "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, check=False)
+    return json.loads(paths["checks"].read_text())["distributed"]
+
+
+@pytest.mark.parametrize("backend, status", [("gloo", "passed"), ("nccl", "failed")])
+def test_torchrun_runs_over_gloo_across_a_mig_device_and_a_whole_gpu(tmp_path, backend, status):
+    """NCCL supports MIG devices only experimentally (NVIDIA/nccl#1716): beside a whole GPU the all-reduce must run
+    over gloo, and one over NCCL is not what the probe was asked to run."""
+    mig = {"name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "capability": [8, 0]}
+    gpu = {"available": True, "device_count": 2, "devices": [{**H100, "name": "NVIDIA A100-SXM4-80GB"}, mig],
+           "mig_devices": {"0": ["MIG 1g.10gb     Device  0: (UUID: MIG-1)"]}, "warnings": []}
+    ranks = [{"rank": rank, "backend": backend, "device": "cpu", "value": 3.0, "expected": 3.0, "ok": True}
+             for rank in range(2)]
+    distributed = {"command": "torchrun --standalone --nproc-per-node 2", "processes": 2, "returncode": 0,
+                   "ranks": ranks, "error": "", "output": "", "ok": True}
+    verdict = distributed_checks(tmp_path, gpu, distributed)
+    assert verdict["status"] == status, verdict

@@ -1,35 +1,46 @@
 """`build.py gpu-record`: the record line of docs/gpu-validation.md from a GPU host's facts, judged by the real GPU
-checks. Its facts here come from the recorded hosts of the simulation lane (tests/gpu_hosts/)."""
+checks, and every raw fact kept as a simulation-lane host that replays the run. Its facts here come from the recorded
+hosts of the simulation lane (tests/gpu_hosts/), gathered by the probe's own functions."""
 import json
+import os
+import subprocess
 
 import pytest
+import yaml
 
+from torchimages.checks import probe
+from torchimages.checks.probe import arch_flags_for
+from torchimages.verify import record
 from torchimages.verify.record import peak_tflops
 
 from . import gpu_hosts
 from .conftest import run_cli_in_process
-from .test_gpu_simulation import BY_TAG, gather_gpu_facts, torch_facts
+from .test_gpu_simulation import BY_TAG, gather_gpu_facts, judge, torch_facts
 from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
 
 CU130 = "2.14.1-cuda13.0-cudnn9-runtime"
 
 
-def saved_facts(tmp_path, scenario: dict, tflops: float | None = None) -> str:
-    """What `probe.py --gpu-only` prints on that host, saved to a file."""
-    spec = BY_TAG[CU130]
-    flags = torch_facts(spec, [])["arch_flags"] or [f"sm_{a.replace('.', '')}" for a in spec.arch_list]
+def saved_facts(tmp_path, scenario: dict, tflops: float | None = None, row: str = CU130, **torch_changes) -> str:
+    """What `probe.py --gpu-only` prints on that host (the host's raw answers, the GPU part), saved to a file."""
+    spec = BY_TAG[row]
+    flags = arch_flags_for(list(spec.arch_list))
     gpu = gather_gpu_facts(scenario, spec, flags)
     if tflops is not None:
         gpu["bf16_matmul"] = {"ok": True, "tflops": tflops}
     path = tmp_path / "gpu-only.json"
-    path.write_text(json.dumps({"torch": {**torch_facts(spec, flags), "version": "2.14.1+cu130"}, "gpu": gpu},
-                               default=str))
+    torch = {**torch_facts(spec, flags), "version": f"{spec.torch}+cu{spec.cuda.replace('.', '')}", **torch_changes}
+    path.write_text(json.dumps({"torch": torch, "host": probe.record_host_facts(), "gpu": gpu}, default=str))
     return str(path)
+
+
+def gpu_record(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli_in_process("--reports", str(tmp_path / "reports"), "gpu-record", *args)
 
 
 @pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
 def test_a_good_host_prints_a_passed_line_with_the_bf16_ratio_to_the_datasheet_peak(host, tmp_path):
-    result = run_cli_in_process("gpu-record", CU130, "--facts", saved_facts(tmp_path, host, 712.3))
+    result = gpu_record(tmp_path, CU130, "--facts", saved_facts(tmp_path, host, 712.3))
     assert result.returncode == 0, result.stderr
     [line] = result.stdout.splitlines()
     assert line.startswith("| 20") and "| NVIDIA H100 80GB HBM3 x8 | 580.95.05 |" in line
@@ -39,7 +50,7 @@ def test_a_good_host_prints_a_passed_line_with_the_bf16_ratio_to_the_datasheet_p
 
 @pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
 def test_a_host_whose_driver_cannot_run_the_row_prints_a_failed_line_and_exits_1(host, tmp_path):
-    result = run_cli_in_process("gpu-record", CU130, "--facts", saved_facts(tmp_path, host))
+    result = gpu_record(tmp_path, CU130, "--facts", saved_facts(tmp_path, host))
     assert result.returncode == 1
     assert "| failed: gpu, driver |" in result.stdout and "| not measured |" in result.stdout
 
@@ -47,7 +58,7 @@ def test_a_host_whose_driver_cannot_run_the_row_prints_a_failed_line_and_exits_1
 @pytest.mark.parametrize("host", ["prohibited"], indirect=True)
 def test_a_host_whose_gpus_cannot_be_used_prints_a_not_run_line_and_exits_1(host, tmp_path):
     """The GPU checks skip there: a record must not say passed where no kernel ran."""
-    result = run_cli_in_process("gpu-record", CU130, "--facts", saved_facts(tmp_path, host))
+    result = gpu_record(tmp_path, CU130, "--facts", saved_facts(tmp_path, host))
     assert result.returncode == 1 and "| passed |" not in result.stdout
     assert "| not run: gpu, cudnn, amp (not run: GPU 1: NVIDIA H100 PCIe" in result.stdout
 
@@ -62,3 +73,96 @@ def test_peaks_are_found_by_device_name():
 def test_a_tag_that_is_not_one_row_is_exit_2():
     result = run_cli_in_process("gpu-record", "2.14.1-*", "--facts", "/nonexistent")
     assert result.returncode == 2 and "name one tag" in result.stderr
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"version": "2.13.0+cu130"}, "torch 2.13.0+cu130 where the row has 2.14.1"),
+    ({"cuda": "12.6"}, "CUDA 12.6 where the row has 13.0"),
+    ({"arch_flags": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]}, "arch list sm_50 sm_60"),
+])
+@pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
+def test_facts_from_another_torch_build_are_refused_with_one_line(host, tmp_path, changes, named):
+    """Judging another build against the row would record a verdict for a build that never ran on the host."""
+    result = gpu_record(tmp_path, CU130, "--facts", saved_facts(tmp_path, host, **changes))
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert f"not row {CU130}'s build: {named}" in line and "--image REF" in line
+
+
+@pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
+def test_a_python_without_torch_is_refused_saying_so(host, tmp_path):
+    no_torch = {"importable": False, "error": "ModuleNotFoundError: No module named 'torch'"}
+    path = tmp_path / "gpu-only.json"
+    path.write_text(json.dumps({"part": "gpu-only", "torch": no_torch, "host": {}, "gpu": {}}))
+    result = gpu_record(tmp_path, CU130, "--facts", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert "no torch to record with: ModuleNotFoundError: No module named 'torch'" in line
+
+
+def test_the_host_probe_without_torch_or_past_its_timeout_says_why(monkeypatch, tmp_path):
+    """Host mode runs the probe with this Python: no torch is exit 2, a hang past the timeout exit 1, each one line."""
+    no_torch = {"part": "gpu-only", "torch": {"importable": False, "error": "ModuleNotFoundError: No module named "
+                                                                            "'torch'"}, "host": {}}
+    monkeypatch.setattr(record.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 0, json.dumps(no_torch) + "\n", ""))
+    result = gpu_record(tmp_path, CU130)
+    assert result.returncode == 2 and "no torch to record with" in result.stderr and "Traceback" not in result.stderr
+
+    def hangs(command, **options):
+        raise subprocess.TimeoutExpired(command, options["timeout"])
+
+    monkeypatch.setattr(record.subprocess, "run", hangs)
+    result = gpu_record(tmp_path, CU130)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert f"did not finish in {record.GPU_ONLY_TIMEOUT_S}s" in line
+
+
+@pytest.mark.parametrize(("host", "row"), [
+    ("h100x8-nvlink", CU130), ("h100-r535", CU130), ("h100-r535", "2.14.1-cuda12.6-cudnn9-runtime"),
+    ("prohibited", CU130), ("a100-mig-mixed", CU130), ("h100x4-mig-all", CU130), ("v100-p100-old-arch", CU130),
+    ("driver-library-mismatch", CU130),
+], indirect=["host"])
+def test_a_record_replays_as_a_lane_host_with_the_verdicts_the_host_gave(host, row, tmp_path, monkeypatch):
+    """The record's one file, copied into tests/gpu_hosts, is a lane host; the lane's replay of it gives the record's
+    verdicts, which are the ones the original host states."""
+    result = gpu_record(tmp_path, row, "--facts", saved_facts(tmp_path, host, row=row))
+    assert result.returncode in (0, 1), result.stderr
+    [written] = (tmp_path / "reports" / "gpu-record").glob("*.yaml")
+    replayed = yaml.safe_load(written.read_text())
+    [run] = replayed["runs"]
+    recorded_verdicts = {line.split(": ")[0]: line.split(": ")[1] for line in result.stderr.splitlines()
+                         if line.split(": ")[0] in run["expect"]}
+    assert {name: v.replace("passed-with-warning", "passed") for name, v in run["expect"].items()} == recorded_verdicts
+
+    replayed.update(name="replayed", path=str(written))
+    for name, value in gpu_hosts.stand_in_nvidia_smi(replayed, tmp_path / "bin").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(replayed, tmp_path / "proc"))
+    monkeypatch.setattr(probe, "libcuda_driver_version", lambda: replayed["libcuda"]["driver_version"])
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
+    spec, flags = BY_TAG[row], arch_flags_for(list(BY_TAG[row].arch_list))
+    checks = judge(spec, run, gather_gpu_facts(replayed, spec, flags), flags)
+    assert {name: record.verdict(checks[name]) for name in run["expect"]} == run["expect"]
+    original = next((r["expect"] for r in host["runs"] if r["row"] == row and r["gpus"] == "all"), {})
+    assert {name: run["expect"][name] for name in original} == original
+
+
+@pytest.mark.parametrize("host", ["l4-r570"], indirect=True)
+def test_the_records_cuda_visible_devices_is_replayed(host, tmp_path, monkeypatch):
+    """torch sees what CUDA_VISIBLE_DEVICES leaves: a record made with it set replays with it set."""
+    row = "2.14.1-cuda12.6-cudnn9-runtime"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    result = gpu_record(tmp_path, row, "--facts", saved_facts(tmp_path, host, row=row))
+    [written] = (tmp_path / "reports" / "gpu-record").glob("*.yaml")
+    [run] = yaml.safe_load(written.read_text())["runs"]
+    assert result.returncode == 0 and run["cuda_visible_devices"] == "1,0"
+    gpu_hosts.cuda_visible_devices({}, monkeypatch)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,0"
+
+
+def test_a_mig_slice_has_no_datasheet_peak():
+    assert peak_tflops("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None and peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0

@@ -47,7 +47,8 @@ def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
     """The probe's own GPU part (first CUDA call, nvidia-smi, every device, cuDNN, attention, AMP, multi-GPU)."""
     import torch
 
-    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers):
+    cudnn = torch_facts(spec, flags)["cudnn_version"]
+    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers, cudnn):
         in_process = lambda: probe.section(probe.multi_gpu_facts, torch)  # noqa: E731 - patched torch.cuda lives here
         original, probe.multi_gpu_in_subprocess = probe.multi_gpu_in_subprocess, in_process
         try:
@@ -70,6 +71,7 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
     run = host["runs"][run_index]
     host = gpu_hosts.as_run(host, run, tmp_path / "run")
     monkeypatch.setenv("TORCHIMAGES_GPU_HOST", host["path"])
+    gpu_hosts.cuda_visible_devices(run, monkeypatch)
     spec = BY_TAG[run["row"]]
     flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))
     gpu = gather_gpu_facts(host, spec, flags)
@@ -189,6 +191,8 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
     (["sm_120", "compute_120"], (13, 0), "PTX compute_120 (JIT-compiled on first use)"),
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (11, 0), None),  # Thor: no cubin, no PTX
     (["sm_80", "sm_86"], (8, 7), None),  # Orin is Tegra: no binary compatibility with desktop cubins
+    (["sm_100"], (10, 1), None),  # Thor in CUDA 12 numbering: torch excludes it from sm_100
+    (["sm_101"], (11, 0), "cubin sm_101"),  # Thor's sm_101 cubin runs under CUDA 13's number too
     (["sm_86", "sm_87"], (8, 7), "cubin sm_87"),
     (["sm_87"], (8, 9), None),  # nor the other way
     (["sm_86", "compute_86"], (8, 7), "PTX compute_86 (JIT-compiled on first use)"),
@@ -196,6 +200,19 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
 ])
 def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
     assert probe.arch_covers(flags, capability) == covered
+
+
+@pytest.mark.parametrize(("flag", "capability", "before_13_2", "from_13_2"), [
+    # torch 2.14.1's DEVICE_REQUIREMENT and DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION (torch/cuda/__init__.py),
+    # as gpu-audit-2 B6 read them from the wheel.
+    ("sm_80", (8, 7), False, True), ("sm_86", (8, 7), False, True), ("sm_70", (7, 2), False, True),  # Orin, Xavier
+    ("sm_100", (10, 1), False, False), ("sm_101", (11, 0), True, True),  # Thor, CUDA 12 and 13 numbering
+    ("sm_120", (12, 1), True, True),  # DGX Spark GB10
+    ("sm_100", (10, 3), True, True), ("sm_86", (8, 9), True, True),  # B300, L4: desktop rules
+])
+def test_tegra_coverage_follows_the_table_torchs_wheel_carries_for_its_cuda(flag, capability, before_13_2, from_13_2):
+    assert bool(probe.arch_covers([flag], capability, "13.0")) == before_13_2
+    assert bool(probe.arch_covers([flag], capability, "13.2")) == from_13_2
 
 
 def test_the_compile_child_ends_inside_the_probes_kill_budget(monkeypatch):
@@ -258,15 +275,29 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
     for name in ("gpu", "amp", "multi-gpu"):
         assert checks[name]["status"] == "skipped"
         assert "GPU 1: NVIDIA H100 PCIe" in checks[name]["message"]
-        assert "nvidia-smi -i INDEX -c DEFAULT" in checks[name]["message"]
+        # The UUID names the host's GPU, where the container's index may not (--gpus device=1,3 numbers them 0, 1).
+        assert "`nvidia-smi -i GPU-0b0c0d0e-1111-2222-3333-444455550001 -c DEFAULT`" in checks[name]["message"]
 
 
-@pytest.mark.parametrize(("capability", "forced"), [
-    ((7, 5), False), ((8, 0), True), ((8, 9), True), ((10, 3), True), ((12, 1), True),
-    ((13, 0), False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+@pytest.mark.parametrize(("capability", "cudnn", "forced"), [
+    ((7, 5), 92400, False), ((8, 0), 92400, True), ((8, 9), 92400, True), ((10, 3), 92400, True),
+    ((12, 1), 92400, True),
+    ((13, 0), 92400, False),  # past torch's sm121 bound: forcing cuDNN would fail a good image with "No available kernel"
+    ((9, 0), 91002, False),  # the cu126 row's cuDNN 9.10: PyTorch turned cuDNN attention off there (pytorch#171627)
+    ((9, 0), 91500, False), ((9, 0), 91501, True),  # torch prefers it above 9.15.0 (sdp_utils.cpp)
+    ((9, 0), None, False),
 ])
-def test_cudnn_attention_is_forced_where_torch_runs_it(capability, forced):
-    assert probe.cudnn_attention_runs_on(capability) == forced
+def test_cudnn_attention_is_forced_where_torch_runs_it_by_default(capability, cudnn, forced):
+    assert probe.cudnn_attention_forced(capability, cudnn) == forced
+
+
+@pytest.mark.parametrize(("host", "row", "forced"), [
+    ("h100-r580", "2.14.1-cuda12.6-cudnn9-runtime", False), ("h100-r580", "2.14.1-cuda13.0-cudnn9-runtime", True),
+], indirect=["host"])
+def test_the_cu126_rows_cudnn_runs_attention_by_torchs_default_dispatch(host, row, forced):
+    spec = BY_TAG[row]
+    gpu = gather_gpu_facts(host, spec, arch_flags_for(list(spec.arch_list)))
+    assert gpu["cudnn_attention"]["cudnn_forced"] == forced and gpu["cudnn_attention"]["ok"]
 
 
 @pytest.mark.parametrize("host", ["exclusive-process"], indirect=True)
@@ -283,3 +314,31 @@ def test_the_records_multi_gpu_process_runs_before_the_probe_makes_its_contexts(
     with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
         facts = probe.record_gpu_facts(torch, ["sm_90"])
     assert order[0] == "multi-gpu process" and facts["multi_gpu"] == {"ok": True}
+
+
+@pytest.mark.parametrize(("host", "nvml", "cuda"), [
+    ("a100-mig2", 2, 1), ("h100x4-mig-all", 4, 1), ("h100x4-mig-no-instances-beside-whole", 4, 3),
+], indirect=["host"])
+def test_the_probe_counts_cudas_devices_not_nvmls_gpus(host, nvml, cuda):
+    """torch.cuda.device_count() answers NVML's count until torch initialises CUDA (torch/cuda/__init__.py); the probe,
+    its smoke devices and torchrun's ranks take CUDA's."""
+    import torch
+
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_80", "sm_90"], probe.arch_covers):
+        assert torch.cuda.device_count() == nvml  # what a probe reading it first would record
+        availability = probe.cuda_availability(torch)
+        devices = probe.gpu_devices(torch)
+    assert (availability["device_count"], availability["nvml_device_count"], len(devices)) == (cuda, nvml, cuda)
+    assert probe.all_reduce_plan(cuda, "") == ((cuda, "nccl") if cuda >= 2 else (2, "gloo"))
+
+
+@pytest.mark.parametrize(("names", "mig_lines", "skipped"), [
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB MIG 1g.10gb"], {}, True),  # named by torch
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], {"0": [MIG_LINE]}, True),  # listed by nvidia-smi
+    (["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"], {}, False),
+    (["NVIDIA A100-SXM4-80GB MIG 1g.10gb"], {"0": [MIG_LINE]}, False),  # one device: nothing to skip
+])
+def test_peer_copies_and_nccl_skip_across_a_mig_device_and_a_whole_gpu(names, mig_lines, skipped):
+    reason = probe.mig_multi_gpu_reason(len(names), {"mig_devices": mig_lines}, names)
+    assert bool(reason) == skipped
+    assert probe.all_reduce_plan(len(names), reason)[1] == ("gloo" if skipped or len(names) < 2 else "nccl")

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import engine
 from .builder import local_name
 from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for
-from .checks.suite.helpers import driver_start_failure, driver_verdict
+from .checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from .model import ImageSpec, InputError, parse_size
 from .reporting import human_size
 
@@ -64,13 +64,14 @@ def parse_nvidia_smi(output: str) -> list[HostGpu]:
 
 def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
     """GPUs no container can use (Prohibited compute mode): their GPU checks would be skipped, never passed."""
-    prohibited = [f"GPU {index} ({gpu.name})" for index, gpu in enumerate(gpus)
-                  if gpu.compute_mode == PROHIBITED_COMPUTE_MODE]
-    if not prohibited:
+    indices = [str(index) for index, gpu in enumerate(gpus) if gpu.compute_mode == PROHIBITED_COMPUTE_MODE]
+    if not indices:
         return None
-    return Finding("host gpus", "warn", f"{', '.join(prohibited)} in Prohibited compute mode: no process may use it, "
-                                        "so verification skips the GPU checks while it is given to the container; "
-                                        "use --gpus device=<the others>, or `nvidia-smi -i INDEX -c DEFAULT`")
+    prohibited = ", ".join(f"GPU {index} ({gpus[int(index)].name})" for index in indices)
+    # doctor reads the host's own nvidia-smi: its indices are the host's, which `nvidia-smi -i` takes as a list.
+    return Finding("host gpus", "warn", f"{prohibited} in Prohibited compute mode: no process may use it, so "
+                                        "verification skips the GPU checks while it is given to the container; use "
+                                        f"--gpus device=<the others>, or `nvidia-smi -i {','.join(indices)} -c DEFAULT`")
 
 
 # `uname -m` and Docker's Architecture spell the same machines two ways.
@@ -106,10 +107,16 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     elif status == "warn":
         findings.append(Finding(spec.tag, "warn", why))
     for gpu in sorted(set(gpus), key=lambda gpu: gpu.capability):
-        if arch_covers(arch_flags_for(spec.arch_list), gpu.capability) is None:
+        coverage = arch_covers(arch_flags_for(spec.arch_list), gpu.capability, spec.cuda)
+        if ptx_only_without_jit(coverage, status):
+            findings.append(Finding(spec.tag, "fail", f"the {gpu.name} is covered only by {coverage}, and the driver "
+                                                      f"{driver} is older than CUDA {spec.cuda}'s own "
+                                                      f"({spec.min_driver}): it cannot JIT-compile that PTX, so nothing "
+                                                      f"runs on this GPU; upgrade the driver to {spec.min_driver}+"))
+        if coverage is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
             covering = [other.tag for other in specs
-                        if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability)]
+                        if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability, other.cuda)]
             findings.append(Finding(spec.tag, "fail", f"its arch list ({';'.join(spec.arch_list)}) has no kernels for "
                                                       f"the {gpu.name} ({sm}): torch would fail with 'no kernel image "
                                                       f"is available'; rows that cover {sm}: "
@@ -117,6 +124,14 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     if not findings:
         findings.append(Finding(spec.tag, "ok", f"{why}; kernels for {', '.join(sorted({gpu.name for gpu in gpus}))}"))
     return findings
+
+
+def gpu_access_finding(access: engine.GpuAccess) -> Finding:
+    """Which path (the NVIDIA runtime's --gpus, or CDI) the engine offers for GPUs, or how to get one."""
+    if not access.path:
+        return Finding("gpu runtime", "warn", f"{access.why}. Until then, GPU rows build and pass their static checks "
+                                              "here, and their GPU checks are skipped with the reason")
+    return Finding("gpu runtime", "ok", f"the engine gives containers GPUs {access.why}")
 
 
 def disk_finding(free: int, to_build: list[ImageSpec]) -> Finding:
@@ -168,12 +183,8 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
                                         f"{info.get('Architecture', '?')})")]
     findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()))
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
-    if gpu_rows and not engine.has_gpu_runtime(client):
-        findings.append(Finding("gpu runtime", "warn", f"{engine.GPU_RUNTIME_HINT}. Until then, GPU rows build and "
-                                                       "pass their static checks here, and their GPU checks are "
-                                                       "skipped with the reason"))
-    elif gpu_rows:
-        findings.append(Finding("gpu runtime", "ok", "the engine can give containers GPUs"))
+    if gpu_rows:
+        findings.append(gpu_access_finding(engine.gpu_access(client)))
     root = Path(info.get("DockerRootDir") or "")
     if root.is_dir():
         to_build = [spec for spec in specs if engine.inspect_image(client, local_name(spec)) is None]

@@ -2,8 +2,11 @@
 shape of its answers, and explaining the engine's errors (without the credentials they may repeat)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -119,17 +122,77 @@ def _ask(docker_client: docker.DockerClient, what: str, path: str, *arguments: s
 # dockerd registers its "nvidia" device driver (what --gpus asks for) whenever one of these is on its PATH, with or
 # without an nvidia entry under Runtimes (moby daemon/nvidia_linux.go, init()).
 NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-cdi-hook")
-# What the NVIDIA container stack says when a GPU container cannot start for a GPU reason (nvidia-container-cli's
-# "nvml error: driver not loaded", "device error: ...: unknown device", the cuda>= requirement of NVIDIA's images).
-GPU_START_ERRORS = ("nvidia-container-cli", "unsatisfied condition: cuda>=", "nvidia-container-runtime")
+# What the NVIDIA container stack says when a GPU container cannot start for a GPU reason: nvidia-container-cli's
+# "nvml error: driver not loaded", "device error: ...: unknown device", the cuda>= requirement of NVIDIA's images; in
+# CDI mode dockerd's "CDI device injection failed: unresolvable CDI devices nvidia.com/gpu=..." (moby's CDI injection,
+# the CDI library's words) and a failing nvidia-cdi-hook createContainer hook.
+GPU_START_ERRORS = ("nvidia-container-cli", "unsatisfied condition: cuda>=", "nvidia-container-runtime",
+                    "CDI device injection failed", "unresolvable CDI devices", "nvidia-cdi-hook")
+# The GPU start errors whose cause is the host driver itself (too old for the image, not loaded, not the loaded
+# module's version): the driver check fails with them too.
+DRIVER_START_ERRORS = ("unsatisfied condition: cuda>=", "driver not loaded", "driver/library version mismatch")
+# The CDI kind NVIDIA's spec names GPUs with (`nvidia-ctk cdi generate`: nvidia.com/gpu=0, =GPU-<uuid>, =0:1 for a MIG
+# device, =all), and the spec folders the engine reads when it does not list its own (moby's defaults).
+CDI_GPU_KIND = "nvidia.com/gpu"
+CDI_DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_HINT = ("or, where the engine supports CDI (Docker 25+ with the cdi feature; on by default from 28), generate a "
+            "CDI spec with `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` and GPUs are requested through CDI")
+
+
+@dataclass(frozen=True)
+class GpuAccess:
+    """How this engine gives containers GPUs: "runtime" (--gpus, the NVIDIA runtime or its hook), "cdi" (a device
+    request for nvidia.com/gpu=... that the engine resolves from the host's CDI spec), or "" (it cannot); and why."""
+
+    path: str
+    why: str
+
+
+def nvidia_cdi_specs(folders) -> list[str]:
+    """The CDI spec files in these folders that name NVIDIA GPUs (kind nvidia.com/gpu), as `nvidia-ctk cdi generate`
+    writes them (YAML or JSON)."""
+    found = []
+    for folder in map(Path, folders):
+        with contextlib.suppress(OSError):
+            for spec in sorted(folder.iterdir()):
+                if spec.suffix in (".yaml", ".yml", ".json") and spec.is_file() and spec.stat().st_size < 16 << 20:
+                    with contextlib.suppress(OSError):
+                        if CDI_GPU_KIND in spec.read_text(errors="replace"):
+                            found.append(str(spec))
+    return found
+
+
+def gpu_access_of(info: dict, hooks_on_path: bool, cdi_specs: list[str]) -> GpuAccess:
+    """The GPU path an engine offers, from its /info, whether an NVIDIA hook is on its PATH (a local engine) and the
+    host's NVIDIA CDI specs. The runtime path first: --gpus there needs no spec. CDI needs both an engine that takes
+    CDI device requests (/info lists CDISpecDirs only where the cdi feature is on) and a spec naming NVIDIA GPUs (on
+    this host, or the devices the engine discovered from one: DiscoveredDevices, Docker 28.2+)."""
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return GpuAccess("runtime", "through the NVIDIA runtime (--gpus)")
+    if hooks_on_path:
+        return GpuAccess("runtime", f"through the NVIDIA hook on dockerd's PATH (--gpus; {' or '.join(NVIDIA_HOOKS)})")
+    discovered = [str(device.get("ID", device)) if isinstance(device, dict) else str(device)
+                  for device in info.get("DiscoveredDevices") or [] if CDI_GPU_KIND in str(device)]
+    if info.get("CDISpecDirs") and (cdi_specs or discovered):
+        return GpuAccess("cdi", f"through CDI ({CDI_GPU_KIND}=..., from {', '.join(cdi_specs or discovered[:3])}): "
+                                "the engine has no NVIDIA runtime")
+    return GpuAccess("", f"{GPU_RUNTIME_HINT}; {CDI_HINT}")
+
+
+def gpu_access(docker_client: docker.DockerClient) -> GpuAccess:
+    """How this engine gives containers GPUs (doctor says it; verification requests GPUs that way). A remote engine's
+    PATH and spec folders are not this machine's: there only /info tells."""
+    info = daemon_info(docker_client)
+    local = _local_engine()
+    hooks = local and any(shutil.which(hook) for hook in NVIDIA_HOOKS)
+    specs = nvidia_cdi_specs(info.get("CDISpecDirs") or CDI_DEFAULT_DIRS) if local else []
+    return gpu_access_of(info, bool(hooks), specs)
 
 
 def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
     """Whether the engine can likely give containers GPUs: a hint for doctor and the default selection. Verification
     does not refuse on it: the container's start decides, and its error says what is missing."""
-    info = daemon_info(docker_client)
-    return ("nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and _has_cdi_gpus(info))
-            or (_local_engine() and any(shutil.which(hook) for hook in NVIDIA_HOOKS)))
+    return bool(gpu_access(docker_client).path)
 
 
 def _local_engine() -> bool:
@@ -137,12 +200,13 @@ def _local_engine() -> bool:
 
 
 def is_gpu_start_error(text: str) -> bool:
-    """A container start that failed for a GPU reason: the GPU checks fail with it, the others did not run."""
+    """A container start that failed for a GPU reason: the GPU checks fail with it, the others run without GPUs."""
     return any(marker in text for marker in GPU_START_ERRORS)
 
 
-def _has_cdi_gpus(info: dict) -> bool:
-    return any("nvidia.com/gpu" in str(device) for device in info.get("DiscoveredDevices") or [])
+def is_driver_start_error(text: str) -> bool:
+    """A GPU start error whose cause is the host driver (the driver check fails with it as well)."""
+    return any(marker in text.lower() for marker in DRIVER_START_ERRORS)
 
 
 def explain_start_error(error: docker.errors.APIError) -> str:
@@ -159,6 +223,10 @@ def explain_start_error(error: docker.errors.APIError) -> str:
                 "without a reboot or module reload gives a version mismatch)")
     if "unknown device" in text:
         return f"the requested GPU does not exist on this host ({text}): list them with `nvidia-smi -L`, pick --gpus again"
+    if "unresolvable CDI devices" in text or "CDI device injection failed" in text:
+        return (f"the host's CDI spec does not name the requested GPUs ({text}): list them with `nvidia-ctk cdi list`, "
+                "and regenerate the spec after a driver or GPU change (`nvidia-ctk cdi generate "
+                "--output=/etc/cdi/nvidia.yaml`)")
     return text
 
 
@@ -166,7 +234,8 @@ def _start_reason(error: docker.errors.APIError) -> str:
     """The start error in one line: the NVIDIA hook's own line where it wrote one. The daemon's first line ends at the
     hook's "Auto-detected mode as 'legacy'", the reason is on the next (NVIDIA/nvidia-container-toolkit#556)."""
     lines = str(error.explanation or error).splitlines()
-    return next((line.strip() for line in lines if "nvidia-container-cli" in line), _short(error))
+    return next((line.strip() for line in lines if "nvidia-container-cli" in line or "nvidia-cdi-hook" in line),
+                _short(error))
 
 
 def _short(error: Exception) -> str:

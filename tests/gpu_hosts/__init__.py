@@ -1,7 +1,12 @@
 """Real-hardware GPU hosts, recorded: each <scenario>.yaml says what the host's nvidia-smi answers, what a real
 torch.cuda reports on it, and the verdict a real host gives per check and per doctor row, with where each fact
 comes from. `stand_in_nvidia_smi` puts the recorded nvidia-smi first on PATH; `simulated_cuda` makes the test
-environment's CPU torch answer as that host's torch.cuda does, so that the probe's own functions run unchanged."""
+environment's CPU torch answer as that host's torch.cuda does, so that the probe's own functions run unchanged.
+
+`torch_cuda` holds CUDA's answers: `available`, `device_count` (CUDA's count), optionally `nvml_device_count` (what
+torch.cuda.device_count() answers before CUDA is initialised; default: the GPUs nvidia-smi lists), `warning`,
+`device_error` and `devices` (name, uuid, capability in CUDA's order; default: derived from nvidia-smi). `build.py
+gpu-record` writes a real host's answers in this format, with its verdicts as the run's expectations."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +18,8 @@ import warnings
 from pathlib import Path
 
 import yaml
+
+from torchimages.checks.suite.helpers import PTX_TOO_NEW, cuda_version_number
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = sorted(path.stem for path in HERE.glob("*.yaml"))
@@ -32,6 +39,14 @@ def stand_in_nvidia_smi(scenario: dict, folder: Path) -> dict[str, str]:
     launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "nvidia-smi"}" "$@"\n')
     launcher.chmod(0o755)
     return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "TORCHIMAGES_GPU_HOST": scenario["path"]}
+
+
+def cuda_visible_devices(run: dict, monkeypatch) -> None:
+    """The run's CUDA_VISIBLE_DEVICES (a record keeps the one its process had), or none: the probe reads it."""
+    if run.get("cuda_visible_devices") is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(run["cuda_visible_devices"]))
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
 def as_run(scenario: dict, run: dict, folder: Path) -> dict:
@@ -64,26 +79,75 @@ def torch_cuda_facts(scenario: dict, cuda: str) -> dict:
     return facts.get("by_cuda_major", {}).get(cuda.split(".")[0], facts)
 
 
-def _capabilities(scenario: dict) -> list[tuple[int, int]]:
-    return [tuple(int(part) for part in gpu["compute_cap"].split(".")) for gpu in scenario["nvidia_smi"]["gpus"]]
+def _capability(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def cuda_devices(scenario: dict, facts: dict) -> list[dict]:
+    """The devices CUDA enumerates, in its order, with the name, UUID and capability torch reports: those recorded
+    (`torch_cuda.devices`, as gpu-record writes them), else nvidia-smi's GPUs with MIG off first, then the first MIG
+    device, named as torch names one ("NVIDIA A100-SXM4-80GB MIG 3g.40gb"): one CUDA process enumerates a single MIG
+    device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), listed after the whole GPUs on mixed hosts
+    (DataDog/datadog-agent#36377); cut to CUDA's count."""
+    if facts.get("devices"):
+        return [{**device, "capability": _capability(str(device["capability"]))} for device in facts["devices"]]
+    gpus = scenario["nvidia_smi"].get("gpus") or []
+    whole = [{"name": gpu["name"], "uuid": gpu["uuid"], "capability": _capability(gpu["compute_cap"])}
+             for gpu in gpus if gpu.get("mig_mode") != "Enabled" and not gpu.get("mig_devices")]
+    mig = [{"name": f"{gpu['name']} MIG {device['profile']}", "uuid": device["uuid"],
+            "capability": _capability(gpu["compute_cap"])}
+           for gpu in gpus for device in gpu.get("mig_devices") or []][:1]
+    listed = (whole + mig)[:facts["device_count"]]
+    unknown = {"name": "?", "uuid": "?", "capability": (0, 0)}  # a count without nvidia-smi's names
+    return listed + [unknown] * (facts["device_count"] - len(listed))
+
+
+def nvml_device_count(scenario: dict, facts: dict) -> int:
+    """What torch.cuda.device_count() answers before CUDA is initialised (torch/cuda/__init__.py, _device_count_nvml):
+    NVML's count of the physical GPUs the container was given, the GPUs nvidia-smi lists (MIG devices are not NVML
+    devices); -1 where NVML fails (nvidia-smi's NVML errors), and torch then asks CUDA. A recorded count wins."""
+    recorded = facts.get("nvml_device_count", scenario.get("nvml_device_count"))
+    if recorded is not None:
+        return int(recorded)
+    smi = scenario["nvidia_smi"]
+    if smi.get("returncode"):
+        return 0 if "No devices were found" in smi.get("output", "") else -1
+    return len(smi.get("gpus") or [])
+
+
+def device_index(value) -> int:
+    """"cuda" (the current device, 0 here), "cuda:1", torch.device("cuda", 1) or 1 -> 1."""
+    text = str(value)
+    return int(text.rsplit(":", 1)[-1]) if ":" in text else (int(value) if isinstance(value, int) else 0)
 
 
 @contextlib.contextmanager
-def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], covers):
-    """The CPU torch answers as the host's torch.cuda does: availability (with torch's first-call warning), devices
-    and their properties, and "cuda" tensors computed on the CPU. A device the image's arch list does not cover
-    (`covers(flags, capability)` is None) fails torch's own kernels with the real error, as libtorch without a
-    cubin or PTX for it does; copies and cuBLAS (own SASS) still run. A host whose devices refuse every context
-    (`device_error`, e.g. a Prohibited compute mode) fails any tensor made on them with that error."""
+def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], covers, cudnn_version: int | None = None):
+    """The CPU torch answers as the host's torch.cuda does: availability (with torch's first-call warning), the device
+    count (NVML's until CUDA is initialised, CUDA's after, as torch.cuda.device_count() does), devices and their
+    properties (torch's "Invalid device id" past CUDA's count), and "cuda" tensors computed on the CPU. A device the
+    image's arch list does not cover (`covers(flags, capability, cuda)` is None) fails torch's own kernels with the real
+    error, as libtorch without a cubin or PTX for it does, the others run; copies and cuBLAS (own SASS) still run. A
+    host whose devices refuse every context (`device_error`, e.g. a Prohibited compute mode) fails any tensor made on
+    them with that error. `cudnn_version`: what torch.backends.cudnn.version() reports (the row's cuDNN)."""
     from torch.overrides import TorchFunctionMode
 
     facts = torch_cuda_facts(scenario, cuda)
-    gpus = scenario["nvidia_smi"]["gpus"]
-    count = facts["device_count"]
-    capabilities = _capabilities(scenario)[:max(count, 1)] or [(0, 0)]
-    uncovered = any(covers(arch_flags, capability) is None for capability in capabilities)
-    device_error = facts.get("device_error") or (NO_KERNEL_IMAGE if uncovered else None)
-    warned = []
+    count, nvml_count = facts["device_count"], nvml_device_count(scenario, facts)
+    devices = cuda_devices(scenario, facts)
+    # PTX newer than the libcuda cannot be JIT-compiled (NVIDIA CUDA Compatibility, minor-version compatibility).
+    jit_fails = ((scenario.get("libcuda") or {}).get("driver_version") or 0) < cuda_version_number(cuda)
+    coverage = [covers(arch_flags, device["capability"], cuda) for device in devices]
+    kernel_errors = [NO_KERNEL_IMAGE if covered is None else PTX_TOO_NEW if covered.startswith("PTX") and jit_fails
+                     else None for covered in coverage]
+    warned, initialized = [], {"cuda": False}
+
+    def device_error(index: int) -> str | None:
+        return facts.get("device_error") or (kernel_errors[index] if index < len(kernel_errors) else None)
+
+    def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA
+        initialized["cuda"] = True
 
     def is_available():
         if facts.get("warning") and not warned:  # c10::cuda::device_count warns once, in a static initialiser
@@ -91,11 +155,17 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
             warnings.warn(facts["warning"], UserWarning, stacklevel=2)
         return bool(facts["available"])
 
+    def device_count():
+        return count if initialized["cuda"] or nvml_count < 0 else nvml_count
+
     def properties(index=0):
-        index = int(str(index).rsplit(":", 1)[-1]) if not isinstance(index, int) else index
-        gpu = gpus[index] if gpus else {"name": "?", "uuid": "?"}
-        major, minor = capabilities[index]
-        return types.SimpleNamespace(name=gpu["name"], major=major, minor=minor, uuid=gpu["uuid"],
+        lazy_init()
+        index = device_index(index)
+        if not 0 <= index < count:
+            raise AssertionError("Invalid device id")  # torch.cuda.get_device_properties past CUDA's count
+        device = devices[index]
+        major, minor = device["capability"]
+        return types.SimpleNamespace(name=device["name"], major=major, minor=minor, uuid=device["uuid"],
                                      total_memory=80 * 2**30)
 
     def on_cuda(value) -> bool:
@@ -107,8 +177,10 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
             if func is torch.Tensor.cuda:
                 return args[0]
             if on_cuda(kwargs.get("device")):
-                if device_error:
-                    raise RuntimeError(device_error)
+                lazy_init()
+                error = device_error(device_index(kwargs["device"]))
+                if error:
+                    raise RuntimeError(error)
                 kwargs["device"] = "cpu"
             args = tuple("cpu" if on_cuda(arg) else arg for arg in args)
             return func(*args, **kwargs)
@@ -137,20 +209,30 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
 
     sdpa_kernel.__wrapped__ = real_sdpa_kernel.__wrapped__  # torch._dynamo reads it when torch.optim first imports it
 
+    def first_device_capability():
+        return properties(0).major, properties(0).minor
+
     cuda, patches = torch.cuda, []
-    for owner, name, value in (
-        (cuda, "is_available", is_available), (cuda, "device_count", lambda: count),
+    stand_ins = [
+        (cuda, "is_available", is_available), (cuda, "device_count", device_count),
+        (cuda, "_device_count_nvml", lambda: nvml_count),
+        (cuda, "init", lazy_init), (cuda, "_lazy_init", lazy_init),
         (cuda, "get_device_properties", properties),
         (cuda, "get_device_capability", lambda index=0: (properties(index).major, properties(index).minor)),
         (cuda, "get_device_name", lambda index=0: properties(index).name),
-        (cuda, "synchronize", lambda device=None: None),
-        (cuda, "is_bf16_supported", lambda including_emulation=True: capabilities[0] >= (8, 0)),
+        (cuda, "set_device", lambda index: properties(index) and None),
+        (cuda, "synchronize", lambda device=None: lazy_init()),
+        (cuda, "is_bf16_supported", lambda including_emulation=True: first_device_capability() >= (8, 0)),
         (cuda, "can_device_access_peer", lambda a, b: True),
         (cuda.nccl, "all_reduce", all_reduce),
         (torch, "autocast", autocast), (torch.amp, "GradScaler", scaler),
         (torch.nn.Module, "cuda", lambda module, device=None: module),
         (attention, "sdpa_kernel", sdpa_kernel),
-    ):
+    ]
+    if cudnn_version is not None:
+        stand_ins += [(torch.backends.cudnn, "version", lambda: cudnn_version),
+                      (torch.backends.cudnn, "is_available", lambda: True)]
+    for owner, name, value in stand_ins:
         patches.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
     try:

@@ -37,7 +37,8 @@ DECLARED = (
     Check("cudnn",
           "runtime = compiled version = row's major; conv2d forward and backward with `cudnn.benchmark`, output"
           " and gradients equal to the CPU's; fp16 SDPA with a float mask as upstream's smoke test runs it, "
-          "cuDNN attention forced where torch runs it, sm80 to sm121 (pytorch#167602)",
+          "cuDNN attention forced where torch runs it by default, sm80 to sm121 with cuDNN 9.15.1+ "
+          "(pytorch#167602, #171627)",
           needs="gpu",
           skipped_when="CPU rows; GPU rows run with --gpus none; torch sees no GPU, or a GPU is in Prohibited "
                        "compute mode (no conv or attention ran: identity checks the loaded cuDNN without a GPU)"),
@@ -50,7 +51,8 @@ DECLARED = (
           "`/dev/shm` as configured; a 4-worker DataLoader moves large tensors without a bus error"),
     Check("multi-gpu",
           "peer copies and an NCCL all-reduce on 2+ GPUs",
-          needs="gpus", skipped_when="fewer than 2 visible GPUs; a GPU in Prohibited compute mode"),
+          needs="gpus", skipped_when="fewer than 2 visible GPUs; a MIG device beside whole GPUs (no CUDA P2P, "
+                                  "NCCL on MIG experimental); a GPU in Prohibited compute mode"),
     Check("devel",
           "nvcc matches torch's CUDA; a C++ (CPU) or CUDA (GPU) torch extension compiles and links for the "
           "row's arch list, and runs where a GPU is",
@@ -67,8 +69,8 @@ DECLARED = (
     Check("distributed",
           "`torchrun --standalone` runs an all-reduce: 2 processes over gloo on CPU, one process per GPU (up to"
           " 8) over NCCL with 2+ GPUs",
-          skipped_when="NCCL with fewer than 2 GPUs (gloo then), gloo with 2+ GPUs (NCCL then); NCCL with a GPU "
-                       "in Prohibited compute mode"),
+          skipped_when="NCCL with fewer than 2 GPUs or a MIG device beside whole GPUs (gloo then), gloo with 2+ "
+                       "GPUs (NCCL then); NCCL with a GPU in Prohibited compute mode"),
     Check("downstream",
           "a derived image `FROM` it pip-installs a local wheel into the image's environment as its default "
           "user (no `USER root`); `pip install --user` works under an arbitrary uid; the derived image is "

@@ -10,7 +10,8 @@ and torch (imported lazily: the pure helpers below are also imported on the host
     python probe.py --part import --wheel W  # as an arbitrary uid: import torch, HOME writable, pip install --user W
     python probe.py --part smoke         # PyTorch's smoke-test assertions alone (the benchmark's yardstick)
     python probe.py --gpu-only           # on any GPU host with torch: visibility, arch coverage, cuDNN, AMP, bf16
-                                         # speed, the smoke test on each GPU
+                                         # speed, the smoke test on each GPU, and the host's raw answers (nvidia-smi,
+                                         # /proc, NVML's and CUDA's counts) that gpu-record keeps as a lane host
 
 The JSON document goes to stdout; everything libraries print goes to stderr, so stdout is always parseable.
 """
@@ -67,7 +68,16 @@ EXCLUSIVE_REASON = ("not run: a GPU is in {mode} compute mode (one CUDA context 
                     "own process holds it; run on GPUs in Default compute mode (nvidia-smi -c DEFAULT) to test this")
 PROHIBITED_REASON = ("not run: {gpus} in Prohibited compute mode: no process may use it, so the host, not the image, "
                      "stops the GPU checks; give the container only usable GPUs (--gpus device=...), or set the mode "
-                     "back with `nvidia-smi -i INDEX -c DEFAULT`")
+                     "back on the host with {fix}")
+# The container's nvidia-smi numbers its GPUs from 0 whichever host GPUs it was given (--gpus device=1,3 shows 0 and
+# 1), so a fix for the host names the GPU by its UUID, which `nvidia-smi -i` accepts as well as an index.
+NVIDIA_SMI_UUID = re.compile(r"\(UUID: ([^)\s]+)\)")
+# MIG devices have no CUDA peer access (RAPIDS' MIG guide; NVIDIA's statement in NVIDIA/nccl#1716), and NCCL runs on
+# MIG instances only experimentally and only recently (NVIDIA/nccl#1716; older NCCL refuses them, NVIDIA/nccl#431):
+# where CUDA lists a MIG device beside a whole GPU, peer copies and NCCL across them are not what a good image does.
+MIG_MULTI_GPU_REASON = ("not run: {count} CUDA devices, one of them a MIG device ({mig}): MIG devices have no CUDA "
+                        "peer access and NCCL supports them only experimentally (NVIDIA/nccl#1716), so peer copies "
+                        "and NCCL across a MIG device and a whole GPU test the host's layout, not the image")
 
 CUDA_LIBRARY = re.compile(
     r"^(libcudart|libcublas|libcublasLt|libcudnn(?:_[a-z_]+)?|libnccl|libcufft|libcufftw|libcurand|libcusolver|"
@@ -123,32 +133,50 @@ def _flag_scope(flag: str) -> str:
     return flag[-1] if flag[-1] in "af" else ""
 
 
-# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 11.0 (NVIDIA CUDA GPUs page). "Binary
-# compatibility is supported only for the desktop. It is not supported for Tegra. Also, the binary compatibility
-# between desktop and Tegra is not supported" (CUDA C++ Programming Guide, "Binary Compatibility"): an sm_86 cubin
-# does not run on an Orin, nor an sm_87 one on an 8.9 GPU. PTX is still JIT-compiled for them.
-TEGRA_CAPABILITIES = {(5, 3), (6, 2), (7, 2), (8, 7), (11, 0)}
+# Integrated (Tegra) GPUs: Jetson TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7, Thor 10.1 in CUDA 12 numbering and 11.0 in
+# CUDA 13's (NVIDIA CUDA GPUs page). "Binary compatibility is supported only for the desktop. It is not supported for
+# Tegra. Also, the binary compatibility between desktop and Tegra is not supported" (CUDA C++ Programming Guide,
+# "Binary Compatibility"); CUDA 13.2 unified Jetson with SBSA, so Orin and Xavier run their major's desktop cubins.
+# The exceptions follow the tables torch's own wheel checks its cubins against (torch/cuda/__init__.py, torch 2.14.1:
+# DEVICE_REQUIREMENT for builds before CUDA 13.2, DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION after), in its
+# notation: a cubin's capability -> the device capabilities it never runs on, or -> the only ones it runs on.
+TEGRA_EXCLUDED = {50: {53}, 52: {53}, 60: {62}, 61: {62}, 70: {72}, 80: {87}, 86: {87}, 100: {101}}
+TEGRA_EXCLUDED_FROM_13_2 = {100: {101}}  # only Thor's CUDA 12 number stays apart
+TEGRA_ONLY = {53: {53}, 62: {62}, 72: {72}, 87: {87}, 101: {101, 110}}  # a Tegra cubin: that GPU (Thor: both numbers)
+JETSON_SBSA_UNIFICATION = (13, 2)
 
 
-def _flag_runs_on(flag: str, capability: tuple[int, int]) -> bool:
+def _cubin_runs_on(built: tuple[int, int], capability: tuple[int, int], cuda: str | None) -> bool:
+    """torch's rule for a plain cubin: the same major at or above its minor, but for the Tegra exceptions of the
+    table for this CUDA build (before 13.2 where the build's CUDA is not known)."""
+    code, device = built[0] * 10 + built[1], capability[0] * 10 + capability[1]
+    unified = cuda is not None and tuple(int(part) for part in cuda.split(".")[:2]) >= JETSON_SBSA_UNIFICATION
+    if code in TEGRA_ONLY:
+        return device in TEGRA_ONLY[code]
+    if device in (TEGRA_EXCLUDED_FROM_13_2 if unified else TEGRA_EXCLUDED).get(code, ()):
+        return False
+    return built[0] == capability[0] and built[1] <= capability[1]
+
+
+def _flag_runs_on(flag: str, capability: tuple[int, int], cuda: str | None) -> bool:
     built, scope = _flag_capability(flag), _flag_scope(flag)
     if scope == "a":
         return built == capability
-    if flag.startswith("sm_") and (built in TEGRA_CAPABILITIES or capability in TEGRA_CAPABILITIES):
-        return built == capability  # no binary compatibility on Tegra, nor between Tegra and desktop
-    if scope == "f" or flag.startswith("sm_"):  # a cubin runs on its major at or above its minor; so does family code
+    if scope == "f":  # family code runs within its major, at or above its minor
         return built[0] == capability[0] and built[1] <= capability[1]
+    if flag.startswith("sm_"):
+        return _cubin_runs_on(built, capability, cuda)
     return built <= capability  # generic PTX: JIT-compiled for any newer GPU
 
 
-def arch_covers(flags: list[str], capability: tuple[int, int]) -> str | None:
-    """How a device is covered: a cubin of the same major with minor <= the device's, or PTX at or below it;
-    arch-specific (`a`) code only on its exact capability, family (`f`) code only within its major, and on Tegra
-    (integrated) GPUs a cubin only for exactly that GPU."""
-    cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability)]
+def arch_covers(flags: list[str], capability: tuple[int, int], cuda: str | None = None) -> str | None:
+    """How a device is covered by a build for CUDA `cuda`: a cubin of the same major with minor <= the device's (with
+    torch's Tegra exceptions), or PTX at or below it; arch-specific (`a`) code only on its exact capability, family
+    (`f`) code only within its major."""
+    cubins = [f for f in flags if f.startswith("sm_") and _flag_runs_on(f, capability, cuda)]
     if cubins:
         return f"cubin {max(cubins, key=_flag_capability)}"
-    ptx = [f for f in flags if f.startswith("compute_") and _flag_runs_on(f, capability)]
+    ptx = [f for f in flags if f.startswith("compute_") and _flag_runs_on(f, capability, cuda)]
     if ptx:
         return f"PTX {max(ptx, key=_flag_capability)} (JIT-compiled on first use)"
     return None
@@ -722,9 +750,25 @@ def compute_mode_limits(host: dict) -> ComputeModeLimits:
                   for index, mode in enumerate(modes) if mode == PROHIBITED_COMPUTE_MODE]
     exclusive = next((mode for mode in modes if mode in EXCLUSIVE_COMPUTE_MODES), None)
     if prohibited:
-        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"))
+        uuids = [match.group(1) if match else "UUID" for match in map(NVIDIA_SMI_UUID.search, prohibited)]
+        reason = PROHIBITED_REASON.format(gpus=", ".join(prohibited) + (" is" if len(prohibited) == 1 else " are"),
+                                          fix=" and ".join(f"`nvidia-smi -i {uuid} -c DEFAULT`" for uuid in uuids))
         return ComputeModeLimits(bool(exclusive), reason, reason)
     return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
+
+
+def mig_multi_gpu_reason(device_count: int, host: dict, device_names: list[str] = ()) -> str:
+    """Why peer copies and NCCL must not run across these CUDA devices ("" where they must): 2+ devices, one of them
+    a MIG device. One CUDA process enumerates one MIG device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), so 2+
+    devices with one of them MIG is a MIG device beside whole GPUs. Known before any context from nvidia-smi's MIG
+    lines in the container; from torch's device names ("NVIDIA A100-SXM4-80GB MIG 3g.40gb") where nvidia-smi said
+    nothing."""
+    if device_count < 2:
+        return ""
+    named = [name for name in device_names if " MIG " in name]
+    listed = [line for lines in (host.get("mig_devices") or {}).values() for line in lines]
+    mig = (named or listed)[:1]
+    return MIG_MULTI_GPU_REASON.format(count=device_count, mig=mig[0]) if mig else ""
 
 
 def libcuda_driver_version() -> int | None:
@@ -745,7 +789,7 @@ def device_facts(torch, index: int, flags: list[str]) -> dict:
     capability = [properties.major, properties.minor]
     facts = {"index": index, "name": properties.name, "capability": capability,
              "uuid": str(getattr(properties, "uuid", "")), "total_memory": properties.total_memory,
-             "covered_by": arch_covers(flags, tuple(capability))}
+             "covered_by": arch_covers(flags, tuple(capability), torch.version.cuda)}
     try:
         device = f"cuda:{index}"
         # A torch kernel made on the device (libtorch's own cubins: "no kernel image" shows here) and a cuBLAS GEMM
@@ -795,17 +839,25 @@ def cudnn_conv(torch) -> dict:
 # aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); outside it, forcing the backend fails with "No available
 # kernel" on a good image, and torch picks another backend by itself.
 CUDNN_ATTENTION_CAPABILITIES = ((8, 0), (12, 1))
+# And the cuDNN it prefers it with: cuDNN before 9.15.1 corrupts memory for sequence lengths not divisible by 128, so
+# PyTorch turned cuDNN attention off by default for wheels that ship an older one (pytorch#171627, fixing #169849;
+# check_prefer_cudnn_attention in sdp_utils.cpp: cudnn_version > 91500). The cu126 row's cuDNN 9.10 is one: forcing
+# the path there would blame the image for a configuration its users never reach.
+CUDNN_ATTENTION_FIRST_SAFE_VERSION = 91501
 
 
-def cudnn_attention_runs_on(capability: tuple[int, int]) -> bool:
+def cudnn_attention_forced(capability: tuple[int, int], cudnn_version: int | None) -> bool:
+    """Whether the probe forces cuDNN attention: only where torch itself would run it by default (the GPU within
+    check_cudnn_hardware_support's bounds and a cuDNN torch prefers); elsewhere the default dispatch runs, as
+    upstream's test_sdpa does."""
     lowest, highest = CUDNN_ATTENTION_CAPABILITIES
-    return lowest <= tuple(capability) <= highest
+    return lowest <= tuple(capability) <= highest and (cudnn_version or 0) >= CUDNN_ATTENTION_FIRST_SAFE_VERSION
 
 
 def cudnn_attention(torch) -> dict:
     """Upstream's smoke test_sdpa on CUDA (fp16 q/k/v 1x16x77x64, float mask, no NaN): the regression test for
-    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention, it is
-    forced, so that path really runs (elsewhere torch picks another backend)."""
+    pytorch#167602 (cuDNN's runtime-compiled engines need libnvrtc-builtins). Where torch runs cuDNN attention by
+    default, it is forced, so that path really runs (elsewhere torch picks another backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     functional = torch.nn.functional
@@ -814,14 +866,15 @@ def cudnn_attention(torch) -> dict:
     mask = torch.randn(1, 1, 77, 77, dtype=torch.float16, device="cuda")
     reference = functional.scaled_dot_product_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
                                                         attn_mask=mask.float().cpu())
-    forced = cudnn_attention_runs_on(torch.cuda.get_device_capability())
+    cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    forced = cudnn_attention_forced(torch.cuda.get_device_capability(), cudnn_version)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if forced else contextlib.nullcontext():
         output = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.cuda.synchronize()
     no_nan = not bool(output.isnan().any())
     error = relative_error(torch, output, reference.double())
     return {"ok": no_nan and error < CUDNN_TOLERANCE, "no_nan": no_nan, "relative_error": error,
-            "cudnn_forced": forced}
+            "cudnn_forced": forced, "cudnn_version": cudnn_version}
 
 
 def fp16_grad_scaler(torch) -> dict:
@@ -859,7 +912,7 @@ def bf16_matmul_throughput(torch, size: int = 8192, repeats: int = 20) -> dict:
 
 def multi_gpu_facts(torch) -> dict:
     """Tensors on each device, peer copies, and an NCCL all-reduce across all of them."""
-    count = torch.cuda.device_count()
+    count = cuda_device_count(torch)
     tensors = [torch.full((1 << 20,), float(i + 1), device=f"cuda:{i}") for i in range(count)]
     peers, copies_ok = {}, True
     for i in range(count):
@@ -887,14 +940,40 @@ def multi_gpu_in_subprocess() -> dict:
         return {"ok": False, "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
 
 
+def cuda_device_count(torch) -> int:
+    """CUDA's own count of the devices this process can use, for a torch whose CUDA is available. torch.cuda.
+    device_count() asks CUDA only once torch has initialised it: before, it answers NVML's count of physical GPUs
+    (torch/cuda/__init__.py: `_device_count_nvml` until `_initialized`), and MIG devices are not NVML devices, so on a
+    node with MIG on two GPUs it says 2 where CUDA has 1 and get_device_properties(1) raises "Invalid device id"
+    (pytorch#130181). torch.cuda.init() initialises torch's CUDA state without making a context on any GPU."""
+    torch.cuda.init()
+    return torch.cuda.device_count()
+
+
+def nvml_device_count(torch) -> int | None:
+    """What torch.cuda.device_count() answers before CUDA is initialised: NVML's count (-1 where NVML fails, and torch
+    then asks CUDA); None where this torch has no such function. Recorded, as the number that tells MIG nodes apart."""
+    count_nvml = getattr(torch.cuda, "_device_count_nvml", None)
+    try:
+        return int(count_nvml()) if count_nvml else None
+    except Exception:  # noqa: BLE001 - a private function: any failure means "not known", not a broken image
+        return None
+
+
 def cuda_availability(torch) -> dict:
     """The process's first CUDA call: torch warns why CUDA cannot start ("CUDA initialization: ...") only once, there
     (c10::cuda::device_count's static initialiser), so it must run under a warnings recorder."""
+    init_error = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        nvml_count = nvml_device_count(torch)  # before torch initialises CUDA, as device_count() would answer it
         available = bool(torch.cuda.is_available())
-        count = torch.cuda.device_count() if available else 0
-    return {"available": available, "device_count": count, "warnings": [str(w.message) for w in caught]}
+        try:
+            count = cuda_device_count(torch) if available else 0
+        except Exception as error:  # noqa: BLE001 - CUDA answered a count, then torch could not start it: say why
+            available, count, init_error = False, 0, f"torch.cuda.init() failed: {type(error).__name__}: {error}"
+    return {"available": available, "device_count": count, "nvml_device_count": nvml_count,
+            "warnings": [str(w.message) for w in caught] + ([init_error] if init_error else [])}
 
 
 def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: dict | None = None,
@@ -909,6 +988,7 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
         return facts
     count = facts["device_count"]
     facts["devices"] = [device_facts(torch, index, flags) for index in range(count)]
+    mig_reason = mig_multi_gpu_reason(count, facts, [device["name"] for device in facts["devices"]])
     facts["cudnn"] = section(cudnn_conv, torch)
     facts["cudnn_attention"] = section(cudnn_attention, torch)
     facts["amp_fp16"] = section(fp16_grad_scaler, torch)
@@ -917,6 +997,8 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
         facts["bf16_matmul"] = section(bf16_matmul_throughput, torch)
     if count < 2:
         facts["multi_gpu"] = {"ok": True, "skipped": f"{count} GPU visible"}
+    elif mig_reason:
+        facts["multi_gpu"] = {"ok": True, "skipped": mig_reason}
     else:
         facts["multi_gpu"] = multi_gpu or multi_gpu_in_subprocess()
     return facts
@@ -979,7 +1061,7 @@ CONV_TOLERANCE = {"float16": 2e-2, "float32": 5e-3, "float64": 5e-3}
 
 
 def gpu_devices(torch) -> list[str]:
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return [f"cuda:{index}" for index in range(cuda_device_count(torch))] if torch.cuda.is_available() else []
 
 
 def openmp_facts(torch) -> dict:
@@ -1206,14 +1288,15 @@ def smoke_gpu_errors(torch) -> dict:
 class AllReduceRun:
     """`torchrun --standalone --nproc-per-node N`, as users start single-node jobs, started when the probe knows how
     many GPUs it sees, and collected at its end: it runs while the probe does its own work. 2 processes over gloo on
-    the CPU; one per GPU (up to 8) over NCCL with 2+ GPUs."""
+    the CPU; one per GPU (up to 8) over NCCL with 2+ GPUs (`all_reduce_plan`)."""
 
-    def __init__(self, processes: int = DISTRIBUTED_PROCESSES):
+    def __init__(self, processes: int = DISTRIBUTED_PROCESSES, backend: str = "gloo"):
         self.started, self.processes = time.monotonic(), processes
         self.result_dir = tempfile.mkdtemp(prefix="torchimages-all-reduce-")
         self.log = tempfile.TemporaryFile()
         self.command = ["torchrun", "--standalone", "--nproc-per-node", str(processes),
-                        os.path.abspath(__file__), "--part", "all-reduce", "--result-dir", self.result_dir]
+                        os.path.abspath(__file__), "--part", "all-reduce", "--backend", backend,
+                        "--result-dir", self.result_dir]
         try:
             # Its own session: on a timeout the whole tree (launcher and workers) is killed at once.
             self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
@@ -1242,15 +1325,16 @@ class AllReduceRun:
         return facts
 
 
-def all_reduce_worker(result_dir: str) -> None:
-    """One torchrun process: all-reduce (sum) rank + 1 across the processes, and write what it got."""
+def all_reduce_worker(result_dir: str, backend: str) -> None:
+    """One torchrun process: all-reduce (sum) rank + 1 across the processes over the backend the probe chose (from
+    CUDA's count, which a worker's torch.cuda.device_count() is not before CUDA starts), and write what it got."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
     rank, world, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    nccl = backend == "nccl"
     device = f"cuda:{local_rank}" if nccl else "cpu"
     if nccl:
         torch.cuda.set_device(local_rank)
@@ -1295,6 +1379,14 @@ def distributed_processes(device_count: int) -> int:
     return min(device_count, DISTRIBUTED_MAX_PROCESSES) if device_count >= 2 else DISTRIBUTED_PROCESSES
 
 
+def all_reduce_plan(device_count: int, mig_reason: str) -> tuple[int, str]:
+    """torchrun's processes and backend: one per GPU over NCCL with 2+ CUDA devices, 2 over gloo otherwise, and where
+    a MIG device sits beside whole GPUs (`mig_multi_gpu_reason`)."""
+    if device_count >= 2 and not mig_reason:
+        return distributed_processes(device_count), "nccl"
+    return DISTRIBUTED_PROCESSES, "gloo"
+
+
 def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_list: list[str],
                     budget_s: float | None = None) -> None:
     # Fork first, before anything starts CUDA or CPU thread pools: the children run beside everything below. The
@@ -1310,11 +1402,12 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     dataloader = start_dataloader(torch)
     facts["torch"].update(torch_versions(torch))
     availability = cuda_availability(torch)  # the first CUDA call: no context yet, and torch's warnings recorded
-    all_reduce = AllReduceRun(distributed_processes(availability["device_count"]))
+    mig_reason = mig_multi_gpu_reason(availability["device_count"], host)
+    all_reduce = AllReduceRun(*all_reduce_plan(availability["device_count"], mig_reason))
     multi_gpu = None
     if exclusive:
         facts["distributed"] = all_reduce.result()
-        multi_gpu = multi_gpu_in_subprocess() if availability["device_count"] >= 2 else None
+        multi_gpu = multi_gpu_in_subprocess() if availability["device_count"] >= 2 and not mig_reason else None
     facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
     facts["smoke"] = smoke_eager(torch)
     facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"], False, availability, host, multi_gpu)
@@ -1347,18 +1440,52 @@ def record_gpu_facts(torch, flags: list[str]) -> dict:
     host = driver_facts()
     availability = cuda_availability(torch)
     exclusive = compute_mode_limits(host).exclusive
-    multi_gpu = multi_gpu_in_subprocess() if exclusive and availability["device_count"] >= 2 else None
+    count = availability["device_count"]
+    multi_gpu = (multi_gpu_in_subprocess() if exclusive and count >= 2 and not mig_multi_gpu_reason(count, host)
+                 else None)
     return gpu_facts(torch, flags, True, availability, host, multi_gpu)
 
 
-def gpu_only_facts() -> dict:
-    """For a GPU host's own torch (docs/gpu-validation.md): the GPU facts, then the smoke test on each GPU."""
+# nvidia-smi's per-GPU fields a record keeps, as printed: what a lane host (tests/gpu_hosts/*.yaml) lists per GPU.
+RECORD_QUERY_FIELDS = "name,uuid,compute_cap,driver_version,compute_mode,mig.mode.current"
+
+
+def record_host_facts() -> dict:
+    """The host's raw answers a record keeps, so that it replays as a lane host: nvidia-smi's -L and per-GPU query as
+    it printed them, /proc/driver/nvidia/version, the CPU architecture and how the GPUs were selected."""
+    import platform
+
+    facts = {"machine": platform.machine(), "hostname": platform.node(), "proc_driver_version": None,
+             "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    with contextlib.suppress(OSError):
+        with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:
+            facts["proc_driver_version"] = stream.read().strip()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        facts["nvidia_smi_list"] = run_tool([smi, "-L"])
+        facts["nvidia_smi_query"] = run_tool([smi, f"--query-gpu={RECORD_QUERY_FIELDS}", "--format=csv,noheader"])
+    return facts
+
+
+def gpu_only_facts(budget_s: float | None = None) -> dict:
+    """For a GPU host's own torch (docs/gpu-validation.md): the host's raw answers, the GPU facts, then the smoke test
+    on each GPU. The compiles run in a child forked before any CUDA call, bounded inside `budget_s` (the record's
+    kill timeout) as in the main part, so that a slow max-autotune is reported rather than costing every fact."""
     torch, facts = import_torch()
+    host = record_host_facts()
     if torch is None:
-        return {"part": "gpu-only", "torch": facts}
+        return {"part": "gpu-only", "torch": facts, "host": host}
+    skip_gpu = compute_mode_limits(driver_facts()).children_skip
+    compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
     facts.update(torch_versions(torch))
-    result = {"part": "gpu-only", "torch": facts, "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
-    result.update({"smoke": smoke_facts()["smoke"], "libraries_loaded": loaded_libraries()})
+    result = {"part": "gpu-only", "torch": facts, "host": host,
+              "gpu": section(record_gpu_facts, torch, facts["arch_flags"])}
+    smoke = smoke_eager(torch)
+    smoke["compiles"] = compiles.result()
+    if gpu_devices(torch):
+        smoke["gpu_errors"] = section(smoke_gpu_errors, torch)
+    result.update({"smoke": smoke, "libraries_loaded": loaded_libraries()})
     return result
 
 
@@ -1372,23 +1499,26 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--after-main", action="store_true",
                         help="the import part: start once the main part imported torch (it leaves bytecode behind)")
     parser.add_argument("--result-dir", help="the all-reduce part: where each process writes its result")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="the all-reduce part: the process group's backend, as the main part chose it")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU facts, with a bf16 matmul throughput figure")
     parser.add_argument("--package-caches", default="", help="the files part: the OS family's caches, ';'-separated")
-    parser.add_argument("--budget-s", type=float, help="the main part: seconds until the container kills the probe")
+    parser.add_argument("--budget-s", type=float,
+                        help="the main part and --gpu-only: seconds until the probe is killed (its compiles end before)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     if arguments.part == "all-reduce":
-        all_reduce_worker(arguments.result_dir)
+        all_reduce_worker(arguments.result_dir, arguments.backend)
         return 0
     # Keep stdout for the JSON document: whatever torch, compilers or workers print goes to stderr.
     json_out = os.dup(1)
     os.dup2(2, 1)
     started = time.monotonic()
     if arguments.gpu_only:
-        facts = gpu_only_facts()
+        facts = gpu_only_facts(arguments.budget_s)
     elif arguments.part == "files":
         facts = files_facts([path for path in arguments.package_caches.split(";") if path])
     elif arguments.part == "import":

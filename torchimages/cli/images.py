@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from .. import doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..checks import checklist
-from ..files import read_json_document
+from ..files import atomic_write, read_json_document
 from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
@@ -156,8 +157,11 @@ def cmd_doctor(project: Project, args) -> int:
 
 
 def cmd_gpu_record(project: Project, args) -> int:
-    """The GPU side on this host, judged by the real checks, as docs/gpu-validation.md's record line."""
+    """The GPU side on this host, judged by the real checks, as docs/gpu-validation.md's record line; every raw fact
+    kept in one file, a simulation-lane host (tests/gpu_hosts) that replays the run."""
     from datetime import date
+
+    import yaml
 
     from ..verify import record
 
@@ -166,15 +170,28 @@ def cmd_gpu_record(project: Project, args) -> int:
         raise InputError([Problem(args.tag, 0, f"{args.tag} names {len(specs)} rows: name one tag")])
     [spec] = specs
     if args.facts:
-        facts, source = read_gpu_facts(args.facts), f"facts {args.facts.name}"
+        facts, source, where = read_gpu_facts(args.facts), f"facts {args.facts.name}", str(args.facts)
     elif args.image:
         facts, source = record.image_gpu_facts(engine.client(), spec, args.image), args.image
+        where = args.image
     else:
-        facts, source = record.host_gpu_facts(), "host Python (no Docker)"
+        facts, source, where = record.host_gpu_facts(), "host Python (no Docker)", sys.executable
+    record.vouch_for(spec, facts, where)
     checks = record.judge(spec, "all", facts["torch"], facts["gpu"], project.load().specs)
-    result = record.record(date.today().isoformat(), spec, source, facts, checks)
+    today = date.today().isoformat()
+    result = record.record(today, spec, source, facts, checks)
     for name, check in result.checks.items():
         print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
+    if facts.get("host"):
+        host = re.sub(r"[^A-Za-z0-9._-]+", "-", facts["host"].get("hostname") or "")[:60] or "host"
+        path = project.reports / "gpu-record" / f"{today}-{host}-{spec.tag}.yaml"
+        scenario = record.lane_host(today, spec, source, facts, checks, result.line)
+        atomic_write(path, yaml.safe_dump(scenario, sort_keys=False, width=120), root=project.reports)
+        print(f"every raw fact, as a simulation-lane host: {path} (copy it to tests/gpu_hosts/ to replay this run)",
+              file=sys.stderr)
+    else:
+        print("these facts hold no raw host answers (saved by an older probe): no lane host written; save them again "
+              "with `probe.py --gpu-only`", file=sys.stderr)
     print(result.line)
     return EXIT_OK if result.passed else EXIT_FAILED
 
@@ -196,11 +213,29 @@ def read_gpu_facts(path: Path) -> dict:
             isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
         "`gpu.bf16_matmul.tflops` a number": matmul is None or (
             isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
+        "`torch.arch_flags` a list of text": not isinstance(facts, dict) or not isinstance(facts.get("torch"), dict)
+                                             or _texts(facts["torch"].get("arch_flags", [])),
+        "`host` an object of nvidia-smi answers with text outputs": not isinstance(facts, dict)
+                                                                   or _raw_host_answers(facts.get("host")),
     }
     wrong = [what for what, holds in expected.items() if not holds]
     if wrong:
         raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
     return facts
+
+
+def _texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _raw_host_answers(host) -> bool:
+    """The probe's raw host answers (record_host_facts): absent, or an object whose text fields are text."""
+    if host is None:
+        return True
+    answers = [host.get(name) for name in ("nvidia_smi_list", "nvidia_smi_query")] if isinstance(host, dict) else [0]
+    texts = [host.get(name) for name in ("hostname", "machine", "proc_driver_version")] if isinstance(host, dict) else []
+    return (all(answer is None or (isinstance(answer, dict) and isinstance(answer.get("output", ""), str))
+                for answer in answers) and all(text is None or isinstance(text, str) for text in texts))
 
 
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
@@ -264,10 +299,11 @@ def register(commands) -> None:
     checking.set_defaults(handler=cmd_doctor)
     recording = commands.add_parser(
         "gpu-record", help="on a GPU host: run the GPU side, judge it with the GPU checks, print the record line of "
-                           "docs/gpu-validation.md (exit 1 when a GPU check failed)")
+                           "docs/gpu-validation.md and keep every raw fact as a simulation-lane host under "
+                           "REPORTS/gpu-record/ (exit 1 when a GPU check failed, 2 for another torch build)")
     recording.add_argument("tag", help="the row whose expectations apply (driver floor, arch list, cuDNN)")
     source = recording.add_mutually_exclusive_group()
     source.add_argument("--image", metavar="REF", help="run the GPU side in a container of this image (Docker, every "
                                                       "GPU); default: this Python's own torch, no Docker")
     source.add_argument("--facts", type=Path, metavar="FILE", help="judge saved `probe.py --gpu-only` facts")
-    recording.set_defaults(handler=cmd_gpu_record)
+    recording.set_defaults(handler=cmd_gpu_record, writes=writes_reports)

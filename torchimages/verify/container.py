@@ -41,7 +41,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         # Keep the container alive without the image's entrypoint; removal with force kills it at once.
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
-        shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(), network_mode="none", detach=True,
+        shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(plan.gpu_path), network_mode="none", detach=True,
         environment={} if plan.gpus.wanted else engine.NO_GPUS,
         hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
     )

@@ -49,9 +49,15 @@ class GpuRequest:
             return len(self.device_ids)
         return self.count if self.count > 0 else None
 
-    def device_requests(self) -> list[docker.types.DeviceRequest]:
+    def device_requests(self, via: str = "runtime") -> list[docker.types.DeviceRequest]:
+        """The engine's device requests: --gpus's own ("runtime"), or CDI device names ("cdi": nvidia.com/gpu=all,
+        =0, =GPU-<uuid>, =MIG-<uuid>, as `nvidia-ctk cdi generate` names them; a count is the first N indices)."""
         if not self.wanted:
             return []
+        if via == "cdi":
+            names = self.device_ids or (tuple(map(str, range(self.count))) if self.count > 0 else ("all",))
+            return [docker.types.DeviceRequest(driver="cdi", device_ids=[f"{engine.CDI_GPU_KIND}={name}"
+                                                                         for name in names])]
         if self.device_ids:
             return [docker.types.DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]])]
         return [docker.types.DeviceRequest(count=self.count, capabilities=[["gpu"]])]
@@ -108,6 +114,7 @@ class Plan:
     gpus: GpuRequest
     shm_size: str
     timeout: int
+    gpu_path: str = "runtime"  # how the engine gives GPUs (engine.GpuAccess): the NVIDIA runtime's --gpus, or CDI
 
 
 class Progress:

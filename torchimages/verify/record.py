@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ..checks import checklist
-from ..model import ImageSpec
+from ..checks.probe import arch_flags_for
+from ..model import ImageSpec, InputError, PeerError, Problem
 from .plan import SUITE, parse_gpus
 
 # The suites that judge GPU facts alone; the others need a container's files, users and smoke run.
@@ -39,7 +41,41 @@ class Record:
 
 
 def peak_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak; None for a MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), which has a part of
+    the GPU's SMs, not its peak."""
+    if " MIG " in device_name:
+        return None
     return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS if part in device_name), None)
+
+
+def build_mismatch(spec: ImageSpec, torch_facts: dict) -> str:
+    """How the torch that gave the facts differs from the row's build ("" where it is the row's): its version, CUDA
+    build and arch list, as identity compares them. Judging another build against the row would record a verdict
+    for a build that never ran there."""
+    found_flags, row_flags = list(torch_facts.get("arch_flags") or []), arch_flags_for(list(spec.arch_list))
+    differences = []
+    if str(torch_facts.get("version") or "").split("+")[0] != spec.torch:
+        differences.append(f"torch {torch_facts.get('version')} where the row has {spec.torch}")
+    if torch_facts.get("cuda") != spec.cuda:
+        differences.append(f"CUDA {torch_facts.get('cuda') or 'none (a CPU build)'} where the row has {spec.cuda}")
+    if sorted(found_flags) != sorted(row_flags):
+        differences.append(f"arch list {' '.join(found_flags) or 'none'} where the row has {' '.join(row_flags)}")
+    return "; ".join(differences)
+
+
+def vouch_for(spec: ImageSpec, facts: dict, source: str) -> None:
+    """Refuse (exit 2, one line) facts the row's checks cannot judge: no torch, no GPU part, or another build."""
+    torch_facts = facts.get("torch") or {}
+    if not torch_facts.get("importable", True):
+        raise InputError([Problem(source, 0, f"no torch to record with: {torch_facts.get('error') or 'it does not import'}; "
+                                             "run gpu-record with the row's image (--image REF) or in a Python that has "
+                                             "the row's torch")])
+    if not isinstance(facts.get("gpu"), dict):
+        raise InputError([Problem(source, 0, "the facts have no GPU part: save them with `probe.py --gpu-only`")])
+    mismatch = build_mismatch(spec, torch_facts)
+    if mismatch:
+        raise InputError([Problem(source, 0, f"not row {spec.tag}'s build: {mismatch}; record with the row's image "
+                                             f"(--image REF) or a Python with torch {spec.torch} for CUDA {spec.cuda}")])
 
 
 def judge(spec: ImageSpec, gpus: str, torch_facts: dict, gpu: dict, matrix: list[ImageSpec]) -> dict[str, dict]:
@@ -84,25 +120,33 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     else:
         result = "passed" + (f" (with a warning: {', '.join(warned)})" if warned else "")
     throughput = (gpu.get("bf16_matmul") or {}).get("tflops")
-    peak = peak_tflops(names[0])
+    first = devices[0]["name"] if devices else ""  # the matmul ran on cuda:0
+    peak = peak_tflops(first)
+    unknown = " (peak unknown: a MIG slice has part of the GPU)" if " MIG " in first else " (peak unknown)"
     bf16 = ("not measured" if throughput is None
-            else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else
-                                           " (peak unknown)"))
+            else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else unknown))
     line = (f"| {date} | {device} | {gpu.get('driver_version') or 'unknown'} | {source} / torch "
             f"{facts['torch'].get('version')} ({spec.tag}) | {result} | {bf16} |")
     return Record(line, not failed and not not_run, checks)
 
 
 def host_gpu_facts() -> dict:
-    """The probe's --gpu-only part with this Python's torch (a GPU host without Docker)."""
+    """The probe's --gpu-only part with this Python's torch (a GPU host without Docker); its compiles end inside the
+    record's timeout."""
     from .container import PROBE_SOURCE
 
-    done = subprocess.run([sys.executable, str(PROBE_SOURCE), "--gpu-only"], capture_output=True, text=True,
-                          timeout=GPU_ONLY_TIMEOUT_S)
+    command = [sys.executable, str(PROBE_SOURCE), "--gpu-only", "--budget-s", str(GPU_ONLY_TIMEOUT_S)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=GPU_ONLY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"the probe's GPU part ({sys.executable}) did not finish in {GPU_ONLY_TIMEOUT_S}s: a GPU or "
+                        "NCCL hang; run `probe.py --gpu-only` by hand to see where it stops") from None
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the probe's GPU part exited {done.returncode}: {done.stderr[-1500:]}")
-    return json.loads(lines[-1])
+    if done.returncode == 0 and lines:
+        with contextlib.suppress(ValueError):
+            return json.loads(lines[-1])
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    raise PeerError(f"the probe's GPU part ({sys.executable}) exited {done.returncode} without facts: {last[-300:]}")
 
 
 def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
@@ -115,16 +159,99 @@ def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
     inspected = engine.inspect_image(docker_client, image)
     if inspected is None:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine: pull or build it first")])
-    plan = Plan(spec, image, inspected["Id"], parse_gpus("all"), spec.shm_size, GPU_ONLY_TIMEOUT_S)
+    plan = Plan(spec, image, inspected["Id"], parse_gpus("all"), spec.shm_size, GPU_ONLY_TIMEOUT_S,
+                engine.gpu_access(docker_client).path or "runtime")
     name = container_name(spec)
     try:
         container = create_container(docker_client, plan, name, reports="")
         container.start()
         copy_probe(container)
-        facts = run_probe(container, ["--gpu-only"], "", GPU_ONLY_TIMEOUT_S)
+        facts = run_probe(container, ["--gpu-only", "--budget-s", str(GPU_ONLY_TIMEOUT_S)], "", GPU_ONLY_TIMEOUT_S)
     finally:
         remove_container(docker_client, name)
     if "probe_error" in facts:
-        raise RuntimeError(f"the probe's GPU part gave no facts in {image}: {facts['probe_error']} "
-                           f"{facts.get('stderr_tail', '')[-1000:]}")
+        last = (facts.get("stderr_tail", "").strip().splitlines() or [""])[-1]
+        raise PeerError(f"the probe's GPU part gave no facts in {image}: {facts['probe_error']} {last[-300:]}".strip())
     return facts
+
+
+# nvidia-smi -L's lines (NVIDIA nvidia-smi documentation, "-L"; MIG lines as in the MIG User Guide, "Device
+# Enumeration"), as tests/gpu_hosts/nvidia-smi prints them back.
+SMI_GPU_LINE = re.compile(r"^GPU \d+: (?P<name>.+) \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
+SMI_MIG_LINE = re.compile(r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+\d+: \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
+QUERY_KEYS = ("name", "uuid", "compute_cap", "driver_version", "compute_mode", "mig_mode")  # probe.RECORD_QUERY_FIELDS
+
+
+def verdict(check: dict) -> str:
+    """A check's verdict as lane hosts state it: passed, passed-with-warning, failed or skipped."""
+    warned = check["status"] == "passed" and (check.get("warnings") or "warning:" in check["message"])
+    return "passed-with-warning" if warned else check["status"]
+
+
+def nvidia_smi_as_lane_host(host: dict) -> dict:
+    """nvidia-smi's raw answers (`-L` and the per-GPU query the probe recorded) as a lane host lists them: its GPUs
+    with their fields and MIG devices, or its exit code and words where it failed."""
+    listing = host.get("nvidia_smi_list") or {"ok": False, "returncode": 127, "output": "nvidia-smi: not found"}
+    if not listing.get("ok"):
+        return {"returncode": listing.get("returncode") or 127,
+                "output": (listing.get("output") or listing.get("error") or "").strip()}
+    query = host.get("nvidia_smi_query") or {}
+    rows = [[field.strip() for field in line.split(", ")] for line in (query.get("output") or "").splitlines()
+            if query.get("ok") and line.count(", ") == len(QUERY_KEYS) - 1]
+    gpus = []
+    for line in listing["output"].splitlines():
+        if (match := SMI_GPU_LINE.match(line)):
+            fields = dict(zip(QUERY_KEYS, rows[len(gpus)])) if len(gpus) < len(rows) else {}
+            gpus.append({**fields, "name": match["name"], "uuid": match["uuid"]})
+        elif (match := SMI_MIG_LINE.match(line)) and gpus:
+            gpus[-1].setdefault("mig_devices", []).append({"profile": match["profile"], "uuid": match["uuid"]})
+    return {"gpus": gpus}
+
+
+def torch_cuda_as_lane_host(gpu: dict) -> dict:
+    """What torch.cuda answered, as a lane host's stand-in replays it: availability, CUDA's and NVML's counts, the
+    first-call warning, the devices in CUDA's order, and an error every device gave that is not the arch list's."""
+    facts = {"available": bool(gpu.get("available")), "device_count": gpu.get("device_count") or 0}
+    if gpu.get("nvml_device_count") is not None:
+        facts["nvml_device_count"] = gpu["nvml_device_count"]
+    if gpu.get("warnings"):
+        facts["warning"] = gpu["warnings"][0]  # torch warns once, at the first CUDA call
+    devices = gpu.get("devices") or []
+    if devices:
+        facts["devices"] = [{"name": device["name"], "uuid": device.get("uuid", ""),
+                             "capability": ".".join(map(str, device["capability"]))} for device in devices]
+    errors = {device.get("kernel_error") for device in devices if not device.get("kernel_ok", True)}
+    if len(errors) == 1 and devices and all(not device.get("kernel_ok", True) for device in devices):
+        [error] = errors
+        if "no kernel image" not in error:  # the replay recomputes arch coverage from the row's flags
+            facts["device_error"] = error
+    return facts
+
+
+def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[str, dict], line: str) -> dict:
+    """Every raw fact of a record, in the simulation lane's host format (tests/gpu_hosts/*.yaml): copied there, the
+    real run is a lane host whose replay must give the verdicts this host gave."""
+    host, gpu = facts.get("host") or {}, facts["gpu"]
+    expect = {name: verdict(checks[name]) for name in checklist.GPU_CHECKS + ("amp",) if name in checks}
+    scenario = {
+        "what": f"recorded on real hardware by build.py gpu-record {spec.tag} on {date} "
+                f"({host.get('hostname') or 'host unknown'}, {source}): {line}",
+        "source": "this host's own answers, kept raw under `recorded`: nvidia-smi -L and --query-gpu as printed, "
+                  "/proc/driver/nvidia/version, cuDriverGetVersion, NVML's and CUDA's device counts and the devices "
+                  f"torch {(facts.get('torch') or {}).get('version')} listed",
+        "machine": host.get("machine") or "unknown",
+        "proc_driver_version": host.get("proc_driver_version"),
+        "nvidia_smi": nvidia_smi_as_lane_host(host),
+        "libcuda": {"driver_version": gpu.get("libcuda_driver_version")},
+        "torch_cuda": torch_cuda_as_lane_host(gpu),
+        "runs": [{"row": spec.tag, "gpus": "all", "expect": expect,
+                  "why": f"the verdicts this host gave on {date} (build.py gpu-record)",
+                  # torch's view of the GPUs depends on it: the replay sets it as the record's process had it
+                  **({"cuda_visible_devices": host["cuda_visible_devices"]}
+                     if host.get("cuda_visible_devices") is not None else {})}],
+        "expect_doctor": {},
+        "recorded": {"torch": facts.get("torch"), "host": host, "gpu": gpu},
+    }
+    if not scenario["proc_driver_version"]:
+        del scenario["proc_driver_version"]
+    return scenario

@@ -1,6 +1,7 @@
 """Verification of one image and of all: plan, container, probe, suite, reports, the container always removed."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,9 +13,9 @@ from .. import engine
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec
 from .container import container_name, copy_probe, create_container, gather_facts, remove_container
-from .plan import Plan, Progress, VerifyOptions, VerifyResult, plan_all
+from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from .reports import REPORT_NAME, summary_markdown, verify_report
-from .suite import expectations, failed_start_checks, run_suite
+from .suite import expectations, failed_start_checks, gpu_start_failure, run_suite, with_gpu_start_failure
 
 
 class StageClock:
@@ -44,19 +45,20 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
     make_folder(report_dir, options.reports_dir)
     # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current.
     remove_file(report_dir / REPORT_NAME, options.reports_dir)
-    clock, name = StageClock(tag, progress), container_name(plan.spec)
+    clock, names = StageClock(tag, progress), []
     try:
         clock.enter("starting container")
-        container = create_container(docker_client, plan, name, str(options.reports_dir.resolve()))
         try:
-            container.start()
+            container = _started_container(docker_client, plan, options, names)
         except docker.errors.APIError as error:
-            checks = failed_start_checks(error)
+            checks = _checks_after_a_failed_start(docker_client, error, plan, options, host_gpu_runtime, report_dir,
+                                                  clock, names)
         else:
             checks = _probe_and_check(docker_client, container, plan, options, host_gpu_runtime, report_dir, clock)
     finally:
         clock.enter("removing container")
-        remove_container(docker_client, name)
+        for name in names:
+            remove_container(docker_client, name)
         clock.stop()
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds)
@@ -64,6 +66,32 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
                       root=options.reports_dir)
     progress.finished(result)
     return result
+
+
+def _started_container(docker_client, plan: Plan, options: VerifyOptions, names: list[str]):
+    """A container of the plan, started; its name is kept before it exists, so that it is removed whatever happens."""
+    names.append(container_name(plan.spec))
+    container = create_container(docker_client, plan, names[-1], str(options.reports_dir.resolve()))
+    container.start()
+    return container
+
+
+def _checks_after_a_failed_start(docker_client, error: docker.errors.APIError, plan: Plan, options: VerifyOptions,
+                                 host_gpu_runtime: bool, report_dir: Path, clock: StageClock,
+                                 names: list[str]) -> dict[str, dict]:
+    """A container that could not start for a GPU reason: the checks that need no GPU still run, in a container
+    without GPUs, and the GPU checks report the start error; any other reason fails every check."""
+    message = gpu_start_failure(error) if plan.gpus.wanted else ""
+    if not message:
+        return failed_start_checks(error)
+    clock.enter("starting container without GPUs")
+    without_gpus = dataclasses.replace(plan, gpus=parse_gpus("none"))
+    try:
+        container = _started_container(docker_client, without_gpus, options, names)
+    except docker.errors.APIError as second:
+        return failed_start_checks(second)
+    checks = _probe_and_check(docker_client, container, without_gpus, options, host_gpu_runtime, report_dir, clock)
+    return with_gpu_start_failure(message, checks, engine.is_driver_start_error(str(error)))
 
 
 def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOptions, host_gpu_runtime: bool,
@@ -83,9 +111,11 @@ def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], op
                   progress: Progress | None = None) -> list[VerifyResult]:
     """Verify each spec's image (or options.image against the one spec); writes every report. InputError on bad input."""
     progress = progress or Progress()
-    plans = plan_all(docker_client, specs, options, progress)
+    access = engine.gpu_access(docker_client)
+    # GPUs through CDI where that is the path the engine offers; --gpus otherwise (its start error says what is wrong).
+    plans = [dataclasses.replace(plan, gpu_path=access.path or "runtime")
+             for plan in plan_all(docker_client, specs, options, progress)]
     check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
-    host_gpu_runtime = engine.has_gpu_runtime(docker_client)
-    results = [verify_one(docker_client, plan, options, host_gpu_runtime, progress) for plan in plans]
+    results = [verify_one(docker_client, plan, options, bool(access.path), progress) for plan in plans]
     atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))
     return results

@@ -13,7 +13,7 @@ from .. import engine
 from ..files import open_new, remove_file
 from ..model import InputError, Problem
 from .container import ARBITRARY_UID
-from .plan import CHECKS, Plan, VerifyOptions
+from .plan import CHECKS, GPU_CHECKS, Plan, VerifyOptions
 
 SUITE_TIMEOUT_S = 300
 
@@ -64,16 +64,32 @@ def complete_checks(reported: dict[str, dict], exit_code: int, log_path: Path) -
     return {name: reported.get(name, missing) for name in CHECKS}
 
 
-def failed_start_checks(error: docker.errors.APIError) -> dict[str, dict]:
-    """A container that cannot start: a GPU refusal (driver too old, NVML not loaded, an unknown device) fails the gpu
-    and driver checks with its words and leaves the others not run; anything else fails every check."""
+def gpu_start_failure(error: docker.errors.APIError) -> str:
+    """Why a GPU container could not start, where a GPU reason is the cause (the NVIDIA hook refused, a CDI device
+    does not resolve), with the fix; "" for any other reason. An engine that cannot give GPUs at all is bad input."""
     message = engine.explain_start_error(error)
     if message == engine.GPU_RUNTIME_HINT:
-        raise InputError([Problem("--gpus", 0, message)])
-    if engine.is_gpu_start_error(str(error)):
-        skipped = {"status": "skipped", "message": "not run: the container could not start for a GPU reason (see "
-                                                   "gpu and driver)", "tests": []}
-        return {name: ({"status": "failed", "message": message, "tests": []} if name in ("gpu", "driver") else skipped)
-                for name in CHECKS}
+        raise InputError([Problem("--gpus", 0, f"{message}; {engine.CDI_HINT}")])
+    return message if engine.is_gpu_start_error(str(error)) else ""
+
+
+def failed_start_checks(error: docker.errors.APIError) -> dict[str, dict]:
+    """A container that cannot start, not for a GPU reason: every check fails with why."""
+    message = engine.explain_start_error(error)
     return {name: {"status": "failed", "message": f"the container could not start: {message}", "tests": []}
             for name in CHECKS}
+
+
+def with_gpu_start_failure(message: str, checks_without_gpus: dict[str, dict], driver_cause: bool) -> dict[str, dict]:
+    """The verdicts of a GPU container that could not start, where a container without GPUs ran every check that
+    needs none (identity, hygiene, shm, smoke, ...): the gpu check fails naming the start error (once), the driver
+    check fails pointing there where the driver is the cause, and the checks that need a GPU say they did not run."""
+    see_gpu = "the container could not start with GPUs (see the gpu check)"
+    checks = dict(checks_without_gpus)
+    checks["gpu"] = {"status": "failed", "message": f"the container could not start with GPUs: {message}", "tests": []}
+    checks["driver"] = ({"status": "failed", "message": see_gpu, "tests": []} if driver_cause
+                        else {"status": "skipped", "message": f"not run: {see_gpu}", "tests": []})
+    for name in (*GPU_CHECKS, "amp"):
+        if name not in ("gpu", "driver") and checks.get(name, {}).get("status") == "skipped":
+            checks[name] = {"status": "skipped", "message": f"not run: {see_gpu}", "tests": []}
+    return checks

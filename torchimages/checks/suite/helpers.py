@@ -191,6 +191,19 @@ def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
     return "ok", f"driver {driver} >= {ga} ({source})"
 
 
+# PTX is JIT-compiled by the driver, which reads only PTX of its own CUDA release or older: under minor-version
+# compatibility (a driver older than the release's own) "applications that use PTX ... will not work" past the
+# driver's CUDA version (NVIDIA CUDA Compatibility guide, "Minor Version Compatibility", limitations; the error is
+# CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain").
+PTX_TOO_NEW = "CUDA error: the provided PTX was compiled with an unsupported toolchain."
+
+
+def ptx_only_without_jit(coverage: str | None, driver_status: str) -> bool:
+    """A GPU that only the arch list's PTX covers, on a driver below the release's own (driver_verdict's "warn"):
+    nothing runs on it, whatever the versions' floor says."""
+    return bool(coverage) and coverage.startswith("PTX") and driver_status == "warn"
+
+
 # Triton ships CUPTI for its own profiler (proton), which dlopens it from these folders only when asked to profile
 # (triton.knobs.proton.cupti_lib_dir / TRITON_CUPTI_LIB_PATH). torch never loads them: libtorch_cpu.so needs
 # libcupti.so.N and finds the nvidia-cuda-cupti wheel's copy through its RPATH ($ORIGIN/../../nvidia/cu13/lib).

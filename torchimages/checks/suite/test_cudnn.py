@@ -34,5 +34,7 @@ def test_scaled_dot_product_attention(gpu, devices):
     forced = " with cuDNN attention forced" if result.get("cudnn_forced") else ""
     assert result.get("ok"), (
         f"fp16 scaled_dot_product_attention with a float mask{forced} failed on {devices[0]['name']}: {problem}; "
-        "'No valid execution plans built' means cuDNN's runtime-compiled engines cannot build: install "
-        "nvidia-cuda-nvrtc (libnvrtc-builtins) as torch's wheel pins it, one copy (pytorch#167602)")
+        "'No valid execution plans built' means cuDNN could not build an engine for this GPU or this cuDNN: a cuDNN "
+        "without fused attention engines for this compute capability (pytorch#192843: cuDNN 9.24 on 10.7), or "
+        "runtime-compiled engines without libnvrtc-builtins (install nvidia-cuda-nvrtc as torch's wheel pins it, "
+        "one copy: pytorch#167602)")

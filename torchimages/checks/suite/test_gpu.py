@@ -5,9 +5,10 @@ import warnings
 import pytest
 
 from torchimages.checkplugin import CheckWarning
-from torchimages.checks.probe import arch_covers, arch_flags_for
+from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
-from .helpers import driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver
+from .helpers import (driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver,
+                      ptx_only_without_jit)
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -55,14 +56,22 @@ def test_a_kernel_runs_on_every_device(devices):
 
 
 @pytest.mark.check("gpu")
-def test_every_device_is_covered_by_the_arch_list(devices, torch_facts, expect, spec):
+def test_every_device_is_covered_by_the_arch_list(devices, gpu, torch_facts, expect, spec):
     flags = torch_facts["arch_flags"]
+    driver = gpu.get("driver_version")
+    driver_status = driver_verdict(driver, gpu.get("libcuda_driver_version"), spec)[0] if driver else "ok"
     uncovered = []
     for device in devices:
         capability = tuple(device["capability"])
-        if arch_covers(flags, capability):
-            continue
+        coverage = arch_covers(flags, capability, spec.cuda)
         sm = f"sm_{capability[0]}{capability[1]}"
+        if ptx_only_without_jit(coverage, driver_status):
+            uncovered.append(f"{device['name']} is {sm}: only {coverage} covers it, and the host driver {driver} is "
+                             f"older than CUDA {spec.cuda}'s own ({spec.min_driver}), which cannot JIT-compile that "
+                             "PTX (NVIDIA CUDA Compatibility, minor-version compatibility): upgrade the driver")
+            continue
+        if coverage:
+            continue
         rows = [tag for tag, arch in expect["arch_rows"].items() if arch_covers(arch_flags_for(arch), capability)]
         uncovered.append(f"{device['name']} is {sm}, but this image's torch has {' '.join(flags)} (no cubin "
                          f"sm_{capability[0]}x at or below it, no PTX at or below {capability[0]}.{capability[1]}); "
@@ -93,8 +102,11 @@ def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
 def test_peer_copies_and_nccl_all_reduce(devices, gpu):
     if len(devices) < 2:
         pytest.skip(f"{len(devices)} GPU visible: multi-GPU checks need 2 or more (--gpus all on a multi-GPU host)")
+    mig_reason = mig_multi_gpu_reason(len(devices), gpu, [device["name"] for device in devices])
+    if mig_reason:
+        pytest.skip(mig_reason)
     result = gpu["multi_gpu"]
-    assert result.get("ok"), (
+    assert result.get("ok") and not result.get("skipped"), (
         f"across {len(devices)} GPUs: {result.get('error') or result}; peer copies ok: {result.get('peer_copies_ok')}, "
         f"NCCL all-reduce ok: {result.get('all_reduce_ok')}. With NCCL errors about shared memory, raise --shm-size "
         "or use --ipc=host")
