@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .builder import INPUT_HASH_LABEL
 from .model import ImageSpec
 
 SBOM_PREDICATE = "https://cyclonedx.org/bom"  # cosign's `--type cyclonedx`
@@ -86,7 +87,7 @@ def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict]) -> di
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {"tag": spec.tag, "matrix_row": matrix_row(spec)},
-            "internalParameters": {"input_hash": labels.get("io.torchimages.input-hash", ""),
+            "internalParameters": {"input_hash": labels.get(INPUT_HASH_LABEL, ""),
                                    "spec_hash": spec.spec_hash()},
             "resolvedDependencies": dependencies,
         },

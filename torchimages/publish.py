@@ -21,7 +21,7 @@ import docker.errors
 from . import attestations, engine
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
-from .builder import local_name, wheel_record_path
+from .builder import INPUT_HASH_LABEL, local_name, wheel_record_path
 from .files import read_json_document, remove_file
 from .model import LABEL_PREFIX, ImageSpec
 from .redaction import redact
@@ -349,7 +349,7 @@ class Publisher:
         record = read_json_document(path, f"delete it: `python build.py build {spec.tag} --force` writes it again",
                                     default={})
         labels = (image.get("Config") or {}).get("Labels") or {}
-        if not isinstance(record, dict) or record.get("input_hash") != labels.get("io.torchimages.input-hash"):
+        if not isinstance(record, dict) or record.get("input_hash") != labels.get(INPUT_HASH_LABEL):
             return []
         wheels = record.get("wheels")
         return [wheel for wheel in wheels if isinstance(wheel, dict) and isinstance(wheel.get("name"), str)
