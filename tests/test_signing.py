@@ -365,3 +365,12 @@ def test_a_registry_that_refuses_the_signature_leaves_no_tag_on_the_unsigned_dig
     finally:
         clean_up(docker_client, space)
         proxy.shutdown()
+
+
+def test_a_damaged_wheel_record_stops_the_publish_before_anything_is_pushed(workspace, docker_client):
+    workspace.build_verified(docker_client, RUNTIME)
+    record = workspace.reports / RUNTIME / "wheels.json"
+    record.write_text(json.dumps({"schema": 1, "input_hash": 3, "wheels": []}))
+    refused = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED), check_exit=2)
+    assert f"{record}:1: not a wheel record" in refused.stderr and "Traceback" not in refused.stderr
+    assert workspace.tags() == []

@@ -22,11 +22,11 @@ import requests
 import urllib3
 
 from . import engine
-from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_text
+from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .lockfile import LOCK_NAME, read_lock
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
 from .redaction import Secrets
-from .reporting import RowReport, utc_timestamp
+from .reporting import RowReport, require_schema, utc_timestamp
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 # A build step that prints nothing for this long is stuck (pip, apt and the compilers print as they go): the build is
@@ -392,6 +392,9 @@ class Builder:
         return self.options.reports_dir / spec.tag / "build.log"
 
 
+WHEEL_RECORD_SCHEMA = 1
+
+
 def wheel_record_path(reports_dir: Path, tag: str) -> Path:
     return reports_dir / tag / "wheels.json"
 
@@ -401,8 +404,24 @@ def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> No
     input hash they went into: publish's build provenance names them (the image keeps no wheel's hash)."""
     wheels = [{"name": path.name, "sha256": _file_sha256(path)} for name, path in sorted(context.files.items())
               if name.startswith("build-inputs/wheelhouse/") and name.endswith(".whl")]
-    atomic_write_json(wheel_record_path(reports_dir, tag), {"input_hash": context.input_hash, "wheels": wheels},
+    atomic_write_json(wheel_record_path(reports_dir, tag),
+                      {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels},
                       root=reports_dir)
+
+
+def read_wheel_record(path: Path) -> dict:
+    """A wheel record as write_wheel_record left it ({} when there is none); another shape is an InputError."""
+    fix = f"delete it: `python build.py build {path.parent.name} --force` writes it again"
+    record = read_json_document(path, fix, default=None)
+    if record is None:
+        return {}
+    require_schema(record, WHEEL_RECORD_SCHEMA, path, "a wheel record", fix)
+    wheels = record.get("wheels")
+    if not isinstance(record.get("input_hash"), str) or not isinstance(wheels, list) or not all(
+            isinstance(wheel, dict) and isinstance(wheel.get("name"), str) and isinstance(wheel.get("sha256"), str)
+            for wheel in wheels):
+        raise InputError([Problem(str(path), 1, f"not a wheel record (input_hash, wheels: name and sha256): {fix}")])
+    return record
 
 
 def _file_sha256(path: Path) -> str:

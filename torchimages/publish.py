@@ -21,7 +21,7 @@ import docker.errors
 from . import attestations, engine
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
-from .builder import INPUT_HASH_LABEL, local_name, wheel_record_path
+from .builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from .files import read_json_document, remove_file
 from .model import LABEL_PREFIX, ImageSpec
 from .redaction import redact
@@ -227,6 +227,7 @@ class Publisher:
         self.options = options
         self.log = log
         self.registry = RegistryClient(options.registry, options.access, options.retry, log)
+        self.wheel_records: dict[str, dict] = {}  # tag -> the build's wheel record, read before the first push
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
@@ -234,6 +235,8 @@ class Publisher:
         catalog_stage.require_sbom_folder(self.options.catalog_dir)
         reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
         facts = {spec.tag: read_facts(facts_path(self.options.reports_dir, spec.tag)) for spec in specs}
+        self.wheel_records = {spec.tag: read_wheel_record(wheel_record_path(self.options.reports_dir, spec.tag))
+                              for spec in specs}
         try:
             self.registry.ping()
             all_tags = self.registry.tags()
@@ -345,15 +348,9 @@ class Publisher:
 
     def _wheels(self, spec: ImageSpec, image: dict) -> list[dict]:
         """The wheels the build recorded for this image's inputs (reports/<tag>/wheels.json), else none."""
-        path = wheel_record_path(self.options.reports_dir, spec.tag)
-        record = read_json_document(path, f"delete it: `python build.py build {spec.tag} --force` writes it again",
-                                    default={})
+        record = self.wheel_records.get(spec.tag) or {}
         labels = (image.get("Config") or {}).get("Labels") or {}
-        if not isinstance(record, dict) or record.get("input_hash") != labels.get(INPUT_HASH_LABEL):
-            return []
-        wheels = record.get("wheels")
-        return [wheel for wheel in wheels if isinstance(wheel, dict) and isinstance(wheel.get("name"), str)
-                and isinstance(wheel.get("sha256"), str)] if isinstance(wheels, list) else []
+        return record["wheels"] if record and record["input_hash"] == labels.get(INPUT_HASH_LABEL) else []
 
     def _withdraw(self, digest: str, pinned: str) -> None:
         """Delete a digest this run pushed and could not sign: no tag may name an unsigned digest."""
