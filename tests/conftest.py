@@ -1,4 +1,5 @@
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The toolkit's tests run on a frozen project of their own (tests/project/README.md): the repository's live
+# matrix.yaml and compat.yaml are data, checked by test_project_data.py alone.
+FIXTURE_PROJECT = Path(__file__).parent / "project"
+FIXTURE_MATRIX, FIXTURE_COMPAT = FIXTURE_PROJECT / "matrix.yaml", FIXTURE_PROJECT / "compat.yaml"
 
 
 # Tests that use these fixtures need a Docker engine (or fetch wheels for one): the slow lane. `make test-fast`
@@ -67,6 +72,19 @@ def wait_until(condition, what: str, timeout_s: float = 120):
             pytest.fail(f"{what} did not happen within {timeout_s} s")
         time.sleep(0.1)
     return result
+
+
+def copy_fixture_project(folder: Path) -> Path:
+    """The fixture project's matrix and compatibility data copied into folder (made if missing); its matrix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURE_COMPAT, folder / "compat.yaml")
+    return Path(shutil.copy(FIXTURE_MATRIX, folder / "matrix.yaml"))
+
+
+@pytest.fixture
+def compat_beside_tmp_matrix(tmp_path):
+    """A matrix a test writes into tmp_path finds its compatibility data beside it, as a project's own does."""
+    shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")
 
 
 @pytest.fixture

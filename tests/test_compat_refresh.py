@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from torchimages.compat_refresh import arch_list, metadata_facts, python_max
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_COMPAT, ROOT, run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
 
 
@@ -22,12 +22,17 @@ def index(tmp_path):
 @pytest.fixture
 def compat(tmp_path):
     path = tmp_path / "compat.yaml"
-    shutil.copy(COMPAT_FILE, path)
+    shutil.copy(FIXTURE_COMPAT, path)
     return path
 
 
+def refresh_cli(compat, *args):
+    """`compat refresh` writing into the test's copy of the compatibility data."""
+    return run_cli_in_process("--compat", str(compat), "compat", "refresh", *args)
+
+
 def refresh(index, compat, *args, check_exit: int):
-    result = run_cli_in_process("compat", "refresh", *args, "--index-url", index.url, "--compat", str(compat))
+    result = refresh_cli(compat, *args, "--index-url", index.url)
     assert result.returncode == check_exit, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -91,8 +96,7 @@ def test_bad_input_names_the_release_or_the_index(index, compat):
     before = compat.read_text()
     result = refresh(index, compat, "2.99.0", check_exit=2)
     assert "no torch '2.99.0' wheels" in result.stderr
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", "http://127.0.0.1:9/simple",
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--index-url", "http://127.0.0.1:9/simple")
     assert result.returncode == 2 and "http://127.0.0.1:9/simple" in result.stderr and "Traceback" not in result.stderr
     assert compat.read_text() == before
 
@@ -158,7 +162,7 @@ def test_the_pypi_facts_of_2_15_0_and_2_14_1_are_all_read_from_wheels():
     """compat.yaml keeps, for the releases the matrix builds from PyPI, only what a wheel said: every build has its
     source, and a CPU build is claimed only with the wheel it was read from. 2.14.1's cu126 build (a matrix row)
     is the one exception, named as unread by every refresh (its index is not reachable from CI)."""
-    facts = yaml.safe_load(COMPAT_FILE.read_text())["torch"]
+    facts = yaml.safe_load((ROOT / "compat.yaml").read_text())["torch"]
     for torch in ("2.15.0", "2.14.1"):
         assert not facts[torch].get("cpu") or facts[torch].get("cpu_source"), torch
         unread = [cuda for cuda, build in facts[torch]["cuda"].items() if not build.get("source")]
@@ -192,12 +196,10 @@ def test_a_stalled_index_or_file_host_ends_the_refresh_naming_it(tmp_path, compa
     monkeypatch.setattr(compat_refresh, "TIMEOUT_S", 0.5, raising=False)
     with SilentServer() as silent:
         if stalls == "index":
-            result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", silent.url + "/simple",
-                                        "--compat", str(compat))
+            result = refresh_cli(compat, "2.16.0", "--index-url", silent.url + "/simple")
         else:
             with LocalIndex(make_release(tmp_path / "index"), files_url=silent.url + "/files") as served:
-                result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", served.url,
-                                            "--compat", str(compat))
+                result = refresh_cli(compat, "2.16.0", "--index-url", served.url)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert silent.url in result.stderr and "timed out" in result.stderr
 
@@ -208,11 +210,10 @@ def test_a_mirror_login_is_used_but_never_written_or_printed(tmp_path, compat):
     secret = "s3cret-mirror-pass"
     with LocalIndex(make_release(tmp_path / "index"), login=("ci", secret)) as served:
         with_login = served.url.replace("http://", f"http://ci:{secret}@")
-        result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", with_login, "--compat", str(compat))
+        result = refresh_cli(compat, "2.16.0", "--index-url", with_login)
         assert result.returncode == 0, result.stdout + result.stderr
         assert served.authorizations and all(served.authorizations), "every request carried the login"
-        missing = run_cli_in_process("compat", "refresh", "2.99.0", "--index-url", with_login, "--compat",
-                                     str(compat))
+        missing = refresh_cli(compat, "2.99.0", "--index-url", with_login)
     assert missing.returncode == 2 and served.url in missing.stderr
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     assert facts["cuda"]["13.2"]["source"]["index"] == served.url
@@ -256,8 +257,7 @@ def test_a_wheelhouse_folder_is_read_offline(tmp_path, compat):
     """--index-url FOLDER (what `build.py wheels --dest` makes, one folder per row or flat): the same facts, read
     from the files, each with its file's sha256; a path that is neither an index nor a folder is exit 2."""
     folder = make_release(tmp_path / "wheelhouse" / "cu132-py3.11")
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "wheelhouse"),
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--index-url", str(tmp_path / "wheelhouse"))
     assert result.returncode == 0, result.stdout + result.stderr
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     build = facts["cuda"]["13.2"]
@@ -266,8 +266,7 @@ def test_a_wheelhouse_folder_is_read_offline(tmp_path, compat):
     wheel = folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl"
     assert build["source"]["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert facts["cpu_source"]["file"].startswith("torch-2.16.0+cpu-") and facts["torchvision"] == "0.31"
-    missing = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "nowhere"),
-                                 "--compat", str(compat))
+    missing = refresh_cli(compat, "2.16.0", "--index-url", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "neither an http(s) package index nor a wheelhouse folder" in missing.stderr
 
 
@@ -277,8 +276,7 @@ def test_a_partial_wheelhouse_does_not_contradict_the_python_range(tmp_path, ind
     folder = tmp_path / "wheelhouse"
     folder.mkdir()
     shutil.copy(index.folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl", folder)
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--check", "--index-url", str(folder),
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--check", "--index-url", str(folder))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "python.max" not in result.stderr
 

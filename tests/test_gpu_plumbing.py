@@ -73,7 +73,7 @@ def test_the_driver_verdict_has_two_floors_and_knows_a_forward_compatible_libcud
 
 @pytest.mark.parametrize("floor", ["", "driver_floor: \"600\"", "driver_floor: r580"])
 def test_a_cuda_release_without_a_floor_at_or_below_its_own_driver_is_refused_naming_the_line(tmp_path, floor):
-    text = (ROOT / "torchimages" / "compat.yaml").read_text()
+    text = (ROOT / "compat.yaml").read_text()
     entry = '  "13.2":\n    full: "13.2.2"\n    min_driver: "595.45.04"\n    driver_floor: "580"\n'
     assert entry in text
     broken = tmp_path / "compat.yaml"

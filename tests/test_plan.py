@@ -14,7 +14,7 @@ from torchimages.model import InputError
 from torchimages.plan import balance, parse_shard
 from torchimages.summary import Published, Summary, merge_summaries
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, copy_fixture_project, run_cli
 
 TAGS = [spec.tag for spec in load_matrix(ROOT / "matrix.yaml").specs]
 
@@ -111,7 +111,7 @@ def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
     write_shard(second, ["2.13.0-cpu-devel"], failed=True)
     merged = tmp_path / "merged"
     merged.mkdir()
-    (merged / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
+    copy_fixture_project(merged)
     write_lock(first / "bases.lock.json", {"debian:bookworm": LockedBase(
         "debian:bookworm", None, "sha256:" + "d" * 64, "local-only", "", "2026-01-02T00:00:00Z")})
     base = ("--matrix", str(merged / "matrix.yaml"), "--images", str(merged / "images"), "--reports", str(merged / "reports"))

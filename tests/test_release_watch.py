@@ -7,11 +7,11 @@ import subprocess
 import pytest
 import yaml
 
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.render import render_files, stale_paths
 
-from .conftest import ROOT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, ROOT, run_cli_in_process
 from .index_fixtures import LocalIndex, make_release
 
 
@@ -19,15 +19,14 @@ from .index_fixtures import LocalIndex, make_release
 def project(tmp_path):
     """A copy of the project's matrix, compat data and rendered images."""
     shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
-    shutil.copy(COMPAT_FILE, tmp_path / "compat.yaml")
+    shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")
     shutil.copytree(ROOT / "images", tmp_path / "images")
     return tmp_path
 
 
 def watch(project, index_url: str, check_exit: int = 0):
     result = run_cli_in_process("--matrix", str(project / "matrix.yaml"), "--images", str(project / "images"),
-                                "--reports", str(project / "reports"), "watch", "--index-url", index_url,
-                                "--compat", str(project / "compat.yaml"))
+                                "--reports", str(project / "reports"), "watch", "--index-url", index_url)
     assert result.returncode == check_exit, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -134,8 +133,7 @@ def test_the_workflows_watch_step_hands_the_release_and_tags_to_the_pull_request
             f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom torchimages.cli import main\n"
             f"assert sys.argv[1:] == ['watch']\n"
             f"sys.exit(main(['--matrix', {str(project / 'matrix.yaml')!r}, '--images', {str(project / 'images')!r}, "
-            f"'--reports', 'reports', 'watch', '--index-url', {index.url!r}, '--compat', "
-            f"{str(project / 'compat.yaml')!r}]))\n")
+            f"'--reports', 'reports', 'watch', '--index-url', {index.url!r}]))\n")
         result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=checkout,
                                 env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}, capture_output=True,
                                 text=True, timeout=300)

@@ -11,19 +11,22 @@ import pytest
 import yaml
 
 from torchimages.lockfile import LockedBase, write_lock
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
-from .conftest import ROOT
+from .conftest import FIXTURE_COMPAT, FIXTURE_PROJECT, ROOT
 from .wheels_fixtures import make_wheel
 
-GOLDEN_MATRIX = Path(__file__).parent / "data" / "golden-matrix.yaml"
+# Matrices written into tmp_path are checked against the compatibility data beside them.
+pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
+
+GOLDEN_MATRIX = FIXTURE_PROJECT / "golden-matrix.yaml"
 GOLDEN_DIR = Path(__file__).parent / "golden"
 TEMPLATES = ROOT / "templates"
 
 
 def render(matrix_path: Path, templates: Path = TEMPLATES) -> dict[str, bytes]:
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, FIXTURE_COMPAT)
     return render_files(matrix.specs, templates, matrix_path.name, matrix.repository)
 
 
@@ -139,7 +142,7 @@ def label(dockerfile: str, name: str) -> str:
 
 @pytest.mark.parametrize("spec", load_matrix(ROOT / "matrix.yaml").specs, ids=lambda spec: spec.tag)
 def test_each_row_agrees_with_the_compat_data(spec):
-    compat = yaml.safe_load(COMPAT_FILE.read_text())
+    compat = yaml.safe_load(FIXTURE_COMPAT.read_text())
     dockerfile = (ROOT / "images" / spec.tag / "Dockerfile").read_text()
     assert f"ARG BASE_IMAGE={spec.base_image}\n" in dockerfile
     assert label(dockerfile, "io.torchimages.torch") == spec.torch
@@ -221,7 +224,7 @@ def test_render_uses_the_base_digests_of_the_lock(cli, tmp_path):
 
 def test_a_new_flavor_is_one_line_of_compat_data(tmp_path):
     """Flavors are data: a flavor added to compat.yaml renders, with its packages, and no code names it."""
-    compat = yaml.safe_load(COMPAT_FILE.read_text())
+    compat = yaml.safe_load(FIXTURE_COMPAT.read_text())
     compat["flavors"]["notebook"] = {"packages": ["git"], "cuda_toolkit": False, "builds_extensions": False}
     compat_path = tmp_path / "compat.yaml"
     compat_path.write_text(yaml.safe_dump(compat))
@@ -250,7 +253,7 @@ def input_hashes(matrix_text: str, folder: Path) -> dict[str, str]:
 
     folder.mkdir()
     (folder / "matrix.yaml").write_text(matrix_text)
-    matrix = load_matrix(folder / "matrix.yaml")
+    matrix = load_matrix(folder / "matrix.yaml", FIXTURE_COMPAT)
     images = folder / "images"
     write_rendered(images, render_files(matrix.specs, TEMPLATES, "matrix.yaml", matrix.repository))
     options = BuildOptions(images_dir=images, reports_dir=folder / "reports")
