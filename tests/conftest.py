@@ -82,6 +82,16 @@ def copy_fixture_project(folder: Path) -> Path:
 
 
 @pytest.fixture
+def fixture_project(tmp_path) -> Path:
+    """A scratch copy of the fixture project in tmp_path, with its images/ rendered as `build.py render` does."""
+    matrix = copy_fixture_project(tmp_path)
+    rendered = run_cli_in_process("--matrix", str(matrix), "--images", str(tmp_path / "images"),
+                                  "--reports", str(tmp_path / "reports"), "render")
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    return tmp_path
+
+
+@pytest.fixture
 def compat_beside_tmp_matrix(tmp_path):
     """A matrix a test writes into tmp_path finds its compatibility data beside it, as a project's own does."""
     shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")

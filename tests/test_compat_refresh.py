@@ -1,5 +1,5 @@
 """compat refresh against a PEP 691 index on 127.0.0.1 serving small real wheels made here (range requests, no
-separate metadata files, as PyPI), and one read of the real 2.14.1 from PyPI in the slow lane."""
+separate metadata files, as PyPI), refreshing a copy of the tests' frozen compatibility data (tests/project/)."""
 import hashlib
 import shutil
 
@@ -9,7 +9,7 @@ import yaml
 from torchimages.compat_refresh import arch_list, metadata_facts, python_max
 from torchimages.matrix import load_matrix
 
-from .conftest import FIXTURE_COMPAT, ROOT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
 
 
@@ -115,14 +115,6 @@ def test_facts_from_wheel_contents():
                        "torch-2.16.0-cp314-cp314t-manylinux_2_28_x86_64.whl", "bad name.whl"]) == "3.14"
 
 
-@pytest.mark.engine
-def test_the_real_index_agrees_with_compat_yaml_for_2_14_1_and_2_15_0():
-    """PyPI itself (network; the slow lane): compat.yaml's facts for the releases the matrix builds are the wheels'."""
-    result = run_cli_in_process("compat", "refresh", "2.14.1", "2.15.0", "--check")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "sm_" not in result.stdout and "7.5 8.0 8.6 9.0 10.0 12.0" in result.stdout
-
-
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
     """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
     import torchimages.compat_refresh as compat_refresh
@@ -156,18 +148,6 @@ def test_facts_the_index_cannot_confirm_are_named_not_passed_as_read(index, comp
         result = refresh(other, compat, "2.16.0", "--check", check_exit=0)
     assert "unread: torch 2.16.0 cpu: the index has no +cpu build" in result.stdout
     assert "https://download.pytorch.org/whl/cpu" in result.stdout
-
-
-def test_the_pypi_facts_of_2_15_0_and_2_14_1_are_all_read_from_wheels():
-    """compat.yaml keeps, for the releases the matrix builds from PyPI, only what a wheel said: every build has its
-    source, and a CPU build is claimed only with the wheel it was read from. 2.14.1's cu126 build (a matrix row)
-    is the one exception, named as unread by every refresh (its index is not reachable from CI)."""
-    facts = yaml.safe_load((ROOT / "compat.yaml").read_text())["torch"]
-    for torch in ("2.15.0", "2.14.1"):
-        assert not facts[torch].get("cpu") or facts[torch].get("cpu_source"), torch
-        unread = [cuda for cuda, build in facts[torch]["cuda"].items() if not build.get("source")]
-        assert unread == ([] if torch == "2.15.0" else ["12.6"]), torch
-        assert facts[torch]["torchvision_source"]["file"].startswith("torchvision-")
 
 
 def test_a_wheel_that_is_not_a_zip_is_exit_2_naming_it(tmp_path, compat):

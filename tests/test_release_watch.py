@@ -1,7 +1,6 @@
 """The nightly's release watch, engine-free, against a PEP 691 index on 127.0.0.1 holding torch 2.16.0: a newer
 release is read, proposed as rows shaped like the newest ones, and rendered; the other rows' folders do not change."""
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -11,17 +10,14 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.render import render_files, stale_paths
 
-from .conftest import FIXTURE_COMPAT, ROOT, run_cli_in_process
+from .conftest import ROOT, run_cli_in_process
 from .index_fixtures import LocalIndex, make_release
 
 
 @pytest.fixture
-def project(tmp_path):
-    """A copy of the project's matrix, compat data and rendered images."""
-    shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
-    shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")
-    shutil.copytree(ROOT / "images", tmp_path / "images")
-    return tmp_path
+def project(fixture_project):
+    """The tests' frozen project (matrix, compat data, rendered images): its newest release is 2.15.0 for ever."""
+    return fixture_project
 
 
 def watch(project, index_url: str, check_exit: int = 0):
