@@ -11,6 +11,7 @@ from torchimages.matrix import load_matrix
 
 from .conftest import FIXTURE_COMPAT, run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
+from .wheels_fixtures import make_wheel
 
 
 @pytest.fixture
@@ -44,6 +45,7 @@ def test_a_new_release_is_read_from_its_wheels_with_sources(index, compat, tmp_p
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     assert facts["python"] == {"min": "3.11", "max": "3.14"}, "cp315t is free-threaded: not a Python the rows use"
     assert facts["torchvision"] == "0.31" and facts["cpu"] is True
+    assert facts["numpy"] == "2.4.1" and facts["numpy_source"]["file"].startswith("numpy-2.4.1-"), "newest final"
     build = facts["cuda"]["13.2"]
     assert build["wheel_index"] == "cu132" and build["pypi"] is True
     assert (build["cudnn"], build["nccl"], build["cusparselt"], build["nvshmem"], build["toolkit"]) == (
@@ -221,7 +223,6 @@ def test_a_release_the_wheels_cannot_describe_is_not_written(tmp_path, compat):
     """A torch wheel without Requires-Python leaves the release with no Python range: compat.yaml would stop being
     readable by every command, so nothing is written and the problem is named."""
     from .index_fixtures import ARCH_FLAGS, version_py
-    from .wheels_fixtures import make_wheel
 
     folder = tmp_path / "index"
     make_wheel(folder, "torch", "2.16.0", PINS, "", files={"torch/version.py": version_py("2.16.0+cu132", "13.2"),
@@ -268,3 +269,24 @@ def test_an_index_page_larger_than_any_index_sends_is_refused(index, compat, mon
     monkeypatch.setattr(compat_refresh, "MAX_PAGE_BYTES", 256)
     result = refresh(index, compat, "2.16.0", check_exit=2)
     assert "larger than an index page" in result.stderr and index.url in result.stderr
+
+
+def test_numpy_is_pinned_once_from_the_index_or_carried_then_the_projects_choice(tmp_path, compat):
+    """Torch pins no NumPy, so a new release takes the index's newest; later refreshes keep that pin whatever the
+    index has since. An index without NumPy (a torch-only mirror, a wheelhouse) carries the newest release's pin."""
+    folder = make_release(tmp_path / "index")
+    with LocalIndex(folder) as served:
+        refresh(served, compat, "2.16.0", check_exit=0)
+    make_wheel(folder, "numpy", "2.9.0", (), ">=3.11")
+    with LocalIndex(folder) as served:
+        again = refresh(served, compat, "2.16.0", "--check", check_exit=0)
+    assert yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["numpy"] == "2.4.1" and "numpy" not in again.stderr
+    for wheel in folder.glob("numpy-*"):
+        wheel.unlink()
+    other = tmp_path / "compat-without-2.16.0.yaml"
+    shutil.copy(FIXTURE_COMPAT, other)
+    with LocalIndex(folder) as served:
+        carried = refresh(served, other, "2.16.0", check_exit=0)
+    newest_pin = yaml.safe_load(FIXTURE_COMPAT.read_text())["torch"]["2.15.0"]["numpy"]
+    assert yaml.safe_load(other.read_text())["torch"]["2.16.0"]["numpy"] == newest_pin
+    assert f"added: torch 2.16.0 numpy = {newest_pin} (from torch 2.15.0's pin (the index has no NumPy))" in carried.stdout

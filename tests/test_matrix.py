@@ -4,6 +4,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from torchimages.matrix import load_matrix
 
@@ -158,3 +159,15 @@ def test_the_compatibility_data_is_the_projects_own_beside_its_matrix_or_named(c
     assert f"{tmp_path / 'compat.yaml'}:0: cannot read it" in missing.stderr and "Traceback" not in missing.stderr
     named = cli("--matrix", str(matrix), "--compat", str(elsewhere), "list", check_exit=0)
     assert "2.14.0-cuda13.0-cudnn9-runtime" in named.stdout
+
+
+def test_a_release_without_a_numpy_pin_is_refused_naming_the_fix(cli, tmp_path):
+    """Every image installs NumPy beside torch: a release compat.yaml pins none would install whatever is newest on
+    the day of the build."""
+    matrix = write_matrix(tmp_path, GOOD_VARIANT)
+    compat = tmp_path / "compat.yaml"
+    facts = yaml.safe_load(compat.read_text())
+    del facts["torch"]["2.14.0"]["numpy"]
+    compat.write_text(yaml.safe_dump(facts))
+    errors = errors_for(cli, matrix)
+    assert any("pins no NumPy for torch" in line and "compat refresh" in line for line in errors), errors

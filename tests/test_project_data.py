@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from torchimages.matrix import load_matrix
 from torchimages.model import PYPI, InputError
@@ -120,6 +121,14 @@ def test_each_rows_facts_are_read_from_a_wheel_or_named_unread(spec, compat):
         assert release.get("cpu"), f"compat.yaml: torch {spec.torch} lists no CPU build"
     if spec.torchvision:
         assert release.get("torchvision_source"), f"compat.yaml: torch {spec.torch}'s torchvision has no source: {fix}"
+
+
+def test_latest_names_a_row_of_the_newest_release():
+    """`latest` follows a new release (the release watch moves it; by hand, move `aliases:` with the rows)."""
+    specs = live_specs()
+    newest = max((Version(spec.torch) for spec in specs), default=None)
+    behind = [spec.tag for spec in specs if "latest" in spec.aliases and Version(spec.torch) != newest]
+    assert not behind, f"matrix.yaml: `latest` is on {behind}, not on torch {newest}: move its `aliases:` there"
 
 
 @pytest.mark.engine

@@ -291,6 +291,9 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     base_kind = _base_kind(row, is_gpu, cuda, os_name, cuda_facts, fail)
     toolkit = _toolkit(row, flavors, compat, torch, cuda, wheel, cuda_facts, fail) if is_gpu else {}
     torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
+    if torch_facts is not None and not torch_facts.get("numpy"):
+        fail("torch", f"compat.yaml pins no NumPy for torch {torch}, and every image installs one: add "
+                      f"`numpy: \"X.Y.Z\"` under it, or run `python build.py compat refresh {torch}`")
     arch_list = _arch_list(row, wheel, is_gpu, compat["compute_capabilities"], fail)
     if fail:
         return []
