@@ -74,6 +74,13 @@ def wait_until(condition, what: str, timeout_s: float = 120):
     return result
 
 
+def with_live_compat(matrix: Path) -> Path:
+    """The engine tests build this repository's live rows: a matrix they write elsewhere is checked against the live
+    compatibility data, copied beside it."""
+    shutil.copy(ROOT / "compat.yaml", matrix.with_name("compat.yaml"))
+    return matrix
+
+
 def copy_fixture_project(folder: Path) -> Path:
     """The fixture project's matrix and compatibility data copied into folder (made if missing); its matrix."""
     folder.mkdir(parents=True, exist_ok=True)
