@@ -40,12 +40,12 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError, User
 from torchimages.render import render_files
 
-from .conftest import FIXTURE_COMPAT, ROOT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
 
 # Matrices written into tmp_path are checked against the compatibility data beside them.
 pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
 
-MATRIX_TEXT = (ROOT / "matrix.yaml").read_text()
+MATRIX_TEXT = FIXTURE_MATRIX.read_text()
 BASE_DOCUMENT = yaml.safe_load(MATRIX_TEXT)  # plain dicts and lists: the starting point of every mutation
 TEMPLATES = ROOT / "templates"
 CPU_RUNTIME = "2.13.0-cpu-runtime"
@@ -692,7 +692,7 @@ def test_corrupt_or_wrongly_shaped_matrix_is_refused_naming_its_line(tmp_path, t
     assert_refused(path)
 
 
-COMPAT_TEXT = (ROOT / "compat.yaml").read_text()
+COMPAT_TEXT = FIXTURE_COMPAT.read_text()
 
 
 @pytest.mark.parametrize("compat", [
@@ -704,7 +704,7 @@ def test_corrupt_or_wrongly_shaped_compat_data_is_refused(tmp_path, compat):
     compat_path = tmp_path / "compat.yaml"
     compat_path.write_text(compat)
     with pytest.raises(InputError) as raised:
-        load_matrix(ROOT / "matrix.yaml", compat_path)
+        load_matrix(FIXTURE_MATRIX, compat_path)
     assert_readable_problems(raised.value)
     assert any(problem.file == str(compat_path) for problem in raised.value.problems), str(raised.value)
 

@@ -14,9 +14,9 @@ from torchimages.model import InputError
 from torchimages.plan import balance, parse_shard
 from torchimages.summary import Published, Summary, merge_summaries
 
-from .conftest import ROOT, copy_fixture_project, run_cli
+from .conftest import FIXTURE_MATRIX, copy_fixture_project, run_cli
 
-TAGS = [spec.tag for spec in load_matrix(ROOT / "matrix.yaml").specs]
+TAGS = [spec.tag for spec in load_matrix(FIXTURE_MATRIX).specs]
 
 
 def test_plan_for_3_shards_covers_every_row_exactly_once():
