@@ -39,6 +39,7 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError, PeerError, parse_size
 from torchimages.publish import prune_lookups
 from torchimages.redaction import Secrets
+from torchimages.signatures import attestation_tag, signature_tag
 from torchimages.registry import (
     Manifest,
     RegistryClient,
@@ -677,9 +678,12 @@ def test_prune_of_one_row_asks_the_registry_for_its_tags_only(scratch, fake_regi
     catalog_for(scratch, fake_registry.host)
     result = run_in(scratch, "prune", CPU_RUNTIME, "--retention", "1", "--registry", f"{fake_registry.host}/ml/pytorch")
     assert_contract(result, 0)
+    pruned = "sha256:" + hashlib.sha256(manifest_body(f"{CPU_RUNTIME}-20260101")).hexdigest()
+    # The row's tags, and the signature and attestation tags of the digest it prunes (removed with it): no other row's.
     assert {request for request in fake_registry.manifest_requests if not request.startswith("sha256:")} <= {
-        CPU_RUNTIME, f"{CPU_RUNTIME}-20260101", f"{CPU_RUNTIME}-20260102"}
-    assert fake_registry.deleted == ["sha256:" + hashlib.sha256(manifest_body(f"{CPU_RUNTIME}-20260101")).hexdigest()]
+        CPU_RUNTIME, f"{CPU_RUNTIME}-20260101", f"{CPU_RUNTIME}-20260102", signature_tag(pruned),
+        attestation_tag(pruned)}
+    assert fake_registry.deleted == [pruned]
 
 
 def test_unmatched_selectors_list_the_known_tags_once(scratch):
