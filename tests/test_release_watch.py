@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
@@ -218,11 +219,13 @@ def test_the_proposal_passes_the_projects_checks_unedited(tmp_path):
         if (ROOT / name).is_file():
             (scratch / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, scratch / name)
-    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024)) as index:
+    newest = max(Version(spec.torch) for spec in load_matrix(ROOT / "matrix.yaml").specs)
+    release = f"{newest.major}.{newest.minor + 1}.0"  # the next release, whatever the live matrix has by then
+    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024, torch=release)) as index:
         watched = subprocess.run([sys.executable, "build.py", "watch", "--index-url", index.url], cwd=scratch,
                                  capture_output=True, text=True, timeout=300)
-    assert watched.returncode == 0 and "2.16.0-cuda13.2-cudnn9-runtime" in watched.stdout, watched.stderr
-    assert re.search(r"numpy==[0-9]", (scratch / "images" / "2.16.0-cpu-runtime" / "Dockerfile").read_text())
+    assert watched.returncode == 0 and f"- `{release}-cuda13.2-cudnn9-runtime`" in watched.stdout, watched.stderr
+    assert re.search(r"numpy==[0-9]", (scratch / "images" / f"{release}-cpu-runtime" / "Dockerfile").read_text())
     checks = subprocess.run([sys.executable, "-m", "pytest", "-m", "not engine", "-q", "-p", "no:cacheprovider",
                              "tests/test_project_data.py"], cwd=scratch, capture_output=True, text=True, timeout=300)
     assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]
