@@ -1,4 +1,5 @@
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The toolkit's tests run on a frozen project of their own (tests/project/README.md): the repository's live
+# matrix.yaml and compat.yaml are data, checked by test_project_data.py alone.
+FIXTURE_PROJECT = Path(__file__).parent / "project"
+FIXTURE_MATRIX, FIXTURE_COMPAT = FIXTURE_PROJECT / "matrix.yaml", FIXTURE_PROJECT / "compat.yaml"
 
 
 # Tests that use these fixtures need a Docker engine (or fetch wheels for one): the slow lane. `make test-fast`
@@ -67,6 +72,36 @@ def wait_until(condition, what: str, timeout_s: float = 120):
             pytest.fail(f"{what} did not happen within {timeout_s} s")
         time.sleep(0.1)
     return result
+
+
+def with_live_compat(matrix: Path) -> Path:
+    """The engine tests build this repository's live rows: a matrix they write elsewhere is checked against the live
+    compatibility data, copied beside it."""
+    shutil.copy(ROOT / "compat.yaml", matrix.with_name("compat.yaml"))
+    return matrix
+
+
+def copy_fixture_project(folder: Path) -> Path:
+    """The fixture project's matrix and compatibility data copied into folder (made if missing); its matrix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURE_COMPAT, folder / "compat.yaml")
+    return Path(shutil.copy(FIXTURE_MATRIX, folder / "matrix.yaml"))
+
+
+@pytest.fixture
+def fixture_project(tmp_path) -> Path:
+    """A scratch copy of the fixture project in tmp_path, with its images/ rendered as `build.py render` does."""
+    matrix = copy_fixture_project(tmp_path)
+    rendered = run_cli_in_process("--matrix", str(matrix), "--images", str(tmp_path / "images"),
+                                  "--reports", str(tmp_path / "reports"), "render")
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    return tmp_path
+
+
+@pytest.fixture
+def compat_beside_tmp_matrix(tmp_path):
+    """A matrix a test writes into tmp_path finds its compatibility data beside it, as a project's own does."""
+    shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")
 
 
 @pytest.fixture

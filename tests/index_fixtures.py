@@ -140,17 +140,22 @@ def version_py(version: str, cuda: str | None) -> bytes:
             f"cuda: Optional[str] = {repr(cuda)}\n").encode()
 
 
-def make_release(wheels: Path, cuda_library_size: int = 4 << 20) -> Path:
-    """torch 2.16.0 as PyPI has it (the cu132 build under the plain version, cp311 and cp314), its CPU build, and
-    the torchvision that requires it. libtorch_cuda.so is large and incompressible, as the real one."""
-    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", files={
-        "torch/version.py": version_py("2.16.0+cu132", "13.2"),
+def make_release(wheels: Path, cuda_library_size: int = 4 << 20, torch: str = "2.16.0") -> Path:
+    """A torch release (2.16.0: one above the fixture project's newest) as PyPI has it (the cu132 build under the
+    plain version, cp311 and cp314), its CPU build, the torchvision that requires it, and NumPy. libtorch_cuda.so
+    is large and incompressible, as the real one."""
+    make_wheel(wheels, "torch", torch, PINS, ">=3.11", files={
+        "torch/version.py": version_py(f"{torch}+cu132", "13.2"),
         "torch/lib/libtorch_python.so": b"\x7fELF" + os.urandom(1 << 16) + ARCH_FLAGS + os.urandom(1 << 10),
         "torch/lib/libtorch_cuda.so": os.urandom(cuda_library_size)})
-    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp314-cp314-manylinux_2_28_x86_64")
-    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp315-cp315t-manylinux_2_28_x86_64")
-    make_wheel(wheels, "torch", "2.16.0+cpu", ("filelock",), ">=3.11",
-               files={"torch/version.py": version_py("2.16.0+cpu", None)})
-    make_wheel(wheels, "torchvision", "0.31.0", ("torch==2.16.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", torch, PINS, ">=3.11", tag="cp314-cp314-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", torch, PINS, ">=3.11", tag="cp315-cp315t-manylinux_2_28_x86_64")
+    make_wheel(wheels, "torch", f"{torch}+cpu", ("filelock",), ">=3.11",
+               files={"torch/version.py": version_py(f"{torch}+cpu", None)})
+    make_wheel(wheels, "torchvision", "0.31.0", (f"torch=={torch}",), tag="cp311-cp311-manylinux_2_28_x86_64")
     make_wheel(wheels, "torchvision", "0.30.0", ("torch==2.15.0",), tag="cp311-cp311-manylinux_2_28_x86_64")
+    # NumPy as PyPI has it: the newest final release with a cp311 wheel is the pin, not the pre-release.
+    make_wheel(wheels, "numpy", "2.4.1", (), ">=3.11", tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(wheels, "numpy", "2.3.5", (), ">=3.11", tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(wheels, "numpy", "2.5.0rc1", (), ">=3.11", tag="cp311-cp311-manylinux_2_28_x86_64")
     return wheels

@@ -9,7 +9,7 @@ import pytest
 
 from torchimages.builder import INPUT_HASH_LABEL
 
-from .conftest import CPU_SELECTOR, ROOT, interruptible, run_cli, wait_until
+from .conftest import CPU_SELECTOR, ROOT, interruptible, run_cli, wait_until, with_live_compat
 
 pytestmark = pytest.mark.engine
 
@@ -54,6 +54,7 @@ def test_changed_input_is_rebuilt(cpu_images, wheelhouse, tmp_path, docker_clien
     """Same row, other build args: the input hash differs, so the image is rebuilt, not skipped."""
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/changed"))
+    with_live_compat(matrix)
 
     def build(*extra: str) -> str:
         reports = tmp_path / f"reports{len(extra)}"
@@ -79,6 +80,7 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
     assert listing.split("\n")[:-1] == ["946684800 torch root"], listing[:2000]
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
+    with_live_compat(matrix)
     run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
             "--wheelhouse", str(wheelhouse), "--no-cache", "--force", check_exit=0)
     again = "localhost:5000/test/again:2.13.0-cpu-runtime"
@@ -102,7 +104,7 @@ def tiny_matrix(tmp_path: Path) -> Path:
         "  - torch: 2.13.0\n    flavors: [runtime]\n"
         "  - torch: 2.12.0\n    flavors: [runtime]\n"
     )
-    return path
+    return with_live_compat(path)
 
 
 def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):
@@ -130,6 +132,7 @@ def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhou
     ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/secrets"))
+    with_live_compat(matrix)
     reports = tmp_path / "reports"
     run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
             "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
@@ -243,6 +246,7 @@ def test_without_a_wheelhouse_the_build_installs_from_the_index(engine_env, tmp_
     empty wheelhouse folder of the build context."""
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/noindex"))
+    with_live_compat(matrix)
     reports = tmp_path / "reports"
     index = "http://127.0.0.1:9/simple"
     result = run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",

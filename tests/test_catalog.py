@@ -28,7 +28,7 @@ from torchimages.sbom import (
     scan_image,
 )
 
-from .conftest import ROOT, run_cli
+from .conftest import FIXTURE_MATRIX, ROOT, run_cli
 
 REPOSITORY = "registry.example.com/ml/pytorch"
 DIGEST_NEW, DIGEST_OLD = "sha256:" + "b" * 64, "sha256:" + "a" * 64
@@ -203,7 +203,7 @@ def test_the_committed_allowlist_loads_and_bad_entries_name_their_line(tmp_path)
 def test_entries_record_versions_from_the_matrix_row():
     from torchimages.matrix import load_matrix
 
-    spec = next(s for s in load_matrix(ROOT / "matrix.yaml").specs if s.tag == "2.14.1-cuda13.0-cudnn9-runtime")
+    spec = next(s for s in load_matrix(FIXTURE_MATRIX).specs if s.tag == "2.14.1-cuda13.0-cudnn9-runtime")
     versions = catalog_stage.versions(spec)
     assert versions["cuda"] == spec.cuda_full and versions["cudnn"] == spec.cudnn_version
     assert versions["torchvision"] == "0.29.1" and versions["min_driver"] == spec.min_driver

@@ -1,5 +1,5 @@
 """compat refresh against a PEP 691 index on 127.0.0.1 serving small real wheels made here (range requests, no
-separate metadata files, as PyPI), and one read of the real 2.14.1 from PyPI in the slow lane."""
+separate metadata files, as PyPI), refreshing a copy of the tests' frozen compatibility data (tests/project/)."""
 import hashlib
 import shutil
 
@@ -7,10 +7,11 @@ import pytest
 import yaml
 
 from torchimages.compat_refresh import arch_list, metadata_facts, python_max
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_COMPAT, run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
+from .wheels_fixtures import make_wheel
 
 
 @pytest.fixture
@@ -22,12 +23,17 @@ def index(tmp_path):
 @pytest.fixture
 def compat(tmp_path):
     path = tmp_path / "compat.yaml"
-    shutil.copy(COMPAT_FILE, path)
+    shutil.copy(FIXTURE_COMPAT, path)
     return path
 
 
+def refresh_cli(compat, *args):
+    """`compat refresh` writing into the test's copy of the compatibility data."""
+    return run_cli_in_process("--compat", str(compat), "compat", "refresh", *args)
+
+
 def refresh(index, compat, *args, check_exit: int):
-    result = run_cli_in_process("compat", "refresh", *args, "--index-url", index.url, "--compat", str(compat))
+    result = refresh_cli(compat, *args, "--index-url", index.url)
     assert result.returncode == check_exit, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -39,6 +45,7 @@ def test_a_new_release_is_read_from_its_wheels_with_sources(index, compat, tmp_p
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     assert facts["python"] == {"min": "3.11", "max": "3.14"}, "cp315t is free-threaded: not a Python the rows use"
     assert facts["torchvision"] == "0.31" and facts["cpu"] is True
+    assert facts["numpy"] == "2.4.1" and facts["numpy_source"]["file"].startswith("numpy-2.4.1-"), "newest final"
     build = facts["cuda"]["13.2"]
     assert build["wheel_index"] == "cu132" and build["pypi"] is True
     assert (build["cudnn"], build["nccl"], build["cusparselt"], build["nvshmem"], build["toolkit"]) == (
@@ -91,8 +98,7 @@ def test_bad_input_names_the_release_or_the_index(index, compat):
     before = compat.read_text()
     result = refresh(index, compat, "2.99.0", check_exit=2)
     assert "no torch '2.99.0' wheels" in result.stderr
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", "http://127.0.0.1:9/simple",
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--index-url", "http://127.0.0.1:9/simple")
     assert result.returncode == 2 and "http://127.0.0.1:9/simple" in result.stderr and "Traceback" not in result.stderr
     assert compat.read_text() == before
 
@@ -109,14 +115,6 @@ def test_facts_from_wheel_contents():
                     "nvshmem": "3.8.0"}
     assert python_max(["torch-2.16.0-cp314-cp314-manylinux_2_28_x86_64.whl",
                        "torch-2.16.0-cp314-cp314t-manylinux_2_28_x86_64.whl", "bad name.whl"]) == "3.14"
-
-
-@pytest.mark.engine
-def test_the_real_index_agrees_with_compat_yaml_for_2_14_1_and_2_15_0():
-    """PyPI itself (network; the slow lane): compat.yaml's facts for the releases the matrix builds are the wheels'."""
-    result = run_cli_in_process("compat", "refresh", "2.14.1", "2.15.0", "--check")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "sm_" not in result.stdout and "7.5 8.0 8.6 9.0 10.0 12.0" in result.stdout
 
 
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
@@ -154,18 +152,6 @@ def test_facts_the_index_cannot_confirm_are_named_not_passed_as_read(index, comp
     assert "https://download.pytorch.org/whl/cpu" in result.stdout
 
 
-def test_the_pypi_facts_of_2_15_0_and_2_14_1_are_all_read_from_wheels():
-    """compat.yaml keeps, for the releases the matrix builds from PyPI, only what a wheel said: every build has its
-    source, and a CPU build is claimed only with the wheel it was read from. 2.14.1's cu126 build (a matrix row)
-    is the one exception, named as unread by every refresh (its index is not reachable from CI)."""
-    facts = yaml.safe_load(COMPAT_FILE.read_text())["torch"]
-    for torch in ("2.15.0", "2.14.1"):
-        assert not facts[torch].get("cpu") or facts[torch].get("cpu_source"), torch
-        unread = [cuda for cuda, build in facts[torch]["cuda"].items() if not build.get("source")]
-        assert unread == ([] if torch == "2.15.0" else ["12.6"]), torch
-        assert facts[torch]["torchvision_source"]["file"].startswith("torchvision-")
-
-
 def test_a_wheel_that_is_not_a_zip_is_exit_2_naming_it(tmp_path, compat):
     folder = make_release(tmp_path / "index")
     (folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"<html>not found</html>" * 100)
@@ -192,12 +178,10 @@ def test_a_stalled_index_or_file_host_ends_the_refresh_naming_it(tmp_path, compa
     monkeypatch.setattr(compat_refresh, "TIMEOUT_S", 0.5, raising=False)
     with SilentServer() as silent:
         if stalls == "index":
-            result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", silent.url + "/simple",
-                                        "--compat", str(compat))
+            result = refresh_cli(compat, "2.16.0", "--index-url", silent.url + "/simple")
         else:
             with LocalIndex(make_release(tmp_path / "index"), files_url=silent.url + "/files") as served:
-                result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", served.url,
-                                            "--compat", str(compat))
+                result = refresh_cli(compat, "2.16.0", "--index-url", served.url)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert silent.url in result.stderr and "timed out" in result.stderr
 
@@ -208,11 +192,10 @@ def test_a_mirror_login_is_used_but_never_written_or_printed(tmp_path, compat):
     secret = "s3cret-mirror-pass"
     with LocalIndex(make_release(tmp_path / "index"), login=("ci", secret)) as served:
         with_login = served.url.replace("http://", f"http://ci:{secret}@")
-        result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", with_login, "--compat", str(compat))
+        result = refresh_cli(compat, "2.16.0", "--index-url", with_login)
         assert result.returncode == 0, result.stdout + result.stderr
         assert served.authorizations and all(served.authorizations), "every request carried the login"
-        missing = run_cli_in_process("compat", "refresh", "2.99.0", "--index-url", with_login, "--compat",
-                                     str(compat))
+        missing = refresh_cli(compat, "2.99.0", "--index-url", with_login)
     assert missing.returncode == 2 and served.url in missing.stderr
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     assert facts["cuda"]["13.2"]["source"]["index"] == served.url
@@ -240,7 +223,6 @@ def test_a_release_the_wheels_cannot_describe_is_not_written(tmp_path, compat):
     """A torch wheel without Requires-Python leaves the release with no Python range: compat.yaml would stop being
     readable by every command, so nothing is written and the problem is named."""
     from .index_fixtures import ARCH_FLAGS, version_py
-    from .wheels_fixtures import make_wheel
 
     folder = tmp_path / "index"
     make_wheel(folder, "torch", "2.16.0", PINS, "", files={"torch/version.py": version_py("2.16.0+cu132", "13.2"),
@@ -256,8 +238,7 @@ def test_a_wheelhouse_folder_is_read_offline(tmp_path, compat):
     """--index-url FOLDER (what `build.py wheels --dest` makes, one folder per row or flat): the same facts, read
     from the files, each with its file's sha256; a path that is neither an index nor a folder is exit 2."""
     folder = make_release(tmp_path / "wheelhouse" / "cu132-py3.11")
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "wheelhouse"),
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--index-url", str(tmp_path / "wheelhouse"))
     assert result.returncode == 0, result.stdout + result.stderr
     facts = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]
     build = facts["cuda"]["13.2"]
@@ -266,8 +247,7 @@ def test_a_wheelhouse_folder_is_read_offline(tmp_path, compat):
     wheel = folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl"
     assert build["source"]["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert facts["cpu_source"]["file"].startswith("torch-2.16.0+cpu-") and facts["torchvision"] == "0.31"
-    missing = run_cli_in_process("compat", "refresh", "2.16.0", "--index-url", str(tmp_path / "nowhere"),
-                                 "--compat", str(compat))
+    missing = refresh_cli(compat, "2.16.0", "--index-url", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "neither an http(s) package index nor a wheelhouse folder" in missing.stderr
 
 
@@ -277,8 +257,7 @@ def test_a_partial_wheelhouse_does_not_contradict_the_python_range(tmp_path, ind
     folder = tmp_path / "wheelhouse"
     folder.mkdir()
     shutil.copy(index.folder / "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl", folder)
-    result = run_cli_in_process("compat", "refresh", "2.16.0", "--check", "--index-url", str(folder),
-                                "--compat", str(compat))
+    result = refresh_cli(compat, "2.16.0", "--check", "--index-url", str(folder))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "python.max" not in result.stderr
 
@@ -290,3 +269,24 @@ def test_an_index_page_larger_than_any_index_sends_is_refused(index, compat, mon
     monkeypatch.setattr(compat_refresh, "MAX_PAGE_BYTES", 256)
     result = refresh(index, compat, "2.16.0", check_exit=2)
     assert "larger than an index page" in result.stderr and index.url in result.stderr
+
+
+def test_numpy_is_pinned_once_from_the_index_or_carried_then_the_projects_choice(tmp_path, compat):
+    """Torch pins no NumPy, so a new release takes the index's newest; later refreshes keep that pin whatever the
+    index has since. An index without NumPy (a torch-only mirror, a wheelhouse) carries the newest release's pin."""
+    folder = make_release(tmp_path / "index")
+    with LocalIndex(folder) as served:
+        refresh(served, compat, "2.16.0", check_exit=0)
+    make_wheel(folder, "numpy", "2.9.0", (), ">=3.11")
+    with LocalIndex(folder) as served:
+        again = refresh(served, compat, "2.16.0", "--check", check_exit=0)
+    assert yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["numpy"] == "2.4.1" and "numpy" not in again.stderr
+    for wheel in folder.glob("numpy-*"):
+        wheel.unlink()
+    other = tmp_path / "compat-without-2.16.0.yaml"
+    shutil.copy(FIXTURE_COMPAT, other)
+    with LocalIndex(folder) as served:
+        carried = refresh(served, other, "2.16.0", check_exit=0)
+    newest_pin = yaml.safe_load(FIXTURE_COMPAT.read_text())["torch"]["2.15.0"]["numpy"]
+    assert yaml.safe_load(other.read_text())["torch"]["2.16.0"]["numpy"] == newest_pin
+    assert f"added: torch 2.16.0 numpy = {newest_pin} (from torch 2.15.0's pin (the index has no NumPy))" in carried.stdout

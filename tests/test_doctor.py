@@ -10,9 +10,9 @@ from torchimages.doctor import (Finding, HostGpu, arch_findings, disk_finding, g
                                 row_findings)
 from torchimages.matrix import load_matrix
 
-from .conftest import ROOT, run_cli
+from .conftest import FIXTURE_MATRIX, run_cli
 
-SPECS = load_matrix(ROOT / "matrix.yaml").specs
+SPECS = load_matrix(FIXTURE_MATRIX).specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
 CU130, CU132, CU126 = "2.14.1-cuda13.0-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime", "2.14.1-cuda12.6-cudnn9-runtime"
 H100 = HostGpu("NVIDIA H100 80GB HBM3", (9, 0), "580.95.05")

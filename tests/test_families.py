@@ -6,11 +6,11 @@ import subprocess
 import pytest
 import yaml
 
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 from torchimages.render import render_files
 from torchimages.sbom import cyclonedx, parse_inventory
 
-from .conftest import ROOT
+from .conftest import FIXTURE_COMPAT, ROOT
 
 DNF_TEMPLATE = '''{% macro install(packages) -%}
 RUN dnf install -y --setopt=install_weak_deps=False {{ packages | join(" ") }} \\
@@ -25,7 +25,7 @@ DNF_FAMILY = {"certificates": ["ca-certificates"], "download": ["curl"], "compil
 
 @pytest.fixture
 def dnf_project(tmp_path):
-    compat = yaml.safe_load(COMPAT_FILE.read_text())
+    compat = yaml.safe_load(FIXTURE_COMPAT.read_text())
     compat["families"]["dnf"] = DNF_FAMILY
     compat["os"]["rocky9"] = {"python": "3.11", "image": "rockylinux:9", "glibc": "2.34", "family": "dnf",
                               "os_release": "rocky9.6"}

@@ -23,8 +23,9 @@ from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
 from torchimages.verify.suite import failed_start_checks, gpu_start_failure, with_gpu_start_failure
 
-ROOT = Path(__file__).resolve().parent.parent
-BY_TAG = {spec.tag: spec for spec in load_matrix(ROOT / "matrix.yaml").specs}
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX
+
+BY_TAG = {spec.tag: spec for spec in load_matrix(FIXTURE_MATRIX).specs}
 CU132 = "2.15.0-cuda13.2-cudnn9-runtime"
 H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}
 
@@ -73,7 +74,7 @@ def test_the_driver_verdict_has_two_floors_and_knows_a_forward_compatible_libcud
 
 @pytest.mark.parametrize("floor", ["", "driver_floor: \"600\"", "driver_floor: r580"])
 def test_a_cuda_release_without_a_floor_at_or_below_its_own_driver_is_refused_naming_the_line(tmp_path, floor):
-    text = (ROOT / "torchimages" / "compat.yaml").read_text()
+    text = FIXTURE_COMPAT.read_text()
     entry = '  "13.2":\n    full: "13.2.2"\n    min_driver: "595.45.04"\n    driver_floor: "580"\n'
     assert entry in text
     broken = tmp_path / "compat.yaml"

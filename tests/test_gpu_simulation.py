@@ -16,9 +16,9 @@ from torchimages.verify import record
 from torchimages.verify.plan import parse_gpus
 
 from . import gpu_hosts
-from .conftest import ROOT
+from .conftest import FIXTURE_MATRIX
 
-SPECS = load_matrix(ROOT / "matrix.yaml").specs
+SPECS = load_matrix(FIXTURE_MATRIX).specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
 DOCTOR_ORDER = ("none", "ok", "warn", "fail")  # a subject's worst finding; "none": doctor says nothing about it
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]

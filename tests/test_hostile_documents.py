@@ -21,7 +21,7 @@ from torchimages.model import InputError
 from torchimages.summary import Failure, Summary
 from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
 
-from .conftest import ROOT
+from .conftest import copy_fixture_project
 from .conftest import run_cli as run_cli_apart
 from .conftest import run_cli_in_process as run_cli
 
@@ -36,8 +36,7 @@ class Space:
 
     def __init__(self, root: Path):
         self.root = root
-        self.matrix = root / "matrix.yaml"
-        self.matrix.write_text((ROOT / "matrix.yaml").read_text())
+        self.matrix = copy_fixture_project(root)
         self.images, self.reports, self.catalog = root / "images", root / "reports", root / "catalog"
         self.lock = root / "bases.lock.json"
 

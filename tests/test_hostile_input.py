@@ -21,6 +21,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import socket
 import subprocess
 from unittest import mock
@@ -39,9 +40,12 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError, User
 from torchimages.render import render_files
 
-from .conftest import ROOT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
 
-MATRIX_TEXT = (ROOT / "matrix.yaml").read_text()
+# Matrices written into tmp_path are checked against the compatibility data beside them.
+pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
+
+MATRIX_TEXT = FIXTURE_MATRIX.read_text()
 BASE_DOCUMENT = yaml.safe_load(MATRIX_TEXT)  # plain dicts and lists: the starting point of every mutation
 TEMPLATES = ROOT / "templates"
 CPU_RUNTIME = "2.13.0-cpu-runtime"
@@ -137,6 +141,7 @@ def make_scratch(top: Path, matrix_text: str | bytes = MATRIX_TEXT) -> Path:
     (top / "neighbour" / "keep.txt").write_text("another folder next to it\n")
     data = matrix_text.encode("utf-8") if isinstance(matrix_text, str) else matrix_text
     (scratch / "matrix.yaml").write_bytes(data)
+    shutil.copy(FIXTURE_COMPAT, scratch / "compat.yaml")
     return scratch
 
 
@@ -342,7 +347,7 @@ def test_matrix_loader_gives_a_matrix_or_an_input_error(matrix_text):
         path = Path(folder) / "matrix.yaml"
         path.write_text(matrix_text, encoding="utf-8")
         try:
-            matrix = load_matrix(path)
+            matrix = load_matrix(path, FIXTURE_COMPAT)
         except InputError as error:
             assert_readable_problems(error)
             return
@@ -687,7 +692,7 @@ def test_corrupt_or_wrongly_shaped_matrix_is_refused_naming_its_line(tmp_path, t
     assert_refused(path)
 
 
-COMPAT_TEXT = (ROOT / "torchimages" / "compat.yaml").read_text()
+COMPAT_TEXT = FIXTURE_COMPAT.read_text()
 
 
 @pytest.mark.parametrize("compat", [
@@ -695,11 +700,11 @@ COMPAT_TEXT = (ROOT / "torchimages" / "compat.yaml").read_text()
     COMPAT_TEXT.replace("flavors:", "flavours:", 1), COMPAT_TEXT + "\n\x00", COMPAT_TEXT[: len(COMPAT_TEXT) // 2] + "\n  [",
 ])
 def test_corrupt_or_wrongly_shaped_compat_data_is_refused(tmp_path, compat):
-    """torchimages/compat.yaml is edited by hand too: a damaged one is an input error naming it, not a crash."""
+    """compat.yaml is edited by hand too: a damaged one is an input error naming it, not a crash."""
     compat_path = tmp_path / "compat.yaml"
     compat_path.write_text(compat)
     with pytest.raises(InputError) as raised:
-        load_matrix(ROOT / "matrix.yaml", compat_path)
+        load_matrix(FIXTURE_MATRIX, compat_path)
     assert_readable_problems(raised.value)
     assert any(problem.file == str(compat_path) for problem in raised.value.problems), str(raised.value)
 

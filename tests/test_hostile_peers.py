@@ -39,6 +39,7 @@ from torchimages.matrix import load_matrix
 from torchimages.model import InputError, PeerError, parse_size
 from torchimages.publish import prune_lookups
 from torchimages.redaction import Secrets
+from torchimages.signatures import attestation_tag, signature_tag
 from torchimages.registry import (
     Manifest,
     RegistryClient,
@@ -50,7 +51,7 @@ from torchimages.registry import (
     with_retries,
 )
 
-from .conftest import ROOT
+from .conftest import FIXTURE_MATRIX, ROOT
 from .test_hostile_input import CPU_RUNTIME, assert_contract, in_scratch, make_scratch, run_bounded
 
 BOUND_S = 0.5  # the question bound in these tests
@@ -445,7 +446,7 @@ def test_a_wheel_fetch_from_an_index_that_trickles_ends_at_its_bound(tmp_path, m
     monkeypatch.setattr(wheels, "FETCH_BOUND_S", 3)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    spec = next(spec for spec in load_matrix(ROOT / "matrix.yaml").specs if spec.tag == CPU_RUNTIME)
+    spec = next(spec for spec in load_matrix(FIXTURE_MATRIX).specs if spec.tag == CPU_RUNTIME)
     try:
         with pytest.raises(PeerError, match="within 3 s") as raised:
             wheels.fetch_wheels([spec], tmp_path / "wheelhouse", index_url=index.url, extra_index_url=index.url)
@@ -658,7 +659,7 @@ def test_a_docker_config_of_the_wrong_shape_is_refused_naming_the_key(scratch, c
 # ------------------------------------------------------------------------- 9. cost follows what was selected
 
 def test_prune_reads_only_the_manifests_that_matter_to_its_rows():
-    matrix = load_matrix(ROOT / "matrix.yaml").specs
+    matrix = load_matrix(FIXTURE_MATRIX).specs
     row, others = matrix[0], matrix[1:]
     dated = [f"{spec.tag}-2026010{day}" for spec in matrix for day in (1, 2, 3)]
     all_tags = sorted(dated + [spec.tag for spec in matrix] + ["hand-pushed"])
@@ -677,9 +678,12 @@ def test_prune_of_one_row_asks_the_registry_for_its_tags_only(scratch, fake_regi
     catalog_for(scratch, fake_registry.host)
     result = run_in(scratch, "prune", CPU_RUNTIME, "--retention", "1", "--registry", f"{fake_registry.host}/ml/pytorch")
     assert_contract(result, 0)
+    pruned = "sha256:" + hashlib.sha256(manifest_body(f"{CPU_RUNTIME}-20260101")).hexdigest()
+    # The row's tags, and the signature and attestation tags of the digest it prunes (removed with it): no other row's.
     assert {request for request in fake_registry.manifest_requests if not request.startswith("sha256:")} <= {
-        CPU_RUNTIME, f"{CPU_RUNTIME}-20260101", f"{CPU_RUNTIME}-20260102"}
-    assert fake_registry.deleted == ["sha256:" + hashlib.sha256(manifest_body(f"{CPU_RUNTIME}-20260101")).hexdigest()]
+        CPU_RUNTIME, f"{CPU_RUNTIME}-20260101", f"{CPU_RUNTIME}-20260102", signature_tag(pruned),
+        attestation_tag(pruned)}
+    assert fake_registry.deleted == [pruned]
 
 
 def test_unmatched_selectors_list_the_known_tags_once(scratch):

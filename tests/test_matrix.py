@@ -4,8 +4,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from torchimages.matrix import load_matrix
+
+# Matrices written into tmp_path are checked against the compatibility data beside them.
+pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
 
 GOOD_VARIANT = """
   - torch: 2.14.0
@@ -141,3 +145,29 @@ def test_list_json_shows_every_field(cli):
     rows = json.loads(cli("list", "--format", "json", check_exit=0).stdout)
     assert len(rows) >= 9
     assert set(rows[0]) == {"tag", "torch", "cuda", "cudnn", "python", "os", "flavor", "base_image", "min_driver", "arch_list"}
+
+
+def test_the_compatibility_data_is_the_projects_own_beside_its_matrix_or_named(cli, tmp_path):
+    """A project keeps its facts as it keeps its matrix: compat.yaml beside --matrix, or --compat PATH; the package
+    holds none, so a project without them is told where they were looked for."""
+    matrix = write_matrix(tmp_path, GOOD_VARIANT)
+    assert "2.14.0-cuda13.0-cudnn9-runtime" in cli("--matrix", str(matrix), "list", check_exit=0).stdout
+    elsewhere = tmp_path / "facts" / "compat.yaml"
+    elsewhere.parent.mkdir()
+    (tmp_path / "compat.yaml").rename(elsewhere)
+    missing = cli("--matrix", str(matrix), "list", check_exit=2)
+    assert f"{tmp_path / 'compat.yaml'}:0: cannot read it" in missing.stderr and "Traceback" not in missing.stderr
+    named = cli("--matrix", str(matrix), "--compat", str(elsewhere), "list", check_exit=0)
+    assert "2.14.0-cuda13.0-cudnn9-runtime" in named.stdout
+
+
+def test_a_release_without_a_numpy_pin_is_refused_naming_the_fix(cli, tmp_path):
+    """Every image installs NumPy beside torch: a release compat.yaml pins none would install whatever is newest on
+    the day of the build."""
+    matrix = write_matrix(tmp_path, GOOD_VARIANT)
+    compat = tmp_path / "compat.yaml"
+    facts = yaml.safe_load(compat.read_text())
+    del facts["torch"]["2.14.0"]["numpy"]
+    compat.write_text(yaml.safe_dump(facts))
+    errors = errors_for(cli, matrix)
+    assert any("pins no NumPy for torch" in line and "compat refresh" in line for line in errors), errors

@@ -33,7 +33,7 @@ from torchimages.publish import (
 )
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
-from .conftest import CPU_SELECTOR, ROOT, free_port, run_cli
+from .conftest import CPU_SELECTOR, ROOT, free_port, run_cli, with_live_compat
 from .signing_fixtures import (
     FIRST,
     KEYS,
@@ -74,6 +74,7 @@ class Workspace:
         text = ((ROOT / "matrix.yaml").read_text().replace("registry: localhost:5000/ml/pytorch",
                                                           f"registry: localhost:5000/{self.namespace}/pytorch")
                 if real_rows else MATRIX.format(namespace=self.namespace))
+        with_live_compat(self.matrix)
         self.matrix.write_text(text)
         self.specs = {spec.tag: spec for spec in load_matrix(self.matrix).specs}
         self.images, self.reports, self.catalog = root / "images", root / "reports", root / "catalog"

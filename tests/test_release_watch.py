@@ -1,13 +1,16 @@
 """The nightly's release watch, engine-free, against a PEP 691 index on 127.0.0.1 holding torch 2.16.0: a newer
 release is read, proposed as rows shaped like the newest ones, and rendered; the other rows' folders do not change."""
 import json
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
+from packaging.version import Version
 
-from torchimages.matrix import COMPAT_FILE, load_matrix
+from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.render import render_files, stale_paths
 
@@ -16,18 +19,14 @@ from .index_fixtures import LocalIndex, make_release
 
 
 @pytest.fixture
-def project(tmp_path):
-    """A copy of the project's matrix, compat data and rendered images."""
-    shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
-    shutil.copy(COMPAT_FILE, tmp_path / "compat.yaml")
-    shutil.copytree(ROOT / "images", tmp_path / "images")
-    return tmp_path
+def project(fixture_project):
+    """The tests' frozen project (matrix, compat data, rendered images): its newest release is 2.15.0 for ever."""
+    return fixture_project
 
 
 def watch(project, index_url: str, check_exit: int = 0):
     result = run_cli_in_process("--matrix", str(project / "matrix.yaml"), "--images", str(project / "images"),
-                                "--reports", str(project / "reports"), "watch", "--index-url", index_url,
-                                "--compat", str(project / "compat.yaml"))
+                                "--reports", str(project / "reports"), "watch", "--index-url", index_url)
     assert result.returncode == check_exit, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -59,7 +58,7 @@ def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(projec
         after = dockerfiles(project / "images")
         assert set(after) - set(before) == set(proposed)
         assert {tag: after[tag] for tag in before} == before, "no other row's folder changes"
-        assert "torch==2.16.0 torchvision==0.31.0" in after["2.16.0-cuda13.2-cudnn9-runtime"].decode()
+        assert "torch==2.16.0 torchvision==0.31.0 numpy==2.4.1" in after["2.16.0-cuda13.2-cudnn9-runtime"].decode()
         assert "torch==2.16.0+cpu " in after["2.16.0-cpu-runtime"].decode(), "the CPU rows follow: the index has +cpu"
         assert "2.13.0-cpu-runtime" in specs, "the rows copied stay"
         rendered = render_files(list(specs.values()), ROOT / "templates", "matrix.yaml", "localhost:5000/ml/pytorch")
@@ -116,8 +115,6 @@ def test_the_workflows_watch_step_hands_the_release_and_tags_to_the_pull_request
     build.py being the real watch against the local index: $GITHUB_OUTPUT gets the release and the proposed tags
     (space separated, as the build step splits them), empty when there is nothing newer; the pull request opens
     for any newer release, with a token that lets the project's CI run on it."""
-    import sys
-
     index_folder = make_release(tmp_path / "index", cuda_library_size=1024)
     if not newer:
         for wheel in index_folder.glob("torch-2.16.0*"):
@@ -134,8 +131,7 @@ def test_the_workflows_watch_step_hands_the_release_and_tags_to_the_pull_request
             f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom torchimages.cli import main\n"
             f"assert sys.argv[1:] == ['watch']\n"
             f"sys.exit(main(['--matrix', {str(project / 'matrix.yaml')!r}, '--images', {str(project / 'images')!r}, "
-            f"'--reports', 'reports', 'watch', '--index-url', {index.url!r}, '--compat', "
-            f"{str(project / 'compat.yaml')!r}]))\n")
+            f"'--reports', 'reports', 'watch', '--index-url', {index.url!r}]))\n")
         result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=checkout,
                                 env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}, capture_output=True,
                                 text=True, timeout=300)
@@ -208,3 +204,28 @@ def test_a_release_before_its_torchvision_is_proposed_without_it(project, tmp_pa
                                                                                       "variants:\n" + row, 1))
     with pytest.raises(InputError, match="no torchvision is paired with torch 2.16.0"):
         load_matrix(project / "matrix.yaml", project / "compat.yaml")
+
+
+def test_the_proposal_passes_the_projects_checks_unedited(tmp_path):
+    """What the pull request would hold: the watch run on a scratch copy of this repository against the tests'
+    index, then the repository's own engine-free checks of its data run on the result with no edit. The toolkit's
+    tests read only tests/project/, so these are the checks a new release can break."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    scratch = tmp_path / "repository"
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, scratch / name)
+    newest = max(Version(spec.torch) for spec in load_matrix(ROOT / "matrix.yaml").specs)
+    release = f"{newest.major}.{newest.minor + 1}.0"  # the next release, whatever the live matrix has by then
+    with LocalIndex(make_release(tmp_path / "index", cuda_library_size=1024, torch=release)) as index:
+        watched = subprocess.run([sys.executable, "build.py", "watch", "--index-url", index.url], cwd=scratch,
+                                 capture_output=True, text=True, timeout=300)
+    assert watched.returncode == 0 and f"- `{release}-cuda13.2-cudnn9-runtime`" in watched.stdout, watched.stderr
+    assert re.search(r"numpy==[0-9]", (scratch / "images" / f"{release}-cpu-runtime" / "Dockerfile").read_text())
+    checks = subprocess.run([sys.executable, "-m", "pytest", "-m", "not engine", "-q", "-p", "no:cacheprovider",
+                             "tests/test_project_data.py"], cwd=scratch, capture_output=True, text=True, timeout=300)
+    assert checks.returncode == 0, checks.stdout[-4000:] + checks.stderr[-2000:]

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -29,7 +30,7 @@ from torchimages.signatures import (
 )
 from torchimages.verify.reports import CheckVerdict, VerifyReport
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_COMPAT, FIXTURE_PROJECT, run_cli_in_process
 from .registry_fixtures import start_refusing_proxy
 from .signing_fixtures import (
     FIRST,
@@ -47,7 +48,7 @@ from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
 
 DIGEST = "sha256:" + "ab" * 32
 # A frozen matrix of the tests' own (a new row in matrix.yaml changes no test here).
-MATRIX = Path(__file__).parent / "data" / "golden-matrix.yaml"
+MATRIX = FIXTURE_PROJECT / "golden-matrix.yaml"
 CPU_ROW = "2.13.0-cpu-devel"
 
 
@@ -130,6 +131,7 @@ def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
 def test_required_signing_without_a_key_exits_2_before_anything(tmp_path):
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text("signing: required\n" + MATRIX.read_text())
+    shutil.copy(FIXTURE_COMPAT, tmp_path / "compat.yaml")
     assert load_matrix(matrix).signing == "required"
     result = run_cli_in_process("--matrix", str(matrix), *scratch_folders(tmp_path), "publish", CPU_ROW,
                                 "--registry", "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), env={})

@@ -425,7 +425,8 @@ def assert_only_check_failed(report: dict, good: dict, check: str, says: tuple[s
 
 @pytest.mark.engine
 def test_a_row_expecting_another_python_fails_identity(baseline, tmp_path, docker_client):
-    result = run_cli("--matrix", str(BROKEN / "python-3.12-matrix.yaml"), "--reports", str(tmp_path), "test", RUNTIME)
+    result = run_cli("--matrix", str(BROKEN / "python-3.12-matrix.yaml"), "--compat", str(ROOT / "compat.yaml"),
+                     "--reports", str(tmp_path), "test", RUNTIME)
     assert result.returncode == 1, result.stdout + result.stderr
     assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "identity",
                              ("runs Python 3.11", "expects Python 3.12"))

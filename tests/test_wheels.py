@@ -5,7 +5,7 @@ from pathlib import Path
 from torchimages.matrix import load_matrix, select
 from torchimages.wheels import download_command, plan_downloads, platform_tags, requirements
 
-from .conftest import ROOT
+from .conftest import FIXTURE_MATRIX
 
 
 def test_platform_tags_follow_the_glibc():
@@ -16,7 +16,7 @@ def test_platform_tags_follow_the_glibc():
 
 
 def test_runtime_and_devel_share_one_download_of_the_union():
-    specs = select(load_matrix(ROOT / "matrix.yaml").specs, ["2.14.1-cuda13.0-*"])
+    specs = select(load_matrix(FIXTURE_MATRIX).specs, ["2.14.1-cuda13.0-*"])
     [download] = plan_downloads(specs, Path("wheelhouse"))
     assert download.dest == Path("wheelhouse/cu130-py3.11") and download.glibc == "2.36"
     runtime, devel = specs

@@ -88,6 +88,10 @@ class ReleaseFacts:
     torchvision: str | None  # the newest torchvision release whose torch requirement admits this torch
     torchvision_source: Source | None
     builds: tuple[BuildFacts, ...]
+    # Torch pins no NumPy, but every image installs one: the newest final release on the same index, written for a
+    # release compat.yaml does not pin one for yet (after that, `numpy:` is the project's choice).
+    numpy: str | None = None
+    numpy_source: Source | None = None
     # Read from a wheelhouse (the wheels a row needed, not the release): python_max is the newest there, kept only
     # for a release compat.yaml does not list yet, never held against it.
     python_max_partial: bool = False
@@ -332,8 +336,9 @@ def read_release(index: Index, torch: str) -> ReleaseFacts | None:
         return None
     builds = [_read_build(index, torch, package) for package in _readable(wheels)]
     torchvision, torchvision_source = _torchvision_for(index, torch)
+    numpy, numpy_source = _newest_numpy(index)
     return ReleaseFacts(torch, python_max([p.filename for p in wheels]), torchvision, torchvision_source,
-                        tuple(builds), python_max_partial=not index.whole_release)
+                        tuple(builds), numpy, numpy_source, python_max_partial=not index.whole_release)
 
 
 def newest_release(index: Index) -> str | None:
@@ -386,6 +391,17 @@ def _torchvision_for(index: Index, torch: str) -> tuple[str | None, Source | Non
     return None, None
 
 
+def _newest_numpy(index: Index) -> tuple[str | None, Source | None]:
+    """The newest final NumPy with a wheel for the Python and machine torch's wheels are read for (not yanked)."""
+    releases = {Version(package.version): package for package in _readable(index.packages("numpy"))
+                if package.version and not package.is_yanked}
+    finals = [version for version in releases if not version.is_prerelease and not version.is_devrelease]
+    if not finals:
+        return None, None
+    newest = max(finals)
+    return str(newest), _source(index, releases[newest])
+
+
 # Compare and write.
 
 def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Difference], list[Difference]]:
@@ -424,6 +440,9 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
     merge(block, "torchvision", paired, "torchvision", release.torchvision_source)
     if release.torchvision_source:
         record(block, "torchvision_source", release.torchvision_source, "torchvision")
+    if "numpy" not in block and release.numpy_source:  # a pin already there is the project's choice: kept
+        merge(block, "numpy", release.numpy, "numpy", release.numpy_source)
+        record(block, "numpy_source", release.numpy_source, "numpy")
     cuda = {version: dict(facts) for version, facts in (block.get("cuda") or {}).items()}
     for build in release.builds:
         if build.cuda is None:
@@ -510,6 +529,8 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
             continue
         result.releases.append(release)
         block, added, disagree = compare(release, plain(torch_section.get(torch)))
+        if "numpy" not in block:
+            added += _carried_numpy(torch_section, torch, block)
         result.added += added
         result.disagreements += disagree
         result.unread += unread(release, block)
@@ -519,6 +540,19 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     if options.write and result.releases:
         _dump(yaml, document, options.compat_file)
     return result
+
+
+def _carried_numpy(torch_section, torch: str, block: dict) -> list[Difference]:
+    """An index without NumPy (a wheelhouse, a torch-only mirror): the newest release's pin is carried over, so no
+    image installs NumPy unpinned."""
+    pinned = [(Version(str(other)), facts["numpy"]) for other, facts in torch_section.items()
+              if other != torch and re.fullmatch(r"[0-9]+(\.[0-9]+)*", str(other)) and isinstance(facts, dict)
+              and facts.get("numpy")]
+    if not pinned:
+        return []
+    other, numpy = max(pinned)
+    block["numpy"] = str(numpy)
+    return [Difference(torch, "numpy", None, str(numpy), f"torch {other}'s pin (the index has no NumPy)")]
 
 
 def round_trip_yaml() -> YAML:

@@ -12,7 +12,8 @@ from .model import PYPI, ImageSpec, InputError, Problem, User, parse_size
 from .registry import parse_registry
 from .yamlsource import LineDict, LineList, load_yaml
 
-COMPAT_FILE = Path(__file__).with_name("compat.yaml")
+# The compatibility facts are the project's data, as its matrix is: read from beside the matrix unless named.
+COMPAT_NAME = "compat.yaml"
 DRIVER_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")  # 580, 525.60.13
 
 TOP_LEVEL_KEYS = ("registry", "signing", "defaults", "variants")
@@ -46,16 +47,22 @@ class Matrix:
     signing: str = "optional"  # SIGNING_POLICIES
 
 
-def load_matrix(path: Path, compat_path: Path = COMPAT_FILE) -> Matrix:
-    """Load and validate a matrix; raise InputError listing every problem found."""
+def compat_beside(matrix_path: Path) -> Path:
+    """The compatibility data a matrix is checked against when none is named: the compat.yaml in its folder."""
+    return matrix_path.with_name(COMPAT_NAME)
+
+
+def load_matrix(path: Path, compat_path: Path | None = None) -> Matrix:
+    """Load and validate a matrix against compat_path (default: beside it); raise InputError listing every problem."""
     document = load_yaml(path, "fix matrix.yaml, or restore it with `git checkout -- matrix.yaml`")
-    compat = load_compat(compat_path)
+    compat = load_compat(compat_path or compat_beside(path))
     return validate_matrix(document, compat, str(path))
 
 
-def load_compat(path: Path = COMPAT_FILE) -> dict:
+def load_compat(path: Path) -> dict:
     """compat.yaml, checked for the sections and shapes the matrix validation reads."""
-    compat = load_yaml(path, "fix torchimages/compat.yaml, or restore it with `git checkout -- torchimages/compat.yaml`")
+    compat = load_yaml(path, "fix it or restore it with `git checkout`, or name the project's facts with "
+                            "`--compat PATH` (default: compat.yaml beside the matrix)")
     problems = [Problem(str(path), line, message) for line, message in compat_shape_problems(compat)]
     if problems:
         raise InputError(problems)
@@ -269,21 +276,24 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     allow_unlisted, flavors = settings.allow_unlisted, settings.flavors
     os_facts = compat["os"].get(os_name)
     if os_facts is None:
-        fail("os", f"unknown os {brief(os_name)}: known {', '.join(compat['os'])} (add it to torchimages/compat.yaml)")
+        fail("os", f"unknown os {brief(os_name)}: known {', '.join(compat['os'])} (add it to compat.yaml)")
     torch_facts = compat["torch"].get(torch)
     if torch_facts is None and not allow_unlisted:
         fail("torch", f"unknown torch {torch}: known {', '.join(compat['torch'])}; add it to "
-                      "torchimages/compat.yaml with its source, or set allow_unlisted: true")
+                      "compat.yaml with its source, or set allow_unlisted: true")
     cuda_facts = compat["cuda"].get(cuda) if is_gpu else None
     if is_gpu and cuda_facts is None:
         fail("cuda", f"unknown CUDA {cuda}: known {', '.join(compat['cuda'])} or cpu; add its patch level and "
-                     "minimum driver to torchimages/compat.yaml")
+                     "minimum driver to compat.yaml")
     wheel = _wheel_facts(row, torch, cuda, torch_facts, allow_unlisted or (is_gpu and cuda_facts is None), fail)
     cudnn = _cudnn(row, is_gpu, wheel, allow_unlisted, fail)
     _check_python(row, python, torch_facts, allow_unlisted, fail)
     base_kind = _base_kind(row, is_gpu, cuda, os_name, cuda_facts, fail)
     toolkit = _toolkit(row, flavors, compat, torch, cuda, wheel, cuda_facts, fail) if is_gpu else {}
     torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
+    if torch_facts is not None and not torch_facts.get("numpy"):
+        fail("torch", f"compat.yaml pins no NumPy for torch {torch}, and every image installs one: add "
+                      f"`numpy: \"X.Y.Z\"` under it, or run `python build.py compat refresh {torch}`")
     arch_list = _arch_list(row, wheel, is_gpu, compat["compute_capabilities"], fail)
     if fail:
         return []
@@ -359,7 +369,7 @@ def _toolkit(row: _Row, flavors: list[str], compat: dict, torch: str, cuda: str,
     packages = compat["cuda_toolkit"].get(version)
     if not (version and home and packages):
         fail("flavors", f"devel images take nvcc from the cuda-toolkit wheels torch {torch} pins for CUDA {cuda}, "
-                        "but torchimages/compat.yaml lacks them (`toolkit:` under the torch release, `home:` under "
+                        "but compat.yaml lacks them (`toolkit:` under the torch release, `home:` under "
                         "the CUDA version, the version under `cuda_toolkit:`): add them from the wheels' METADATA, "
                         "or build only the runtime flavor")
         return {}
@@ -383,7 +393,7 @@ def _os_packages(family: dict, python: str, python_from_os: bool) -> dict[str, t
 def _arch(row: _Row, architectures: dict, fail) -> str:
     arch = row.get("arch", "x86_64")
     if not isinstance(arch, str) or arch not in architectures:
-        fail("arch", f"'arch' must be one of {', '.join(architectures)} (the machines torchimages/compat.yaml "
+        fail("arch", f"'arch' must be one of {', '.join(architectures)} (the machines compat.yaml "
                      f"describes), got {brief(arch)}")
         return "x86_64"
     return arch
@@ -409,7 +419,7 @@ def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:
 def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: bool, fail) -> dict:
     if cuda == "cpu":
         if torch_facts is not None and not torch_facts.get("cpu"):
-            fail("cuda", f"torchimages/compat.yaml lists no CPU build of torch {torch} (none read from a wheel): "
+            fail("cuda", f"compat.yaml lists no CPU build of torch {torch} (none read from a wheel): "
                          f"read it where its +cpu wheels are, `python build.py compat refresh {torch} --index-url "
                          f"https://download.pytorch.org/whl/cpu`, or pick a release that lists cpu")
         return {"wheel_index": "cpu"}
@@ -418,7 +428,7 @@ def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: 
         return listed
     if not allow_unlisted and torch_facts is not None:
         known = ", ".join(torch_facts.get("cuda", {})) or "none"
-        fail("cuda", f"torchimages/compat.yaml has no CUDA {cuda} build of torch {torch} (it lists: {known}, cpu): "
+        fail("cuda", f"compat.yaml has no CUDA {cuda} build of torch {torch} (it lists: {known}, cpu): "
                      f"pick one of those; if the build exists on another index, read it with `python build.py compat "
                      f"refresh {torch} --index-url URL`, or set allow_unlisted: true for a custom index")
     return {"wheel_index": "cu" + cuda.replace(".", "")}
@@ -454,7 +464,7 @@ def _torchvision(row: _Row, torch_facts, allow_unlisted: bool, fail) -> str | No
         return torchvision
     paired = torch_facts.get("torchvision")
     if paired is None:
-        fail("torchvision", f"no torchvision is paired with torch {row.get('torch')} in torchimages/compat.yaml (none on "
+        fail("torchvision", f"no torchvision is paired with torch {row.get('torch')} in compat.yaml (none on "
                             f"the index took it when it was read): drop torchvision from the row, or run `python "
                             f"build.py compat refresh {row.get('torch')}` once one is released")
     elif not torchvision.startswith(paired + "."):

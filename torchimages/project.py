@@ -17,12 +17,13 @@ class Project:
     """Paths of one run; every one can be moved with a global option of build.py."""
 
     matrix: Path
+    compat: Path  # the compatibility facts the matrix is checked against (by default beside it)
     templates: Path
     images: Path
     reports: Path
 
     def load(self) -> matrix_stage.Matrix:
-        return matrix_stage.load_matrix(self.matrix)
+        return matrix_stage.load_matrix(self.matrix, self.compat)
 
     def select(self, selectors: list[str]):
         return matrix_stage.select(self.load().specs, selectors, str(self.matrix))

@@ -140,7 +140,7 @@ def with_proposed_rows(text: str, variants, newest_in_matrix: str, pairs: list[t
     compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
               f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
-              "facts in torchimages/compat.yaml.\n"]
+              "facts in compat.yaml.\n"]
     proposed = header + stream.getvalue().splitlines(keepends=True) + ["\n"]
     return "".join(lines[:at] + proposed + lines[at:])
 
@@ -221,7 +221,7 @@ def markdown(proposal: Proposal) -> str:
         return f"No torch release newer than the matrix's {proposal.newest_in_matrix} on the index.\n"
     lines = [f"## torch {proposal.release}: proposed rows", "",
              f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
-             "`build.py watch` read its facts from the wheels into `torchimages/compat.yaml` (each build with its "
+             "`build.py watch` read its facts from the wheels into `compat.yaml` (each build with its "
              "`source:`), proposed rows shaped like the newest ones in `matrix.yaml` and rendered them. Nothing is "
              "published from this proposal: merging it lets the nightly build, verify and publish the rows.", ""]
     lines += [f"- `{tag}`" for tag in proposal.tags] or ["- no rows could be proposed"]

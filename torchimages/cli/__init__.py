@@ -14,6 +14,7 @@ from rich.text import Text
 from .. import plan, verify
 from ..builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
+from ..matrix import compat_beside
 from ..model import InputError, PeerError, Problem, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..redaction import Secrets
@@ -40,6 +41,8 @@ DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="build.py", description=DESCRIPTION)
     parser.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="the version matrix (default: %(default)s)")
+    parser.add_argument("--compat", type=Path, metavar="PATH",
+                        help="its compatibility facts (default: compat.yaml beside the matrix)")
     parser.add_argument("--templates", type=Path, default=ROOT / "templates", help=argparse.SUPPRESS)
     parser.add_argument("--images", type=Path, default=ROOT / "images", help="rendered Dockerfiles (default: %(default)s)")
     parser.add_argument("--reports", type=Path, default=ROOT / "reports", help="logs and reports (default: %(default)s)")
@@ -153,7 +156,7 @@ def run_secrets(args: argparse.Namespace) -> Secrets:
 def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     keep_out(run_secrets(args))
-    project = Project(args.matrix, args.templates, args.images, args.reports)
+    project = Project(args.matrix, args.compat or compat_beside(args.matrix), args.templates, args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)
     with hold_folders(writes(project, args) if writes else [], lock_wait()):

@@ -1,13 +1,10 @@
 """compat refresh: the compatibility facts of torch releases, read from the package index they are built from."""
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from ..matrix import COMPAT_FILE
 from ..model import PYPI
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..redaction import redact
@@ -20,7 +17,7 @@ if TYPE_CHECKING:
 def cmd_compat_refresh(project: Project, args) -> int:
     from .. import compat_refresh  # here: the index client costs every other command's start a quarter second
 
-    options = compat_refresh.RefreshOptions(compat_file=args.compat, index_url=args.index_url,
+    options = compat_refresh.RefreshOptions(compat_file=project.compat, index_url=args.index_url,
                                             versions=tuple(args.versions), write=not args.check, correct=args.correct)
     result = compat_refresh.refresh(options)
     out = console()
@@ -41,7 +38,7 @@ def cmd_compat_refresh(project: Project, args) -> int:
     kept = result.disagreements and not (args.correct and not args.check)
     stale = bool(kept or (args.check and result.added))
     if not args.check:
-        print(f"{args.compat}: {len(result.added)} facts added, {len(result.disagreements)} disagreeing"
+        print(f"{project.compat}: {len(result.added)} facts added, {len(result.disagreements)} disagreeing"
               + (" (corrected)" if args.correct else " (kept: check them, then `--correct`)"))
     return EXIT_FAILED if stale else EXIT_OK
 
@@ -58,7 +55,7 @@ def facts_table(release: compat_refresh.ReleaseFacts) -> Table:
 
 
 def register(commands) -> None:
-    compat = commands.add_parser("compat", help="compatibility facts (torchimages/compat.yaml)")
+    compat = commands.add_parser("compat", help="compatibility facts (compat.yaml beside the matrix, or --compat)")
     actions = compat.add_subparsers(dest="compat_command", required=True, metavar="ACTION")
     refresh = actions.add_parser("refresh", help="read torch releases' facts from the package index into compat.yaml")
     refresh.add_argument("versions", nargs="*", metavar="TORCH",
@@ -69,5 +66,4 @@ def register(commands) -> None:
                          help="replace facts that disagree with the index's values (each is reported)")
     refresh.add_argument("--index-url", default=PYPI, help="a PEP 691 package index, or a folder of wheels (offline; "
                          "default: %(default)s)")
-    refresh.add_argument("--compat", type=Path, default=COMPAT_FILE, help=argparse.SUPPRESS)
     refresh.set_defaults(handler=cmd_compat_refresh)

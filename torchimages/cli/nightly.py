@@ -1,12 +1,10 @@
 """The nightly job and its CI shards: plan (split the rows), nightly (every stage, one shard or all), report merge."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from .. import plan as plan_stage
-from ..matrix import COMPAT_FILE
 from ..model import PYPI, ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
 from ..project import EXIT_OK, Project
@@ -70,7 +68,7 @@ def cmd_report_merge(project: Project, args) -> int:
 def cmd_watch(project: Project, args) -> int:
     from .. import release_watch  # here: the index client costs every other command's start a quarter second
 
-    options = release_watch.WatchOptions(project.matrix, args.compat, project.templates, project.images,
+    options = release_watch.WatchOptions(project.matrix, project.compat, project.templates, project.images,
                                          project.reports, args.index_url)
     proposal = release_watch.watch(options)
     print(release_watch.markdown(proposal), end="")
@@ -85,7 +83,6 @@ def register(commands) -> None:
                     "into compat.yaml, proposes rows shaped like the newest ones in matrix.yaml and renders them, for "
                     "review. Publishes nothing. Exit 0 (with or without a proposal), 2: bad input.")
     watching.add_argument("--index-url", default=PYPI, help="a PEP 691 package index (default: %(default)s)")
-    watching.add_argument("--compat", type=Path, default=COMPAT_FILE, help=argparse.SUPPRESS)
     watching.set_defaults(handler=cmd_watch, writes=lambda project, args: [project.images, project.reports])
 
     planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
