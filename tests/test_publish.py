@@ -488,7 +488,7 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     third, signed = nightly(real_rows, wheelhouse, "--retention", "1", "--signing-key", str(FIRST),
                             env={**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD})
     assert third.returncode == 0, third.stdout + third.stderr
-    assert third.stdout.count("signature added, attestations added") == 2
+    assert (third.stdout + third.stderr).count("signature added, attestations added") == 2
     after = real_rows.catalog_json()["images"]
     assert {tag: entry["digest"] for tag, entry in after.items()} == {tag: entry["digest"] for tag, entry in catalog.items()}
     assert all(entry["signing"]["keys"] == [key().public.fingerprint] for entry in after.values())
