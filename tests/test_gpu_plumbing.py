@@ -43,7 +43,7 @@ def driver_check(tmp_path: Path, tag: str, driver: str, libcuda: int | None) -> 
     paths["expect"].write_text(json.dumps(expect))
     paths["facts"].write_text(json.dumps(facts))
     subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_gpu.py"), "--hosts=local://",
-                    "-k", "test_host_driver_meets_the_cuda_minimum", "-p", "torchimages.checkplugin",
+                    "-k", "test_host_driver_meets_the_cuda_minimum", "-p", "torchimages.checks.plugin",
                     f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
                     "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "-q", "-p", "no:cacheprovider"],
                    cwd=tmp_path, capture_output=True, text=True, check=False)
@@ -296,7 +296,7 @@ def distributed_checks(tmp_path: Path, gpu: dict, distributed: dict) -> dict:
     paths["expect"].write_text(json.dumps(expect))
     paths["facts"].write_text(json.dumps(facts))
     subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_distributed.py"), "--hosts=local://",
-                    "-p", "torchimages.checkplugin", f"--expect={paths['expect']}", f"--probe={paths['facts']}",
+                    "-p", "torchimages.checks.plugin", f"--expect={paths['expect']}", f"--probe={paths['facts']}",
                     f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE),
                     "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, check=False)
     return json.loads(paths["checks"].read_text())["distributed"]

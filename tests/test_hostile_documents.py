@@ -15,7 +15,7 @@ import pytest
 from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.files import brief
-from torchimages.lock import BaseChange
+from torchimages.base_pins import BaseChange
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.summary import Failure, Summary

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from torchimages import engine, registry, wheels
 from torchimages.builder import BUILD_REPORT
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.lock import Resolver, UnresolvedBase
+from torchimages.base_pins import Resolver, UnresolvedBase
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError, PeerError, parse_size
 from torchimages.publish import prune_lookups

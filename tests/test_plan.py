@@ -7,11 +7,11 @@ import pytest
 
 from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
-from torchimages.lock import BaseChange
-from torchimages.lockfile import LockedBase, write_lock
+from torchimages.base_pins import BaseChange
+from torchimages.bases_lock import LockedBase, write_lock
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.plan import balance, parse_shard
+from torchimages.sharding import balance, parse_shard
 from torchimages.summary import Published, Summary, merge_summaries
 
 from .conftest import FIXTURE_MATRIX, copy_fixture_project, run_cli

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from torchimages.builder import BuildOptions, Builder, cache_name, local_name
-from torchimages.lock import Resolver
+from torchimages.base_pins import Resolver
 from torchimages.redaction import Secrets
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 

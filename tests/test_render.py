@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchimages.lockfile import LockedBase, write_lock
+from torchimages.bases_lock import LockedBase, write_lock
 from torchimages.matrix import load_matrix
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from torchimages import engine
-from torchimages.checkplugin import Outcome, aggregate
+from torchimages.checks.plugin import Outcome, aggregate
 from torchimages.checks import downstream
 from torchimages.checks.probe import (
     arch_covers,

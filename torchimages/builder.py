@@ -23,8 +23,8 @@ import urllib3
 
 from . import engine
 from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
-from .lockfile import LOCK_NAME, read_lock
-from .model import LABEL_PREFIX, ImageSpec, InputError, Problem
+from .bases_lock import LOCK_NAME, read_lock
+from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport, require_schema, utc_timestamp
 
@@ -432,8 +432,8 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-class BuildFailed(Exception):
-    pass
+class BuildFailed(TorchImagesError):
+    """One row's build failed; the message says why (the other rows build on)."""
 
 
 def _build_error(error: Exception) -> str:

@@ -127,8 +127,13 @@ class Problem:
         return f"{self.file}:{self.line}: {self.message}"
 
 
+class TorchImagesError(Exception):
+    """The base of every error this toolkit raises on purpose: a caller that drives the stages from Python catches this
+    one class (as docker-py's callers catch DockerException); the command line maps each kind to its exit code."""
+
+
 @dataclass
-class InputError(Exception):
+class InputError(TorchImagesError):
     """Bad input (matrix, CLI, templates): reported as a list of problems, exit code 2."""
 
     problems: list[Problem] = field(default_factory=list)
@@ -137,6 +142,6 @@ class InputError(Exception):
         return "\n".join(str(p) for p in self.problems)
 
 
-class PeerError(Exception):
+class PeerError(TorchImagesError):
     """A peer (the Docker engine, a registry, pip) did not answer within its bound or answered what cannot be used:
     exit 1, one line naming the peer and what it did or sent."""

@@ -1,5 +1,5 @@
 """The nightly rebuild: refresh base pins, check the render, build (skipping unchanged rows), verify, publish what
-passed, prune old dated tags, and summarise (Markdown for a CI step summary, and JSON). (`report merge`, in shards.py,
+passed, prune old dated tags, and summarise (Markdown for a CI step summary, and JSON). (`report merge`, in shard_merge.py,
 joins the results of the shards a CI matrix ran.)
 
 Every stage reuses what the last run left: unchanged rows are not rebuilt, an image whose last verification passed
@@ -25,11 +25,11 @@ import docker.errors
 from . import builder as build_stage
 from . import catalog as catalog_stage
 from . import engine
-from . import lock as lock_stage
+from . import base_pins as lock_stage
 from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
-from .lockfile import read_lock, write_lock
+from .bases_lock import read_lock, write_lock
 from .matrix import Matrix
 from .model import ImageSpec, InputError
 from .redaction import redact

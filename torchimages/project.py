@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import matrix as matrix_stage
 from . import render as render_stage
-from .lockfile import LOCK_NAME, read_lock
+from .bases_lock import LOCK_NAME, read_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130

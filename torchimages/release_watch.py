@@ -16,7 +16,7 @@ from . import compat_refresh
 from . import matrix as matrix_stage
 from . import render as render_stage
 from .files import atomic_write
-from .lockfile import LOCK_NAME, read_lock
+from .bases_lock import LOCK_NAME, read_lock
 from .model import InputError, Problem
 from .yamlsource import load_yaml
 

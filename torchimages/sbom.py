@@ -22,7 +22,7 @@ import docker.errors
 
 from .engine import NO_GPUS
 from .files import atomic_write_json
-from .model import InputError, Problem
+from .model import InputError, Problem, TorchImagesError
 from .yamlsource import LineDict, LineList, load_yaml
 
 SBOM_DIR = "sbom"
@@ -49,7 +49,7 @@ ALLOWLIST_KEYS = ("cve", "reason", "expires")
 SCAN_TIMEOUT_S = 1800
 
 
-class SbomError(Exception):
+class SbomError(TorchImagesError):
     """The image's package lists could not be read."""
 
 

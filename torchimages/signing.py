@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from .files import read_bytes
-from .model import InputError, Problem
+from .model import InputError, Problem, TorchImagesError
 
 SIGNATURE_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
 ATTESTATION_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -51,7 +51,7 @@ MAKE_A_KEY = ("make one with `cosign generate-key-pair` (password in COSIGN_PASS
               "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem`")
 
 
-class SignatureError(Exception):
+class SignatureError(TorchImagesError):
     """A signature or attestation that does not hold: what it is and why."""
 
 

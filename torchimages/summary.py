@@ -1,5 +1,5 @@
 """What a nightly run did, as reports/nightly-summary.json (this module's Summary) and Markdown for a CI step summary.
-A `nightly --shard` run writes one per shard; `report merge` (shards.py) reads them back and joins them."""
+A `nightly --shard` run writes one per shard; `report merge` (shard_merge.py) reads them back and joins them."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .files import append_text, atomic_write, atomic_write_json, brief, check_appendable
-from .lock import BaseChange
+from .base_pins import BaseChange
 from .project import EXIT_FAILED, EXIT_OK
 from .reporting import DIGEST, DIGEST_RULE, Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
 

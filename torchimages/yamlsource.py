@@ -9,7 +9,7 @@ import yaml
 from yaml.nodes import MappingNode, SequenceNode
 
 from .files import brief, read_text
-from .model import InputError, Problem
+from .model import InputError, Problem, TorchImagesError
 
 MAX_DEPTH = 32  # a matrix nests four levels deep; compat.yaml six
 MAX_NODES = 100_000  # after alias expansion: a "billion laughs" file is refused before any value is read
@@ -33,7 +33,7 @@ class LineList(list):
     item_lines: list
 
 
-class _BoundExceeded(Exception):
+class _BoundExceeded(TorchImagesError):
     def __init__(self, line: int, message: str):
         super().__init__(message)
         self.line, self.message = line, message

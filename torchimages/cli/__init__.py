@@ -11,11 +11,11 @@ from pathlib import Path
 
 from rich.text import Text
 
-from .. import plan, verify
+from .. import sharding, verify
 from ..builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..matrix import compat_beside
-from ..model import InputError, PeerError, Problem, parse_size
+from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..redaction import Secrets
 from ..registry import parse_registry
@@ -69,7 +69,7 @@ FLAG_CHECKS = {
     "retries": ("--retries", _at_least(0)),
     "retention": ("--retention", _at_least(1)),
     "shards": ("--shards", _at_least(1)),
-    "shard": ("--shard", plan.parse_shard),
+    "shard": ("--shard", sharding.parse_shard),
     "registry": ("--registry", parse_registry),
     "date": ("--date", parse_date),
 }
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             return report("interrupted", EXIT_INTERRUPTED)
         except OSError as error:
             return report(f"error: {os_error_line(error)}", EXIT_BAD_INPUT if error.errno in BAD_PATH else EXIT_FAILED)
+        except TorchImagesError as error:  # any other kind a stage raises: one line, never a traceback
+            return report(f"error: {error}", EXIT_FAILED)
 
 
 # Where a run's logins come from: index URLs and proxies hold user:password@, --registry may hold it before its host.

@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import plan as plan_stage
+from .. import sharding as plan_stage
 from ..model import PYPI, ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
 from ..project import EXIT_OK, Project
-from ..shards import merge_reports
+from ..shard_merge import merge_reports
 from ..summary import check_step_summary, write_summary
 from .display import ConsoleDisplay, errors, log
 from .options import (

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from .. import attestations, engine
 from .. import catalog as catalog_stage
-from .. import lock as lock_stage
+from .. import base_pins as lock_stage
 from .. import publish as publish_stage
 from ..files import atomic_write
-from ..lockfile import read_lock, write_lock
+from ..bases_lock import read_lock, write_lock
 from ..model import InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..registry import RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..model import TorchImagesError
 from ..redaction import Secrets
 from .display import log
 
@@ -40,7 +41,7 @@ def handling_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class StreamError(OSError):
+class StreamError(TorchImagesError, OSError):
     """A write to stdout or stderr the system refused. Not a BrokenPipeError even for EPIPE: rich turns that into a
     silent exit 1, and the user would not learn which stream failed."""
 

@@ -91,7 +91,7 @@ def judge(spec: ImageSpec, gpus: str, torch_facts: dict, gpu: dict, matrix: list
                                              default=str))
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the record line alone
             code = pytest.main([*(str(SUITE / name) for name in GPU_SUITES), "--hosts=local://",
-                                "-p", "torchimages.checkplugin", f"--expect={paths['expect']}",
+                                "-p", "torchimages.checks.plugin", f"--expect={paths['expect']}",
                                 f"--probe={paths['facts']}", f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir",
                                 str(SUITE), "--confcutdir", str(SUITE), "-q", "-p", "no:cacheprovider",
                                 "-p", "no:unraisableexception", "--no-header", "--no-summary",

@@ -36,7 +36,7 @@ def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir:
         results_path = Path(scratch) / "checks.json"
         command = [
             sys.executable, "-m", "pytest", str(options.suite), f"--hosts=docker://{container_id}",
-            "-p", "torchimages.checkplugin", f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}",
+            "-p", "torchimages.checks.plugin", f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}",
             f"--check-results={results_path}", f"--junitxml={(report_dir / 'junit.xml').resolve()}",
             # The suite's own pytest.ini: no project's configuration or conftest applies, in a checkout or installed.
             "-c", str(options.suite / "pytest.ini"), "--rootdir", str(options.suite), "--confcutdir", str(options.suite),

@@ -1,7 +1,7 @@
 """Fixtures of the image checks: the probe's facts by part, each failing loudly when its probe produced nothing.
 
 The data fixtures (expect, spec, facts) and the container (host, from testinfra's --hosts) come from
-torchimages.checkplugin; run these suites through `python build.py test`, which starts the container.
+torchimages.checks.plugin; run these suites through `python build.py test`, which starts the container.
 """
 import pytest
 

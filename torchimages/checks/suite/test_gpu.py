@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from torchimages.checkplugin import CheckWarning
+from torchimages.checks.plugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
 from .helpers import (driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver,

@@ -1,7 +1,7 @@
 """pytest plugin for the image checks (torchimages/checks/suite): expectations and facts in, one verdict per check out.
 
     pytest torchimages/checks/suite -c torchimages/checks/suite/pytest.ini --hosts docker://<container> \\
-        -p torchimages.checkplugin --expect reports/<tag>/expect.json --probe reports/<tag>/facts.json \\
+        -p torchimages.checks.plugin --expect reports/<tag>/expect.json --probe reports/<tag>/facts.json \\
         --check-results checks.json
 
 Every test carries `@pytest.mark.check("<name>")`. A check fails if any of its tests failed, is skipped (with the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .model import ImageSpec
-from .verify import CHECKS
+from ..model import ImageSpec
+from ..verify import CHECKS
 
 CHECK_MARKER = "check"
 

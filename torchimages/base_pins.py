@@ -17,8 +17,8 @@ import docker
 import docker.errors
 
 from . import engine
-from .lockfile import LOCAL_ONLY_NOTE, LockedBase
-from .model import ImageSpec
+from .bases_lock import LOCAL_ONLY_NOTE, LockedBase
+from .model import ImageSpec, TorchImagesError
 from .redaction import redact
 from .project import Project
 from .registry import (
@@ -109,8 +109,8 @@ def _digests(image: dict) -> list[str]:
     return [reference.partition("@")[2] for reference in image.get("RepoDigests") or []]
 
 
-class UnresolvedBase(Exception):
-    pass
+class UnresolvedBase(TorchImagesError):
+    """A base image neither the registry nor the engine could pin."""
 
 
 @dataclass
