@@ -35,6 +35,8 @@ render-check: setup
 	$(PYTHON) build.py render --check
 
 lint: setup
+	$(VENV)/bin/ruff check torchimages devtools bench tests build.py
+	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 

@@ -45,6 +45,8 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+import docker.errors
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -52,8 +54,8 @@ from devtools import localengine  # noqa: E402
 from torchimages import engine  # noqa: E402
 from torchimages.builder import local_name, wheel_dir  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.wheels import requirements  # noqa: E402
 from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access  # noqa: E402
+from torchimages.wheels import requirements  # noqa: E402
 
 LAYOUTS = ("today", "new")
 # dockerd (moby pkg/archive) and containerd (archive/compression) each use unpigz when on their PATH, unless told not to.
@@ -89,7 +91,7 @@ def build(tag: str, images: Path, wheelhouse: Path, reports: Path, name: str, cl
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(images), "--reports", str(reports),
                            "build", tag, "--wheelhouse", str(wheelhouse), "--force", *(["--no-cache"] if cold else [])],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"build of {tag} from {images} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -171,10 +173,8 @@ def remove_everything(client, references: list[str]) -> None:
     """Remove these images by id, every tag of them (removing one of several tags only untags), and untagged images
     (build stages) whose layers a pull could reuse."""
     for reference in references:
-        try:
+        with contextlib.suppress(docker.errors.APIError):  # already gone
             client.images.remove(client.images.get(reference).id, force=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
     client.images.prune(filters={"dangling": True})
 
 
@@ -208,7 +208,7 @@ def docker_pull(client, reference: str) -> dict:
 
 def ctr(socket: str, namespace: str, *arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ctr", "--address", socket, "--namespace", namespace, *arguments], capture_output=True,
-                          text=True)
+                          text=True, check=False)
 
 
 def ctr_pull(socket: str, reference: str) -> dict:

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from torchimages import engine  # noqa: E402
 from torchimages.builder import local_name  # noqa: E402
-from torchimages.reporting import human_size  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages.reporting import human_size  # noqa: E402
 
 
 class DiskPeak:

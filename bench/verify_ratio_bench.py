@@ -115,7 +115,7 @@ def main() -> None:
             for run in order if round_ % 2 == 0 else reversed(order):
                 background.append(wait_until_quiet())
                 run()
-    ratios = sorted(w["wall"] / a["wall"] for w, a in zip(full, alone))
+    ratios = sorted(w["wall"] / a["wall"] for w, a in zip(full, alone, strict=False))
     ratio = median(full, "wall") / median(alone, "wall")
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())

@@ -39,7 +39,7 @@ class LocalIndex:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "LocalIndex":
+    def __enter__(self) -> LocalIndex:
         self.thread.start()
         return self
 
@@ -119,7 +119,7 @@ class SilentServer:
             except OSError:
                 return
 
-    def __enter__(self) -> "SilentServer":
+    def __enter__(self) -> SilentServer:
         self.thread.start()
         return self
 

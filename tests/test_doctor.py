@@ -6,8 +6,15 @@ import stat
 
 import pytest
 
-from torchimages.doctor import (Finding, HostGpu, arch_findings, disk_finding, gzip_finding, parse_nvidia_smi,
-                                row_findings)
+from torchimages.doctor import (
+    Finding,
+    HostGpu,
+    arch_findings,
+    disk_finding,
+    gzip_finding,
+    parse_nvidia_smi,
+    row_findings,
+)
 from torchimages.matrix import load_matrix
 
 from .conftest import FIXTURE_MATRIX, run_cli

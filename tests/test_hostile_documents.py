@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from torchimages.base_pins import BaseChange
 from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.files import brief
-from torchimages.base_pins import BaseChange
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.summary import Failure, Summary

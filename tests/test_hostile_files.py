@@ -295,7 +295,7 @@ def merge_args(space: Space, uploaded: Path) -> list[str]:
 def test_two_merges_racing_into_one_folder_keep_both_shards(space, tmp_path):
     rows = [spec.tag for spec in load_matrix(space.matrix).specs if not spec.is_gpu][:2]
     shards = [full_shard(tmp_path / f"shard-{index}", rows=[row]) for index, row in enumerate(rows)]
-    for uploaded, row in zip(shards, rows):  # long logs to copy: each merge reads the reports long before it writes
+    for uploaded, row in zip(shards, rows, strict=False):  # long logs to copy: each merge reads the reports long before it writes
         (uploaded / "reports" / row / "build.log").write_bytes(b"step\n" * 2**21)
     outcomes = racing(*(merge_args(space, uploaded) for uploaded in shards))
     assert [code for code, _, _ in outcomes] == [0, 0], outcomes
@@ -347,7 +347,7 @@ def test_shards_pinning_one_base_to_different_digests_are_refused_naming_both(sp
     base, rows = next((base, rows) for base, rows in by_base.items() if len(rows) >= 2)
     digests = [DIGEST, "sha256:" + "d" * 64]
     shards = []
-    for index, (row, digest) in enumerate(zip(rows, digests)):
+    for index, (row, digest) in enumerate(zip(rows, digests, strict=False)):
         uploaded = full_shard(tmp_path / f"shard-{index}", rows=[row])
         write_json(uploaded / "bases.lock.json", {"schema": 1, "bases": {base: lock_entry(base, digest)}})
         shards.append(uploaded)
@@ -586,7 +586,7 @@ def test_merge_keeps_the_contract_whatever_lies_in_its_destination(tmp_path_fact
     tmp_path = tmp_path_factory.mktemp("layout")
     space, outside = make_space(tmp_path), outside_folder(tmp_path)
     uploaded = full_shard(tmp_path / "shard")
-    for relative, kind in zip(DESTINATIONS, layout):
+    for relative, kind in zip(DESTINATIONS, layout, strict=False):
         place(space.root, relative, kind, outside)
     with FifoGuard(space.root) as guard:
         result = space.merge(uploaded)

@@ -24,12 +24,12 @@ import resource
 import shutil
 import socket
 import subprocess
-from unittest import mock
 import sys
 import tempfile
 import textwrap
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -75,7 +75,7 @@ def run_bounded(*args: str, env: dict | None = None, timeout: float = HANG_GUARD
     try:
         return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, encoding="utf-8",
                               errors="replace", env=environment, timeout=timeout, preexec_fn=cap_memory,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired as error:
         stderr = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else error.stderr
         raise AssertionError(f"build.py {' '.join(args)!r} still ran after {timeout} s (it hangs); stderr so far:\n"
@@ -210,7 +210,7 @@ def assert_dockerfiles_well_formed(rendered: dict[str, bytes], twins: dict[str, 
             assert keyword in DOCKERFILE_INSTRUCTIONS, f"{relative}: a line that is no Dockerfile instruction:\n{instruction}"
         if shape(text) != shape(twin_text):
             lines, twin_lines = text.split("\n"), twin_text.split("\n")
-            differing = [(a, b) for a, b in zip(lines, twin_lines) if a != b][:5]
+            differing = [(a, b) for a, b in zip(lines, twin_lines, strict=False) if a != b][:5]
             raise AssertionError(f"{relative}: a value changed the Dockerfile's structure ({len(lines)} lines, "
                                  f"{len(twin_lines)} with inert values); first differing lines (rendered, inert):\n"
                                  + "\n".join(f"  {a!r}\n  {b!r}" for a, b in differing))
@@ -220,7 +220,7 @@ def assert_renders_well_formed(matrix, matrix_file: str = "matrix.yaml") -> None
     rendered = render_files(matrix.specs, TEMPLATES, matrix_file, matrix.repository)
     twin_specs = [defanged_spec(spec) for spec in matrix.specs]
     twins = render_files(twin_specs, TEMPLATES, "matrix.yaml", defanged(matrix.repository))
-    assert_dockerfiles_well_formed(rendered, twins, {spec.tag: twin.tag for spec, twin in zip(matrix.specs, twin_specs)})
+    assert_dockerfiles_well_formed(rendered, twins, {spec.tag: twin.tag for spec, twin in zip(matrix.specs, twin_specs, strict=False)})
 
 
 def assert_readable_problems(error: InputError) -> None:

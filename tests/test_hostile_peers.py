@@ -31,15 +31,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from torchimages import engine, registry, wheels
+from torchimages import engine, wheels
+from torchimages.base_pins import Resolver, UnresolvedBase
 from torchimages.builder import BUILD_REPORT
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.base_pins import Resolver, UnresolvedBase
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError, PeerError, parse_size
 from torchimages.publish import prune_lookups
 from torchimages.redaction import Secrets
-from torchimages.signatures import attestation_tag, signature_tag
 from torchimages.registry import (
     Manifest,
     RegistryClient,
@@ -50,6 +49,7 @@ from torchimages.registry import (
     registry_access,
     with_retries,
 )
+from torchimages.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_MATRIX, ROOT
 from .test_hostile_input import CPU_RUNTIME, assert_contract, in_scratch, make_scratch, run_bounded

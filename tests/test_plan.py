@@ -5,10 +5,10 @@ from dataclasses import asdict
 
 import pytest
 
-from torchimages.builder import BUILD_REPORT, BuildReportEntry
-from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.base_pins import BaseChange
 from torchimages.bases_lock import LockedBase, write_lock
+from torchimages.builder import BUILD_REPORT, BuildReportEntry
+from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.sharding import balance, parse_shard

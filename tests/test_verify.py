@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from torchimages import engine
-from torchimages.checks.plugin import Outcome, aggregate
 from torchimages.checks import downstream
+from torchimages.checks.plugin import Outcome, aggregate
 from torchimages.checks.probe import (
     arch_covers,
     arch_flags_for,

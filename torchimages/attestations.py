@@ -50,10 +50,14 @@ def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict) 
     }
 
 
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def verification_host(report, facts: dict) -> dict:
     """The host's GPUs as the probe saw them where the gpu check passed; else that it had none."""
-    main = facts.get("main") if isinstance(facts.get("main"), dict) else {}
-    gpu = main.get("gpu") if isinstance(main.get("gpu"), dict) else {}
+    main = _mapping(facts.get("main"))
+    gpu = _mapping(main.get("gpu"))
     gpu_check = report.checks.get("gpu")
     if gpu_check is None or gpu_check.status != "passed":
         return {"kind": "cpu-only", "gpu_models": [], "gpus": [], "driver": "", "driver_major": 0,

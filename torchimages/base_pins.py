@@ -19,8 +19,8 @@ import docker.errors
 from . import engine
 from .bases_lock import LOCAL_ONLY_NOTE, LockedBase
 from .model import ImageSpec, TorchImagesError
-from .redaction import redact
 from .project import Project
+from .redaction import redact
 from .registry import (
     Registry,
     RegistryAccess,

@@ -22,8 +22,8 @@ import requests
 import urllib3
 
 from . import engine
-from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .bases_lock import LOCK_NAME, read_lock
+from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport, require_schema, utc_timestamp
@@ -100,7 +100,7 @@ def build_args(options: BuildOptions) -> dict[str, str]:
 def without_credentials(url: str) -> str:
     parts = urlsplit(url)
     if parts.username or parts.password:
-        return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+        return urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
     return url
 
 
@@ -238,7 +238,7 @@ class Builder:
             if decided:
                 results[spec.tag] = decided
                 self.progress.finished(decided)
-            else:
+            elif context:
                 todo.append((spec, context))
         check_destinations([self._log_path(spec) for spec, _ in todo], self.options.reports_dir)
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.jobs))
@@ -300,7 +300,7 @@ class Builder:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
             write_wheel_record(self.options.reports_dir, spec.tag, context)
-        except Exception as error:  # one image fails, the others go on
+        except Exception as error:  # noqa: BLE001 - one image fails, the others go on
             result.error = self.secrets.redact(_build_error(error))
             if self.cancelled.is_set():
                 result.status, result.error = "cancelled", "build cancelled"

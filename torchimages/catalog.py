@@ -235,10 +235,10 @@ def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, downl
         tag=spec.tag, repository=repository, digest=digest, image_id=image["Id"], pinned=[pinned, *older],
         floating=[spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
         checks=checks, scan=scan if scan is not None else (previous.scan if previous else {"status": "not run"}),
-        sbom=pinned.sbom, published_at=previous.published_at if same_digest else utc_timestamp(), updated_at=utc_timestamp(),
+        sbom=pinned.sbom, published_at=previous.published_at if previous and same_digest else utc_timestamp(), updated_at=utc_timestamp(),
         deprecated=spec.deprecated, input_hash=(image.get("Config", {}).get("Labels") or {}).get(INPUT_HASH_LABEL, ""),
         platform=platform_of(image), verified_on=verified_on,
-        signing=signing_record(signed, previous.signing if same_digest else {}),
+        signing=signing_record(signed, previous.signing if previous and same_digest else {}),
     )
 
 
@@ -397,7 +397,7 @@ def checks_text(checks: dict) -> str:
 
 def registry_mismatches(catalog: Catalog, settings: AccessSettings, log: Callable[[str], None]) -> list[str]:
     """Every catalog tag the registry does not resolve to the catalog's digest."""
-    problems = []
+    problems: list[str] = []
     for entry in (catalog.images[tag] for tag in sorted(catalog.images)):
         registry = parse_registry(entry.repository, flag=f"catalog entry {entry.tag}")
         client = RegistryClient(registry, settings.access(registry), RetryPolicy(retries=1), log)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
@@ -357,7 +358,7 @@ def _readable(wheels: list[DistributionPackage]) -> list[DistributionPackage]:
     chosen: dict[str, DistributionPackage] = {}
     for package in wheels:
         tags = _tags(package.filename)
-        if any(t.interpreter in (READ_PYTHON, "py3") and t.platform.startswith("manylinux") and
+        if package.version and any(t.interpreter in (READ_PYTHON, "py3") and t.platform.startswith("manylinux") and
                t.platform.endswith(READ_PLATFORM) for t in tags):
             chosen.setdefault(package.version, package)
     return list(chosen.values())
@@ -375,7 +376,7 @@ def _read_build(index: Index, torch: str, package: DistributionPackage) -> Build
     local, cuda = version_facts(members.get("torch/version.py", b"").decode())
     python_min, pins, triton = metadata_facts(metadata)
     arches = arch_list(members.get("torch/lib/libtorch_python.so", b"")) if cuda else ()
-    return BuildFacts(torch, local, cuda, not Version(package.version).local, python_min, pins, triton, arches,
+    return BuildFacts(torch, local, cuda, not Version(package.version or torch).local, python_min, pins, triton, arches,
                       _source(index, package))
 
 
@@ -574,7 +575,7 @@ def _load(yaml: YAML, path: Path):
     return document
 
 
-def plain(node) -> dict | None:
+def plain(node: Any) -> Any:
     if node is None:
         return None
     if isinstance(node, dict):
@@ -626,7 +627,9 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     stream = StringIO()
     yaml.dump({"torch": document["torch"]}, stream)
     text = path.read_text()
-    start = re.search(r"^torch:", text, re.MULTILINE).start()
+    heading = re.search(r"^torch:", text, re.MULTILINE)
+    assert heading, "compat.yaml was read with its torch: section"
+    start = heading.start()
     following = re.compile(r"^[^\s#]", re.MULTILINE | re.ASCII).search(text, start + 1)
     end = following.start() if following else len(text)
     section = text[start:end]

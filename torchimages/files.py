@@ -244,6 +244,7 @@ def atomic_write(path: Path, content: bytes | str, mode: int = 0o644, root: Path
     """Write path in one step (temporary + rename), following no link below root (default: path's folder)."""
     data = content.encode() if isinstance(content, str) else content
     with _folder(path.parent, root or path.parent) as folder, _signals_deferred(), _naming(path):
+        assert folder is not None  # made where missing
         temporary, handle = _temporary(folder, path.name, mode)
         try:
             with os.fdopen(handle, "wb") as stream:
@@ -266,6 +267,7 @@ def open_new(path: Path, root: Path):
     """A new, empty text file at path for a log written as it grows (a build's log): whatever was there, a link
     included, is replaced, never truncated through."""
     with _folder(path.parent, root) as folder, _signals_deferred(), _naming(path):
+        assert folder is not None  # made where missing
         temporary, handle = _temporary(folder, path.name, 0o644)
         try:
             _put_in_place(folder, temporary, path)

@@ -82,7 +82,9 @@ def compat_shape_problems(compat) -> list[tuple[int, str]]:
                                                    f"{'list' if name in expected else 'mapping'}"))
     for name in ("torch", "cuda", "os", "flavors", "bases", "families", "architectures"):
         section = compat.get(name)
-        for key, entry in (section.items() if isinstance(section, LineDict) else ()):
+        if not isinstance(section, LineDict):
+            continue
+        for key, entry in section.items():
             if not isinstance(entry, dict):
                 problems.append((section.line_of(key), f"{name} entry {brief(key)} must be a mapping"))
             elif name == "torch" and not _torch_facts_ok(entry):
@@ -141,7 +143,7 @@ def validate_matrix(document, compat: dict, filename: str) -> Matrix:
         raise InputError(problems)
 
     specs: list[ImageSpec] = []
-    for item, line in zip(variants, variants.item_lines):
+    for item, line in zip(variants, variants.item_lines, strict=False):
         if not isinstance(item, LineDict):
             report(line, "each variant must be a mapping (torch:, cuda:, python:, os:, flavors: ...)")
             continue
@@ -247,7 +249,7 @@ def _settings(row: _Row, compat: dict, fail) -> _Settings:
     flavors = _flavors(row, tuple(compat["flavors"]), fail)
     return _Settings(
         flavors=flavors, arch=_arch(row, compat["architectures"], fail), allow_unlisted=allow_unlisted, user=_user(row, compat["reserved_users"], fail),
-        shm_size=_size(row, "shm_size", "8g", fail), size_budget=_size(row, "size_budget", None, fail),
+        shm_size=_size(row, "shm_size", "8g", fail) or "8g", size_budget=_size(row, "size_budget", None, fail),
         deprecated=_deprecated(row, fail), aliases=_aliases(row, flavors, fail),
     )
 
@@ -297,6 +299,7 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     arch_list = _arch_list(row, wheel, is_gpu, compat["compute_capabilities"], fail)
     if fail:
         return []
+    cuda_facts = cuda_facts or {}  # a GPU row's, known by now; a CPU row has none
     python_from_os = os_facts["python"] == python
     family = compat["families"][os_facts["family"]]
     os_packages = _os_packages(family, python, python_from_os)
@@ -528,7 +531,7 @@ def _size(row: _Row, key: str, fallback: str | None, fail) -> str | None:
     if value is None:
         return fallback
     try:
-        parse_size(value if isinstance(value, (str, int)) and not isinstance(value, bool) else "")
+        parse_size(str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else "")
     except ValueError:
         fail(key, f"'{key}' must be a size above zero such as 8g or 512m, got {brief(value)}")
         return fallback

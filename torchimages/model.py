@@ -86,7 +86,7 @@ class ImageSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "ImageSpec":
+    def from_json(cls, data: dict) -> ImageSpec:
         values = dict(data)
         values["user"] = User(**values["user"]) if values.get("user") else None
         values["arch_list"] = tuple(values.get("arch_list") or ())

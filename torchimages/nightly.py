@@ -22,18 +22,18 @@ from typing import Protocol
 
 import docker.errors
 
+from . import base_pins as lock_stage
 from . import builder as build_stage
 from . import catalog as catalog_stage
 from . import engine
-from . import base_pins as lock_stage
 from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
 from .bases_lock import read_lock, write_lock
 from .matrix import Matrix
 from .model import ImageSpec, InputError
-from .redaction import redact
 from .project import Project
+from .redaction import redact
 from .registry import RegistryClient, RegistryError
 from .reporting import utc_timestamp
 from .summary import REGISTRY_ROW, Published, SizeChange, Summary

@@ -106,7 +106,7 @@ def published_as(image_id: str, pinned_names: list[str], manifests: dict[str, Ma
 def same_config(image: dict, config: dict) -> bool:
     """Whether a registry's image config (of an OCI manifest) is the engine's image: the same layers (diff ids) and
     the same creation time, which the OCI form keeps."""
-    rootfs = config.get("rootfs") if isinstance(config.get("rootfs"), dict) else {}
+    rootfs = config["rootfs"] if isinstance(config.get("rootfs"), dict) else {}
     return (rootfs.get("diff_ids") == (image.get("RootFS") or {}).get("Layers")
             and bool(config.get("created")) and config.get("created") == image.get("Created"))
 
@@ -134,7 +134,7 @@ def verified_on(report: VerifyReport, facts: dict) -> dict:
     """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
     which checks ran there and which were skipped."""
     gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
-    devices = gpu.get("devices") if isinstance(gpu.get("devices"), list) else []
+    devices = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
     on_gpu = "gpu" in report.with_status("passed")
     return {
         "host": "gpu" if on_gpu else "cpu-only",
@@ -265,6 +265,7 @@ class Publisher:
         refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
         if refusal:
             return PublishResult(spec.tag, "refused", message=refusal)
+        assert image is not None and report is not None  # verification_refusal refuses a missing image or report
 
         targets = [spec.tag, *spec.aliases]
         pinned_names = dated_tags(spec.tag, all_tags)
@@ -376,10 +377,9 @@ class Publisher:
                               self.options.retry,
                               lambda message, delay: self.log(f"{tag}: {message}; retrying in {delay:g} s"))
         stored = self.registry.manifest_or_none(pinned)
-        confirmed = stored.digest if stored else None
-        if confirmed != pushed:
-            raise RegistryError(f"{repository}:{pinned}: the push reported {pushed} but the registry has {confirmed}",
-                                transient=False)
+        if stored is None or stored.digest != pushed:
+            raise RegistryError(f"{repository}:{pinned}: the push reported {pushed} but the registry has "
+                                f"{stored.digest if stored else None}", transient=False)
         if stored.compression() != compression:
             found = ", ".join(sorted(set(stored.layer_media_types)))
             raise RegistryError(f"{repository}:{pinned}: asked for {compression} layers, the registry holds {found}; "

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 import tenacity
 
@@ -187,7 +187,7 @@ def registry_access(registry: Registry, config_dir: Path | None = None, certs_d:
     certificates = _certificates(host_certs, ca_file)
     scratch = tempfile.TemporaryDirectory(prefix="torchimages-registry-") if config or certificates else None
     auth_file = _auth_file(config, registry, scratch)
-    cert_dir = _cert_dir(certificates, scratch) if certificates else None
+    cert_dir = _cert_dir(certificates, scratch) if certificates and scratch else None
     # Docker's rule: a loopback registry may be plain HTTP, unless a CA for it says it speaks TLS.
     tls_verify = not insecure and not (registry.is_loopback and cert_dir is None and not host_certs.is_dir())
     return RegistryAccess(auth_file, cert_dir, tls_verify, _secrets(config, registry), scratch)
@@ -242,6 +242,7 @@ def _auth_file(config: dict | None, registry: Registry, scratch: tempfile.Tempor
     or a stand-in naming the credsStore helper for this registry."""
     if config is None:
         return None
+    assert scratch is not None  # made whenever there is a config
     store = _creds_store_for(config, registry)
     copy = Path(scratch.name) / "auth.json"
     copy.write_text(json.dumps({"credHelpers": {registry.host: store}} if store else config))
@@ -321,11 +322,15 @@ class RetryPolicy:
 
 def with_retries(operation: Callable[[], T], policy: RetryPolicy, on_retry: Callable[[str, float], None]) -> T:
     """Run operation, trying again after each transient RegistryError while the policy allows."""
+    def announce(state: tenacity.RetryCallState) -> None:
+        if state.outcome and state.next_action:
+            on_retry(str(state.outcome.exception()), state.next_action.sleep)
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.retries + 1) | tenacity.stop_after_delay(policy.total_s),
         wait=tenacity.wait_exponential(multiplier=policy.first_delay_s, exp_base=2),
         retry=tenacity.retry_if_exception(lambda error: isinstance(error, RegistryError) and error.transient),
-        before_sleep=lambda state: on_retry(str(state.outcome.exception()), state.next_action.sleep),
+        before_sleep=announce,
         reraise=True,
     )
     return retrying(operation)
@@ -368,7 +373,7 @@ class Manifest:
         if not all(isinstance(media_type, str) for media_type in media_types):
             raise ValueError("a manifest whose layer media types are not strings")
         return cls(body, document.get("mediaType", ""), "sha256:" + hashlib.sha256(body).hexdigest(), config_digest,
-                   sum(part.get("size", 0) for part in parts), media_types)
+                   sum(part.get("size", 0) for part in parts if isinstance(part, dict)), media_types)
 
     def compression(self) -> str | None:
         """'gzip' or 'zstd' when every layer is compressed that way (an image without layers counts as gzip); None
@@ -441,7 +446,7 @@ class RegistryClient:
     def tag_manifests(self, tags: list[str]) -> dict[str, Manifest]:
         """tag -> manifest, for those of tags that exist (a few looked up at once)."""
         with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
-            found = dict(zip(tags, pool.map(self.manifest_or_none, tags)))
+            found = dict(zip(tags, pool.map(self.manifest_or_none, tags), strict=False))
         return {tag: manifest for tag, manifest in found.items() if manifest}
 
     def tag_digests(self, tags: list[str]) -> dict[str, str]:
@@ -529,6 +534,11 @@ class RegistryClient:
 
     def _retried(self, operation: Callable[[], T]) -> T:
         return with_retries(operation, self.policy, lambda message, delay: self.log(f"{message}; retrying in {delay:g} s"))
+
+    @overload
+    def _skopeo(self, *arguments: str, missing_ok: Literal[False] = False, transfer: bool = False) -> bytes: ...
+    @overload
+    def _skopeo(self, *arguments: str, missing_ok: Literal[True], transfer: bool = False) -> bytes | None: ...
 
     def _skopeo(self, *arguments: str, missing_ok: bool = False, transfer: bool = False) -> bytes | None:
         """skopeo's output; None for a missing image or repository when missing_ok; else a RegistryError. Within its

@@ -15,8 +15,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from . import compat_refresh
 from . import matrix as matrix_stage
 from . import render as render_stage
-from .files import atomic_write
 from .bases_lock import LOCK_NAME, read_lock
+from .files import atomic_write
 from .model import InputError, Problem
 from .yamlsource import load_yaml
 

@@ -119,7 +119,7 @@ class Shape:
         if origin in (typing.Union, types.UnionType):
             if value is not None or type(None) not in arguments:
                 self._check(value, next(a for a in arguments if a is not type(None)), keys)
-        elif dataclasses.is_dataclass(expected):
+        elif isinstance(expected, type) and dataclasses.is_dataclass(expected):
             self._check_fields(value, expected, keys)
         elif origin is dict:
             if self._is(value, dict, keys):
@@ -245,7 +245,7 @@ class RowReport:
         require_schema(document, self.schema, path, f"a {self.label}", self.fix)
         shape = Shape(self.label)
         if shape.document(document, dict):
-            shape.fits(document.get("images"), list[self.entry], ("images",))
+            shape.fits(document.get("images"), list[self.entry], ("images",))  # type: ignore[name-defined]
         shape.raise_if_wrong(path, self.fix)
         return {item["tag"]: item for item in document["images"]}
 

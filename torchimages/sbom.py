@@ -64,6 +64,11 @@ class Inventory:
     apks: list[tuple[str, str, str]] = field(default_factory=list)  # name, version, "" (apk info -v has no arch)
 
 
+def _three_fields(line: str) -> tuple[str, str, str]:
+    name, version, architecture = line.split("\t")
+    return name, version, architecture
+
+
 def parse_inventory(text: str) -> Inventory:
     """The inventory script's output -> Inventory."""
     sections: dict[str, list[str]] = {}
@@ -79,7 +84,7 @@ def parse_inventory(text: str) -> Inventory:
         key, _, value = line.partition("=")
         if key and value:
             os_release[key.strip()] = value.strip().strip('"')
-    listed = {manager: sorted(tuple(line.split("\t")) for line in sections.get(manager, []) if line.count("\t") == 2)
+    listed = {manager: sorted(_three_fields(line) for line in sections.get(manager, []) if line.count("\t") == 2)
               for manager in PURL_TYPES}
     pip_text = "\n".join(sections.get("pip", [])).strip()
     python = [(package["name"], package["version"]) for package in json.loads(pip_text)] if pip_text else []
@@ -207,7 +212,7 @@ def _allowed(items, line: int, report) -> list[AllowedVulnerability]:
         report(line, "'allow' must be a list of {cve: CVE-YYYY-NNNN, reason: why it does not apply, expires: YYYY-MM-DD}")
         return []
     entries = []
-    for item, item_line in zip(items, items.item_lines):
+    for item, item_line in zip(items, items.item_lines, strict=False):
         if not isinstance(item, LineDict) or set(item) != set(ALLOWLIST_KEYS):
             report(item_line, "each allowlist entry needs exactly: cve, reason, expires (e.g. {cve: CVE-2024-12345, "
                               "reason: \"not reachable: no TLS server in the image\", expires: 2026-12-31})")

@@ -11,11 +11,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import catalog as catalog_stage
 from . import base_pins as lock_stage
+from . import catalog as catalog_stage
+from .bases_lock import LOCK_NAME, LockedBase, read_lock, write_lock
 from .builder import BUILD_REPORT
 from .files import brief, check_destinations, copy_file, inside, read_json_document
-from .bases_lock import LOCK_NAME, LockedBase, read_lock, write_lock
 from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .publish import PUBLISH_REPORT

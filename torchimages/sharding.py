@@ -73,7 +73,7 @@ def balance(tags: list[str], durations: dict[str, float], count: int) -> list[Sh
         lightest = min(range(count), key=lambda index: (loads[index], index))
         loads[lightest] += weight[tag]
         members[lightest].append(tag)
-    return [Shard(index + 1, count, tuple(sorted(members[index], key=order.get)), round(loads[index], 1) if known else None)
+    return [Shard(index + 1, count, tuple(sorted(members[index], key=lambda tag: order[tag])), round(loads[index], 1) if known else None)
             for index in range(count)]
 
 

@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,12 +96,12 @@ class SigningKey:
 
 # ------------------------------------------------------------------------------------------------------------ keys
 
-def load_signing_key(source: str, environment: dict | None = None) -> SigningKey:
+def load_signing_key(source: str, environment: Mapping[str, str] | None = None) -> SigningKey:
     """The private key named by source (a file, or env://VAR), decrypted with COSIGN_PASSWORD where it is
     encrypted; an InputError naming the source and what to do, never quoting the key or the password."""
-    environment = os.environ if environment is None else environment
-    text = _key_text(source, environment)
-    password = environment.get(PASSWORD_VARIABLE, "").encode()
+    variables: Mapping[str, str] = os.environ if environment is None else environment
+    text = _key_text(source, variables)
+    password = variables.get(PASSWORD_VARIABLE, "").encode()
 
     def wrong(message: str) -> InputError:
         return InputError([Problem(source, 0, message)])
@@ -134,10 +135,6 @@ def load_public_key(path: Path) -> PublicKey:
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
         raise InputError([Problem(str(path), 0, "is not an ECDSA P-256 public key, the kind images are signed with")])
     return PublicKey(key)
-
-
-def public_key_from_pem(pem: str) -> PublicKey:
-    return PublicKey(serialization.load_pem_public_key(pem.encode()))
 
 
 def _key_text(source: str, environment) -> str:

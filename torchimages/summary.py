@@ -6,10 +6,19 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .files import append_text, atomic_write, atomic_write_json, brief, check_appendable
 from .base_pins import BaseChange
+from .files import append_text, atomic_write, atomic_write_json, brief, check_appendable
 from .project import EXIT_FAILED, EXIT_OK
-from .reporting import DIGEST, DIGEST_RULE, Shape, human_size, known_fields, markdown_cell, markdown_code, require_schema
+from .reporting import (
+    DIGEST,
+    DIGEST_RULE,
+    Shape,
+    human_size,
+    known_fields,
+    markdown_cell,
+    markdown_code,
+    require_schema,
+)
 
 SCHEMA = 1
 SUMMARY_JSON = "nightly-summary.json"

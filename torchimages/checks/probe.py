@@ -110,7 +110,7 @@ def decode_cudnn_version(value: int | None) -> tuple[int, int, int] | None:
     return value // 1000, value // 100 % 10, value % 100
 
 
-def arch_flags_for(arch_list: list[str]) -> list[str]:
+def arch_flags_for(arch_list: typing.Sequence[str]) -> list[str]:
     """A TORCH_CUDA_ARCH_LIST (["7.5", "12.0+PTX"]) -> what torch.cuda.get_arch_list() reports for it."""
     flags = []
     for entry in arch_list:
@@ -246,7 +246,7 @@ def section(function, *args) -> dict:
 
 def run_tool(command: list[str], timeout: float = TOOL_TIMEOUT_S) -> dict:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"ok": False, "error": f"{type(error).__name__}: {error}"}
     return {"ok": done.returncode == 0, "returncode": done.returncode, "output": (done.stdout + done.stderr)[-4000:]}
@@ -342,12 +342,12 @@ def find_nvcc(env: dict[str, str], exists=os.path.exists, which=shutil.which) ->
 
 def tool_facts() -> dict:
     nvcc = find_nvcc(dict(os.environ))
-    nvcc_facts = {"path": nvcc, "cuda_home": os.environ.get("CUDA_HOME")}
+    nvcc_facts: dict[str, typing.Any] = {"path": nvcc, "cuda_home": os.environ.get("CUDA_HOME")}
     if nvcc:
         nvcc_facts.update(run_tool([nvcc, "--version"]))
         nvcc_facts["release"] = nvcc_release(nvcc_facts.get("output", ""))
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    compiler_facts = {"path": compiler}
+    compiler_facts: dict[str, typing.Any] = {"path": compiler}
     if compiler:
         compiler_facts.update(run_tool([compiler, "--version"]))
         compiler_facts["version"] = compiler_facts.get("output", "").splitlines()[0] if compiler_facts.get("output") else ""
@@ -376,7 +376,8 @@ def loaded_libraries(maps_path: str = "/proc/self/maps") -> dict[str, list[str]]
 # ---------------------------------------------------------------- the files part (runs as root)
 
 def library_files(roots=LIBRARY_ROOTS) -> list[str]:
-    found, seen_roots = [], set()
+    found: list[str] = []
+    seen_roots: set[str] = set()
     for root in roots:
         real_root = os.path.realpath(root)
         if real_root in seen_roots or not os.path.isdir(real_root):
@@ -477,7 +478,7 @@ def files_facts(os_caches: list[str]) -> dict:
 # ---------------------------------------------------------------- the import part (runs as an arbitrary uid)
 
 def import_facts(wheel: str | None, after_main: bool) -> dict:
-    facts = {"part": "import", "user": user_facts()}
+    facts: dict[str, typing.Any] = {"part": "import", "user": user_facts()}
     if after_main:
         facts["waited_for_main_import_s"] = wait_for_file(TORCH_IMPORTED, TORCH_IMPORTED_WAIT_S)
     try:
@@ -548,7 +549,7 @@ def captured_output(sink: list[str]):
 
 def quiet_import(name: str) -> tuple[object | None, dict]:
     """Import a module as users do, recording what it warned and printed: `import torch` must say nothing."""
-    started, printed = time.monotonic(), []
+    started, printed = time.monotonic(), typing.cast(list[str], [])
     with warnings.catch_warnings(record=True) as caught, captured_output(printed):
         warnings.simplefilter("always")
         try:
@@ -663,7 +664,7 @@ def _dataloader_through_shm(torch) -> dict:
     from torch.utils.data import DataLoader
 
     try:
-        loader = DataLoader(_BigItems(torch, DATALOADER_ITEMS, DATALOADER_ITEM_MB), batch_size=1,
+        loader: typing.Any = DataLoader(typing.cast(typing.Any, _BigItems(torch, DATALOADER_ITEMS, DATALOADER_ITEM_MB)), batch_size=1,
                             num_workers=DATALOADER_WORKERS, prefetch_factor=2, timeout=DATALOADER_TIMEOUT_S)
         held, peak = [], 0
         for index, batch in enumerate(loader):
@@ -694,7 +695,8 @@ MIG_DEVICE_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):")
 
 def parse_nvidia_smi_list(output: str) -> dict:
     """`nvidia-smi -L` -> its GPU lines and, per GPU, its MIG device lines (indented under the GPU)."""
-    gpus, mig = [], {}
+    gpus: list[str] = []
+    mig: dict[str, list[str]] = {}
     for line in output.splitlines():
         if line.startswith("GPU "):
             gpus.append(line)
@@ -706,7 +708,7 @@ def parse_nvidia_smi_list(output: str) -> dict:
 def driver_facts() -> dict:
     """The host driver as the container sees it: nvidia-smi's GPU and MIG lines, compute modes, driver version;
     when nvidia-smi fails, its exit code and words (an NVML error is the cause to report, not "no GPUs")."""
-    facts = {"driver_version": None, "nvidia_smi_gpus": None, "mig_devices": {}, "compute_modes": None,
+    facts: dict[str, typing.Any] = {"driver_version": None, "nvidia_smi_gpus": None, "mig_devices": {}, "compute_modes": None,
              "mig_modes": None, "nvidia_smi_error": None}
     smi = shutil.which("nvidia-smi")
     facts["nvidia_smi"] = smi
@@ -757,7 +759,7 @@ def compute_mode_limits(host: dict) -> ComputeModeLimits:
     return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
 
 
-def mig_multi_gpu_reason(device_count: int, host: dict, device_names: list[str] = ()) -> str:
+def mig_multi_gpu_reason(device_count: int, host: dict, device_names: typing.Sequence[str] = ()) -> str:
     """Why peer copies and NCCL must not run across these CUDA devices ("" where they must): 2+ devices, one of them
     a MIG device. One CUDA process enumerates one MIG device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), so 2+
     devices with one of them MIG is a MIG device beside whole GPUs. Known before any context from nvidia-smi's MIG
@@ -931,7 +933,7 @@ def multi_gpu_in_subprocess() -> dict:
     """NCCL can hang; a separate process with a timeout keeps the rest of the facts."""
     try:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--part", "multi-gpu"],
-                              capture_output=True, text=True, timeout=MULTI_GPU_TIMEOUT_S)
+                              capture_output=True, text=True, timeout=MULTI_GPU_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"peer copies / NCCL all-reduce did not finish in {MULTI_GPU_TIMEOUT_S}s"}
     try:
@@ -1106,7 +1108,7 @@ def linalg_on(torch, device: str) -> dict:
     system = torch.tensor([[3.0, 1.0], [1.0, 2.0]], device=device)
     solution = torch.linalg.solve(system, torch.tensor([9.0, 8.0], device=device)).cpu().tolist()
     determinant = float(torch.linalg.det(system))
-    ok = all(abs(a - b) < 1e-5 for a, b in zip(solution, (2.0, 3.0))) and abs(determinant - 5.0) < 1e-5
+    ok = all(abs(a - b) < 1e-5 for a, b in zip(solution, (2.0, 3.0), strict=False)) and abs(determinant - 5.0) < 1e-5
     reconstruction = {}
     for name in (("float32", "float64") if device != "cpu" else ("float32",)):
         dtype = getattr(torch, name)
@@ -1222,7 +1224,7 @@ def smoke_compiles(torch, skip_gpu: str = "") -> dict:
     """The smoke test's compiles on the CPU and on cuda:0, as upstream's smoke_test_compile does (one GPU: a cold
     max-autotune per GPU would outlast any budget on an 8-GPU node). Runs in a forked child that finds its own GPUs;
     `skip_gpu` says why the GPU part must not run (a GPU in an exclusive compute mode)."""
-    facts = {"devices": {}}
+    facts: dict[str, typing.Any] = {"devices": {}}
     gpus = gpu_devices(torch)[:1]
     if gpus and skip_gpu:
         facts["gpu_skipped"], gpus = skip_gpu, []
@@ -1294,6 +1296,7 @@ class AllReduceRun:
         self.started, self.processes = time.monotonic(), processes
         self.result_dir = tempfile.mkdtemp(prefix="torchimages-all-reduce-")
         self.log = tempfile.TemporaryFile()
+        self.process: subprocess.Popen | None = None
         self.command = ["torchrun", "--standalone", "--nproc-per-node", str(processes),
                         os.path.abspath(__file__), "--part", "all-reduce", "--backend", backend,
                         "--result-dir", self.result_dir]
@@ -1455,7 +1458,8 @@ def record_host_facts() -> dict:
     it printed them, /proc/driver/nvidia/version, the CPU architecture and how the GPUs were selected."""
     import platform
 
-    facts = {"machine": platform.machine(), "hostname": platform.node(), "proc_driver_version": None,
+    facts: dict[str, typing.Any] = {"machine": platform.machine(), "hostname": platform.node(),
+             "proc_driver_version": None,
              "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     with contextlib.suppress(OSError):

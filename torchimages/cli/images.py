@@ -129,7 +129,7 @@ def cmd_images(project: Project, args) -> int:
     results = run_builds(project, specs, args)
     build_stage.write_report(project.reports, results)
     show_build_results(results)
-    ready = [spec for spec, result in zip(specs, results) if result.status in ("built", "skipped")]
+    ready = [spec for spec, result in zip(specs, results, strict=False) if result.status in ("built", "skipped")]
     options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs))
     with ConsoleProgress(errors()) as progress:
         verified = verify.verify_images(docker_client, ready, options, progress) if ready else []

@@ -7,11 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 from .. import attestations, engine
-from .. import catalog as catalog_stage
 from .. import base_pins as lock_stage
+from .. import catalog as catalog_stage
 from .. import publish as publish_stage
-from ..files import atomic_write
 from ..bases_lock import read_lock, write_lock
+from ..files import atomic_write
 from ..model import InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..registry import RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
@@ -41,8 +41,8 @@ def cmd_lock(project: Project, args) -> int:
     result = lock_stage.refresh(resolver, specs, current, everything=not args.selectors)
     for image in sorted({spec.base_image for spec in specs}):
         base = result.bases.get(image)
-        if image in result.unresolved:
-            print(f"unresolved  {image}: {result.unresolved[image]}")
+        if base is None or image in result.unresolved:
+            print(f"unresolved  {image}: {result.unresolved.get(image, 'not pinned')}")
         else:
             print(f"{base.source:11} {image} -> {base.pin}" + (f"  ({base.note})" if base.note else ""))
     for change in result.changes:

@@ -9,8 +9,8 @@ import docker.errors
 import docker.types
 
 from .. import engine
-from ..checks import checklist
 from ..builder import local_name
+from ..checks import checklist
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
 
 CHECKS, GPU_CHECKS = checklist.NAMES, checklist.GPU_CHECKS  # declared once, in torchimages/checks/checklist.py

@@ -137,7 +137,7 @@ def host_gpu_facts() -> dict:
 
     command = [sys.executable, str(PROBE_SOURCE), "--gpu-only", "--budget-s", str(GPU_ONLY_TIMEOUT_S)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=GPU_ONLY_TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=GPU_ONLY_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise PeerError(f"the probe's GPU part ({sys.executable}) did not finish in {GPU_ONLY_TIMEOUT_S}s: a GPU or "
                         "NCCL hang; run `probe.py --gpu-only` by hand to see where it stops") from None
@@ -198,10 +198,10 @@ def nvidia_smi_as_lane_host(host: dict) -> dict:
     query = host.get("nvidia_smi_query") or {}
     rows = [[field.strip() for field in line.split(", ")] for line in (query.get("output") or "").splitlines()
             if query.get("ok") and line.count(", ") == len(QUERY_KEYS) - 1]
-    gpus = []
+    gpus: list[dict] = []
     for line in listing["output"].splitlines():
         if (match := SMI_GPU_LINE.match(line)):
-            fields = dict(zip(QUERY_KEYS, rows[len(gpus)])) if len(gpus) < len(rows) else {}
+            fields = dict(zip(QUERY_KEYS, rows[len(gpus)], strict=False)) if len(gpus) < len(rows) else {}
             gpus.append({**fields, "name": match["name"], "uuid": match["uuid"]})
         elif (match := SMI_MIG_LINE.match(line)) and gpus:
             gpus[-1].setdefault("mig_devices", []).append({"profile": match["profile"], "uuid": match["uuid"]})

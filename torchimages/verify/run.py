@@ -45,7 +45,8 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
     make_folder(report_dir, options.reports_dir)
     # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current.
     remove_file(report_dir / REPORT_NAME, options.reports_dir)
-    clock, names = StageClock(tag, progress), []
+    clock = StageClock(tag, progress)
+    names: list[str] = []
     try:
         clock.enter("starting container")
         try:

@@ -181,7 +181,7 @@ def driver_verdict(driver: str, libcuda: int | None, spec: ImageSpec,
         supported = f"{libcuda // 1000}.{libcuda % 1000 // 10}"
         return "ok", f"the libcuda this process loads supports CUDA {supported} (driver {driver}; CUDA {spec.cuda} needs it)"
     if version_tuple(driver) < version_tuple(floor):
-        return "fail", (f"the host driver {driver} is older than any CUDA {spec.cuda.split('.')[0]}.x runs on "
+        return "fail", (f"the host driver {driver} is older than any CUDA {(spec.cuda or '').split('.')[0]}.x runs on "
                         f"({floor}, minor-version compatibility; {ga} for all of CUDA {spec.cuda}, {source})")
     if version_tuple(driver) < version_tuple(ga):
         return "warn", (f"the host driver {driver} is older than CUDA {spec.cuda}'s own ({ga}, {source}): it runs in "
@@ -201,7 +201,7 @@ PTX_TOO_NEW = "CUDA error: the provided PTX was compiled with an unsupported too
 def ptx_only_without_jit(coverage: str | None, driver_status: str) -> bool:
     """A GPU that only the arch list's PTX covers, on a driver below the release's own (driver_verdict's "warn"):
     nothing runs on it, whatever the versions' floor says."""
-    return bool(coverage) and coverage.startswith("PTX") and driver_status == "warn"
+    return bool(coverage and coverage.startswith("PTX")) and driver_status == "warn"
 
 
 # Triton ships CUPTI for its own profiler (proton), which dlopens it from these folders only when asked to profile

@@ -7,8 +7,14 @@ import pytest
 from torchimages.checks.plugin import CheckWarning
 from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
-from .helpers import (driver_start_failure, driver_verdict, expected_device_count, host_start_failure, minimum_driver,
-                      ptx_only_without_jit)
+from .helpers import (
+    driver_start_failure,
+    driver_verdict,
+    expected_device_count,
+    host_start_failure,
+    minimum_driver,
+    ptx_only_without_jit,
+)
 
 
 def _torch_warnings(gpu: dict) -> str:
@@ -95,7 +101,7 @@ def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
     assert status != "fail", (f"{why}{_torch_warnings(gpu)}: upgrade the host driver, or use a tag built for an "
                               "older CUDA")
     if status == "warn":
-        warnings.warn(CheckWarning(why))
+        warnings.warn(CheckWarning(why), stacklevel=2)
 
 
 @pytest.mark.check("multi-gpu")
