@@ -110,6 +110,7 @@ class BuildContext:
 
     files: dict[str, Path]  # path in the context -> file on the host
     extra: dict[str, bytes]  # generated context entries
+    inputs: dict[str, str]  # each input by name -> what identifies it: the input hash is made of exactly these
     input_hash: str
     base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
 
@@ -139,17 +140,27 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
     extra = {"build-inputs/wheelhouse/.keep": b""}
     if options.ca_bundle:
         extra["build-inputs/ca-bundle.pem"] = read_bytes(options.ca_bundle, CA_BUNDLE_FIX)
-    digest = hashlib.sha256()
-    for name, path in sorted(files.items()):
-        digest.update(name.encode())
-        # Wheels are big and named by version: name + size identify them without reading gigabytes.
-        digest.update(str(path.stat().st_size).encode() if name.startswith("build-inputs/") else path.read_bytes())
-    for name, content in sorted(extra.items()):
-        digest.update(name.encode() + hashlib.sha256(content).digest())
     visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
-    digest.update(json.dumps(visible_args, sort_keys=True).encode())
-    digest.update(base_identity.encode())
-    return BuildContext(files, extra, digest.hexdigest()[:32], base_image_id)
+    inputs = build_inputs(files, extra, visible_args, base_identity)
+    return BuildContext(files, extra, inputs, input_hash(inputs), base_image_id)
+
+
+def build_inputs(files: dict[str, Path], extra: dict[str, bytes], visible_args: dict[str, str],
+                 base_identity: str) -> dict[str, str]:
+    """Every input of a build by name, with what identifies it: a file's sha256 (a wheel's size: wheels are big and
+    named by version, so name + size identify them without reading gigabytes), a build argument's value (logins
+    removed), the base's identity. Kept with the build, so that `why` can name the inputs that changed."""
+    inputs = {f"file {name}": (f"{path.stat().st_size} bytes" if name.startswith("build-inputs/")
+                               else hashlib.sha256(path.read_bytes()).hexdigest())
+              for name, path in files.items()}
+    inputs.update({f"file {name}": hashlib.sha256(content).hexdigest() for name, content in extra.items()})
+    inputs.update({f"build arg {name}": value for name, value in visible_args.items()})
+    inputs["base"] = base_identity
+    return inputs
+
+
+def input_hash(inputs: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def context_tar(context: BuildContext) -> io.BufferedRandom:
@@ -207,9 +218,19 @@ class Builder:
     def input_hash(self, spec: ImageSpec) -> str | None:
         """The input hash of spec as it would be built now, also on an engine without its base (nothing pulled);
         None when nothing identifies the base. An InputError for a missing Dockerfile or a damaged lock."""
+        inputs = self.current_inputs(spec)
+        return input_hash(inputs) if inputs is not None else None
+
+    def current_inputs(self, spec: ImageSpec) -> dict[str, str] | None:
+        """Each input of spec as it would be built now (build_inputs); None when nothing identifies the base."""
         base = base_reference(spec, self.options.images_dir)
         identity = base_identity(base, self._image_id(base), self._locked_image_id(spec))
-        return build_context(spec, self.options, identity, "").input_hash if identity else None
+        return build_context(spec, self.options, identity, "").inputs if identity else None
+
+    def engine_input_hash(self, spec: ImageSpec) -> str | None:
+        """The input hash the engine's image of spec was built with; None when the engine has no image of it."""
+        image = engine.inspect_image(self.client, local_name(spec))
+        return (image["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL, "") if image else None
 
     def plan(self, spec: ImageSpec) -> tuple[BuildContext | None, BuildResult | None]:
         """Decide quickly whether an image must be built; returns (context, None) or (None, skipped/failed result)."""
@@ -401,11 +422,13 @@ def wheel_record_path(reports_dir: Path, tag: str) -> Path:
 
 def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> None:
     """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
-    input hash they went into: publish's build provenance names them (the image keeps no wheel's hash)."""
+    input hash they went into (publish's build provenance names them: the image keeps no wheel's hash), and every
+    input the hash was made of (`why` compares them with today's)."""
     wheels = [{"name": path.name, "sha256": _file_sha256(path)} for name, path in sorted(context.files.items())
               if name.startswith("build-inputs/wheelhouse/") and name.endswith(".whl")]
     atomic_write_json(wheel_record_path(reports_dir, tag),
-                      {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels},
+                      {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels,
+                       "inputs": context.inputs},
                       root=reports_dir)
 
 
@@ -419,9 +442,14 @@ def read_wheel_record(path: Path) -> dict:
     wheels = record.get("wheels")
     if not isinstance(record.get("input_hash"), str) or not isinstance(wheels, list) or not all(
             isinstance(wheel, dict) and isinstance(wheel.get("name"), str) and isinstance(wheel.get("sha256"), str)
-            for wheel in wheels):
-        raise InputError([Problem(str(path), 1, f"not a wheel record (input_hash, wheels: name and sha256): {fix}")])
+            for wheel in wheels) or not _text_mapping(record.get("inputs", {})):
+        raise InputError([Problem(str(path), 1, f"not a wheel record (input_hash, wheels: name and sha256, inputs: "
+                                                 f"name: identity): {fix}")])
     return record
+
+
+def _text_mapping(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def _file_sha256(path: Path) -> str:

@@ -25,7 +25,7 @@ import docker.errors
 from . import base_pins as lock_stage
 from . import builder as build_stage
 from . import catalog as catalog_stage
-from . import engine
+from . import engine, rebuild
 from . import publish as publish_stage
 from . import render as render_stage
 from . import verify as verify_stage
@@ -126,19 +126,20 @@ class Nightly:
         """The rows whose current inputs are published and verified, decided from the catalog and the registry alone
         (an empty engine decides the same): nothing is done for them."""
         builder = build_stage.Builder(client, self.options.build)
+        key = self.publishing.signing_key
         current = []
         for spec in self.specs:
-            entry = catalog.images.get(spec.tag)
-            if entry is None or not entry.input_hash or self.options.build.force or self.options.build.no_cache:
-                continue
             try:
-                unchanged = (entry.repository == self.publishing.registry.name and catalog_stage.matches_spec(entry, spec)
-                             and self.signed_as_asked(entry) and builder.input_hash(spec) == entry.input_hash)
-                tags = [*entry.floating, entry.pinned[0].tag]
-                if unchanged and self.registry.tag_digests(tags) == dict.fromkeys(tags, entry.digest):
-                    current.append(spec)
+                state = rebuild.read_row_state(builder, spec, catalog.images.get(spec.tag), self.publishing.registry.name,
+                                               key.public.fingerprint if key else None, self.registry)
             except (InputError, RegistryError) as error:
                 self.log(f"{spec.tag}: not taken as published ({error}); running it")
+                continue
+            reasons = rebuild.publish_reasons(state)
+            if reasons:
+                self.log(f"{spec.tag}: runs: {'; '.join(reasons)}")
+            else:
+                current.append(spec)
         if current:
             self.summary.skipped += [spec.tag for spec in current]
             self.summary.already_verified += [spec.tag for spec in current]
@@ -148,12 +149,6 @@ class Nightly:
                 f"tags name the catalog's digest), so nothing was pulled, built or verified: "
                 f"{', '.join(spec.tag for spec in current)}")
         return current
-
-    def signed_as_asked(self, entry: catalog_stage.CatalogEntry) -> bool:
-        """Whether the catalog records this run's key (if it has one) among the digest's signers: a row published
-        unsigned, or before a key rotation, is run again so that publish signs it."""
-        key = self.publishing.signing_key
-        return key is None or key.public.fingerprint in entry.signing.get("keys", [])
 
     def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
         """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a

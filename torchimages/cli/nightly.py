@@ -4,10 +4,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import engine, rebuild
 from .. import sharding as plan_stage
+from ..builder import Builder
+from ..catalog import catalog_file, load_catalog
 from ..model import PYPI, ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
 from ..project import EXIT_OK, Project
+from ..registry import RegistryClient
 from ..shard_merge import merge_reports
 from ..summary import check_step_summary, write_summary
 from .display import ConsoleDisplay, errors, log
@@ -65,6 +69,22 @@ def cmd_report_merge(project: Project, args) -> int:
     return summary.exit_code
 
 
+def cmd_why(project: Project, args) -> int:
+    """The nightly's decision for each selected row, with its reasons: nothing, build, or verify and publish."""
+    publishing = publish_options(project, args)
+    builder = Builder(engine.client(), build_options(project, args))
+    registry = None if args.offline else RegistryClient(publishing.registry, publishing.access, publishing.retry, log)
+    catalog = load_catalog(catalog_file(publishing.catalog_dir))
+    key = publishing.signing_key.public.fingerprint if publishing.signing_key else None
+    states = [rebuild.read_row_state(builder, spec, catalog.images.get(spec.tag), publishing.registry.name, key,
+                                     registry) for spec in project.select(args.selectors)]
+    if args.format == "json":
+        print(json.dumps([rebuild.decision_document(state) for state in states], indent=2))
+    else:
+        print("\n".join(rebuild.explain(state) for state in states))
+    return EXIT_OK
+
+
 def cmd_watch(project: Project, args) -> int:
     from .. import release_watch  # here: the index client costs every other command's start a quarter second
 
@@ -84,6 +104,18 @@ def register(commands) -> None:
                     "review. Publishes nothing. Exit 0 (with or without a proposal), 2: bad input.")
     watching.add_argument("--index-url", default=PYPI, help="a PEP 691 package index (default: %(default)s)")
     watching.set_defaults(handler=cmd_watch, writes=lambda project, args: [project.images, project.reports])
+
+    why = commands.add_parser(
+        "why", help="why the nightly would build, verify or publish a row again (or leave it alone)",
+        description="Reads the catalog, the registry's tags, the engine's image and the build inputs, and prints the "
+                    "nightly's decision for each row with its reasons (the inputs that changed, by name). Changes "
+                    "nothing. Exit 0, 2: bad input.")
+    add_selectors(why)
+    add_publish_arguments(why)
+    add_build_arguments(why)
+    why.add_argument("--offline", action="store_true", help="do not ask the registry whether the tags still match")
+    why.add_argument("--format", choices=("text", "json"), default="text", help="(default: %(default)s)")
+    why.set_defaults(handler=cmd_why)
 
     planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
     add_selectors(planning)
