@@ -3,12 +3,8 @@ that cannot start is reported, and the GPU environment each --gpus form gives th
 from __future__ import annotations
 
 import io
-import json
 import os
 import secrets
-import subprocess
-import sys
-from pathlib import Path
 
 import docker.errors
 import pytest
@@ -21,7 +17,12 @@ from torchimages.sbom import collect_inventory
 from torchimages.verify.container import container_name, create_container, remove_container
 from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
-from torchimages.verify.suite import failed_start_checks, gpu_start_failure, with_gpu_start_failure
+from torchimages.verify.suite import (
+    failed_start_checks,
+    gpu_start_failure,
+    run_suite_on_facts,
+    with_gpu_start_failure,
+)
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX
 
@@ -30,7 +31,7 @@ CU132 = "2.15.0-cuda13.2-cudnn9-runtime"
 H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}
 
 
-def driver_check(tmp_path: Path, tag: str, driver: str, libcuda: int | None) -> dict:
+def driver_check(tag: str, driver: str, libcuda: int | None) -> dict:
     """The real suite's driver test, run by pytest with the real check plugin on recorded facts (testinfra's
     local:// host: the test reads no file), as `build.py test` runs it against a container."""
     spec = BY_TAG[tag]
@@ -39,20 +40,12 @@ def driver_check(tmp_path: Path, tag: str, driver: str, libcuda: int | None) -> 
     gpu = {"available": True, "device_count": 1, "devices": [H100], "driver_version": driver,
            "libcuda_driver_version": libcuda, "nvidia_smi_gpus": [H100["name"]], "warnings": []}
     facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu}}
-    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
-    paths["expect"].write_text(json.dumps(expect))
-    paths["facts"].write_text(json.dumps(facts))
-    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_gpu.py"), "--hosts=local://",
-                    "-k", "test_host_driver_meets_the_cuda_minimum", "-p", "torchimages.checks.plugin",
-                    f"--expect={paths['expect']}", f"--probe={paths['facts']}", f"--check-results={paths['checks']}",
-                    "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE), "-q", "-p", "no:cacheprovider"],
-                   cwd=tmp_path, capture_output=True, text=True, check=False)
-    return json.loads(paths["checks"].read_text())["driver"]
+    return run_suite_on_facts(expect, facts, [SUITE / "test_gpu.py"], "test_host_driver_meets_the_cuda_minimum")["driver"]
 
 
-def test_a_driver_below_the_releases_own_passes_the_driver_check_with_its_warning_in_the_report(tmp_path):
+def test_a_driver_below_the_releases_own_passes_the_driver_check_with_its_warning_in_the_report():
     # R580 (the LTS branch) under a CUDA 13.2 row: minor-version compatibility runs it; PTX JIT of 13.2 PTX does not.
-    verdict = driver_check(tmp_path, CU132, "580.95.05", 13000)
+    verdict = driver_check(CU132, "580.95.05", 13000)
     assert verdict["status"] == "passed", verdict
     [warning] = verdict["warnings"]
     assert "older than CUDA 13.2's own (595.45.04" in warning and "cannot be JIT-compiled" in warning
@@ -286,24 +279,17 @@ def test_reading_an_images_package_lists_gives_its_container_no_gpu(docker_clien
     assert inventory.debs == [("visible", "void", "all")]
 
 
-def distributed_checks(tmp_path: Path, gpu: dict, distributed: dict) -> dict:
+def distributed_checks(gpu: dict, distributed: dict) -> dict:
     """The real suite's distributed tests on recorded facts, as `build.py test` runs them against a container."""
     spec = BY_TAG[CU132]
     expect = {"tag": CU132, "container_id": "recorded", "spec": spec.to_json(), "host_gpu_runtime": True,
               "gpus": parse_gpus("all").to_json()}
     facts = {"image": {"labels": {}}, "main": {"torch": {"importable": True}, "gpu": gpu, "distributed": distributed}}
-    paths = {name: tmp_path / f"{name}.json" for name in ("expect", "facts", "checks")}
-    paths["expect"].write_text(json.dumps(expect))
-    paths["facts"].write_text(json.dumps(facts))
-    subprocess.run([sys.executable, "-m", "pytest", str(SUITE / "test_distributed.py"), "--hosts=local://",
-                    "-p", "torchimages.checks.plugin", f"--expect={paths['expect']}", f"--probe={paths['facts']}",
-                    f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE),
-                    "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, check=False)
-    return json.loads(paths["checks"].read_text())["distributed"]
+    return run_suite_on_facts(expect, facts, [SUITE / "test_distributed.py"])["distributed"]
 
 
 @pytest.mark.parametrize("backend, status", [("gloo", "passed"), ("nccl", "failed")])
-def test_torchrun_runs_over_gloo_across_a_mig_device_and_a_whole_gpu(tmp_path, backend, status):
+def test_torchrun_runs_over_gloo_across_a_mig_device_and_a_whole_gpu(backend, status):
     """NCCL supports MIG devices only experimentally (NVIDIA/nccl#1716): beside a whole GPU the all-reduce must run
     over gloo, and one over NCCL is not what the probe was asked to run."""
     mig = {"name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "capability": [8, 0]}
@@ -313,5 +299,5 @@ def test_torchrun_runs_over_gloo_across_a_mig_device_and_a_whole_gpu(tmp_path, b
              for rank in range(2)]
     distributed = {"command": "torchrun --standalone --nproc-per-node 2", "processes": 2, "returncode": 0,
                    "ranks": ranks, "error": "", "output": "", "ok": True}
-    verdict = distributed_checks(tmp_path, gpu, distributed)
+    verdict = distributed_checks(gpu, distributed)
     assert verdict["status"] == status, verdict

@@ -7,16 +7,13 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
 
 from ..checks import checklist
 from ..checks.probe import arch_flags_for
 from ..model import ImageSpec, InputError, PeerError, Problem
 from .plan import SUITE, parse_gpus
+from .suite import run_suite_on_facts
 
 # The suites that judge GPU facts alone; the others need a container's files, users and smoke run.
 GPU_SUITES = ("test_gpu.py", "test_cudnn.py", "test_amp.py")
@@ -84,21 +81,8 @@ def judge(spec: ImageSpec, gpus: str, torch_facts: dict, gpu: dict, matrix: list
               "spec": spec.to_json(), "gpus": parse_gpus(gpus).to_json(), "host_gpu_runtime": True,
               "shm_size": spec.shm_size, "arbitrary_uid": 12345,
               "arch_rows": {row.tag: list(row.arch_list) for row in matrix if row.is_gpu}}
-    with tempfile.TemporaryDirectory(prefix="torchimages-record-") as scratch:
-        paths = {name: Path(scratch) / f"{name}.json" for name in ("expect", "facts", "checks")}
-        paths["expect"].write_text(json.dumps(expect))
-        paths["facts"].write_text(json.dumps({"main": {"torch": torch_facts, "gpu": gpu}, "image": {"labels": {}}},
-                                             default=str))
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the record line alone
-            code = pytest.main([*(str(SUITE / name) for name in GPU_SUITES), "--hosts=local://",
-                                "-p", "torchimages.checks.plugin", f"--expect={paths['expect']}",
-                                f"--probe={paths['facts']}", f"--check-results={paths['checks']}", "-c", str(SUITE / "pytest.ini"), "--rootdir",
-                                str(SUITE), "--confcutdir", str(SUITE), "-q", "-p", "no:cacheprovider",
-                                "-p", "no:unraisableexception", "--no-header", "--no-summary",
-                                "-W", "ignore::DeprecationWarning"])
-        if code not in (0, 1):
-            raise RuntimeError(f"the check suite could not run on the GPU facts (pytest exit {code})")
-        return json.loads(paths["checks"].read_text())
+    facts = {"main": {"torch": torch_facts, "gpu": gpu}, "image": {"labels": {}}}
+    return run_suite_on_facts(expect, facts, [SUITE / name for name in GPU_SUITES])
 
 
 def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[str, dict]) -> Record:

@@ -1,19 +1,26 @@
-"""Verification, step 3: the pytest-testinfra check suite against the container, every check given a status."""
+"""Verification, step 3: the pytest-testinfra check suite against the container, every check given a status.
+
+Every run of the suite goes through suite_arguments: against a container (run_suite), or on recorded facts alone
+(run_suite_on_facts: what `gpu-record` judges with and what the tests replay real hardware's facts through).
+"""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import docker.errors
+import pytest
 
 from .. import engine
 from ..files import open_new, remove_file
-from ..model import InputError, Problem
+from ..model import InputError, PeerError, Problem
 from .container import ARBITRARY_UID
-from .plan import CHECKS, GPU_CHECKS, Plan, VerifyOptions
+from .plan import CHECKS, GPU_CHECKS, SUITE, Plan, VerifyOptions
 
 SUITE_TIMEOUT_S = 300
 
@@ -29,17 +36,46 @@ def expectations(plan: Plan, options: VerifyOptions, host_gpu_runtime: bool, con
     }
 
 
+def suite_arguments(tests: Sequence[Path], host: str, expect_path: Path, facts_path: Path, results_path: Path,
+                    suite: Path = SUITE) -> list[str]:
+    """pytest's arguments for the check suite (tests: the suite folder or some of its files) against host
+    (docker://<container>, or local:// for facts alone), writing each check's verdict to results_path."""
+    return [
+        *(str(test) for test in tests), f"--hosts={host}", "-p", "torchimages.checks.plugin",
+        f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}", f"--check-results={results_path}",
+        # The suite's own pytest.ini: no project's configuration or conftest applies, in a checkout or installed.
+        "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "--confcutdir", str(suite), "-p", "no:cacheprovider",
+    ]
+
+
+def run_suite_on_facts(expect: dict, facts: dict, tests: Sequence[Path], select: str = "") -> dict[str, dict]:
+    """The check suite judged on facts alone (no container; select: a pytest -k expression), in this process: what
+    `gpu-record` judges a GPU host with, and how the tests replay recorded real-hardware facts through the real
+    suite. Returns {check: {status, message, tests, ...}} for the checks the selected tests belong to."""
+    with tempfile.TemporaryDirectory(prefix="torchimages-facts-") as scratch:
+        paths = {name: Path(scratch) / f"{name}.json" for name in ("expect", "facts", "checks")}
+        paths["expect"].write_text(json.dumps(expect))
+        paths["facts"].write_text(json.dumps(facts, default=str))
+        arguments = [*suite_arguments(tests, "local://", paths["expect"], paths["facts"], paths["checks"]),
+                     *(["-k", select] if select else []), "-q", "--no-header", "--no-summary",
+                     "-p", "no:unraisableexception", "-W", "ignore::DeprecationWarning"]
+        with contextlib.redirect_stdout(sys.stderr):  # a caller's stdout may carry its own answer (gpu-record's line)
+            code = pytest.main(arguments)
+        if code not in (0, 1) or not paths["checks"].exists():
+            raise PeerError(f"the check suite could not run on the facts (pytest exit {code})")
+        return json.loads(paths["checks"].read_text())
+
+
 def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir: Path, expect_path: Path,
               facts_path: Path) -> dict[str, dict]:
     """pytest + testinfra against the container; returns {check: {status, message, tests}}."""
     with tempfile.TemporaryDirectory(prefix="torchimages-verify-") as scratch:
         results_path = Path(scratch) / "checks.json"
         command = [
-            sys.executable, "-m", "pytest", str(options.suite), f"--hosts=docker://{container_id}",
-            "-p", "torchimages.checks.plugin", f"--expect={expect_path.resolve()}", f"--probe={facts_path.resolve()}",
-            f"--check-results={results_path}", f"--junitxml={(report_dir / 'junit.xml').resolve()}",
-            # The suite's own pytest.ini: no project's configuration or conftest applies, in a checkout or installed.
-            "-c", str(options.suite / "pytest.ini"), "--rootdir", str(options.suite), "--confcutdir", str(options.suite),
+            sys.executable, "-m", "pytest",
+            *suite_arguments([options.suite], f"docker://{container_id}", expect_path, facts_path, results_path,
+                             options.suite),
+            f"--junitxml={(report_dir / 'junit.xml').resolve()}",
             "-o", f"junit_suite_name={plan.spec.tag}", "-q", "--tb=short", "-rfs", "--color=no",
         ]
         remove_file(report_dir / "junit.xml", report_dir)  # pytest would write through a link there
