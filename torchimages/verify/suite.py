@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import docker.errors
-import pytest
 
 from .. import engine
 from ..files import open_new, remove_file
@@ -52,6 +51,8 @@ def run_suite_on_facts(expect: dict, facts: dict, tests: Sequence[Path], select:
     """The check suite judged on facts alone (no container; select: a pytest -k expression), in this process: what
     `gpu-record` judges a GPU host with, and how the tests replay recorded real-hardware facts through the real
     suite. Returns {check: {status, message, tests, ...}} for the checks the selected tests belong to."""
+    import pytest  # here: importing it costs every command's start a tenth of a second
+
     with tempfile.TemporaryDirectory(prefix="torchimages-facts-") as scratch:
         paths = {name: Path(scratch) / f"{name}.json" for name in ("expect", "facts", "checks")}
         paths["expect"].write_text(json.dumps(expect))
