@@ -483,6 +483,15 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     assert again["nothing_to_do"] and sorted(again["unchanged"]) == sorted(ids) and again["new_tags"] == []
     assert real_rows.catalog_json()["images"] == catalog
     real_rows.cli("catalog", "--check-registry", "--catalog", str(real_rows.catalog), check_exit=0)
+    why = ("why", CPU_SELECTOR, "--registry", real_rows.repository, "--catalog", str(real_rows.catalog),
+           "--wheelhouse", str(wheelhouse))
+    assert f"{RUNTIME}: nothing\n  published with today's inputs; its tags on the registry name the catalog's digest" \
+        in real_rows.cli(*why, check_exit=0).stdout
+    signed_why = real_rows.cli(*why, "--signing-key", str(FIRST), "--format", "json", check_exit=0,
+                               env={**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD})
+    decisions = {row["tag"]: row for row in json.loads(signed_why.stdout)}
+    assert decisions[DEVEL]["decision"] == "verify, publish" and decisions[DEVEL]["build_reasons"] == []
+    assert decisions[DEVEL]["publish_reasons"] == [f"not signed yet by this run's key {key().public.fingerprint}"]
 
     # A signing key now: rows published unsigned are not taken as done; publish signs their unchanged digests.
     third, signed = nightly(real_rows, wheelhouse, "--retention", "1", "--signing-key", str(FIRST),
