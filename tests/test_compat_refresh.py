@@ -120,7 +120,7 @@ def test_facts_from_wheel_contents():
 
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
     """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
-    import torchimages.compat_refresh as compat_refresh
+    from torchimages import compat_refresh
 
     monkeypatch.setattr(compat_refresh, "MAX_MEMBER_BYTES", 1 << 16)
     before = compat.read_text()

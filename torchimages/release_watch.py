@@ -15,8 +15,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from . import compat_refresh
 from . import matrix as matrix_stage
 from . import render as render_stage
-from .files import atomic_write, read_text, remove_file
 from .bases_lock import LOCK_NAME, read_lock
+from .files import atomic_write, read_text, remove_file
 from .model import InputError, Problem
 from .redaction import inert
 from .yamlsource import load_yaml
@@ -141,8 +141,8 @@ def with_proposed_rows(text: str, variants, newest_in_matrix: str, pairs: list[t
     stream = StringIO()
     compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
-              f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
-              "facts in compat.yaml.\n"]
+              (f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
+              "facts in compat.yaml.\n")]
     proposed = header + stream.getvalue().splitlines(keepends=True) + ["\n"]
     return "".join(lines[:at] + proposed + lines[at:])
 
@@ -225,10 +225,10 @@ def markdown(proposal: Proposal) -> str:
     if not proposal.release:
         return f"No torch release newer than the matrix's {proposal.newest_in_matrix} on the index.\n"
     lines = [f"## torch {proposal.release}: proposed rows", "",
-             f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
+             (f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
              "`build.py watch` read its facts from the wheels into `compat.yaml` (each build with its "
              "`source:`), proposed rows shaped like the newest ones in `matrix.yaml` and rendered them. Nothing is "
-             "published from this proposal: merging it lets the nightly build, verify and publish the rows.", ""]
+             "published from this proposal: merging it lets the nightly build, verify and publish the rows."), ""]
     lines += [f"- `{tag}`" for tag in proposal.tags] or ["- no rows could be proposed"]
     # Notes and disagreements quote the index: one line each, whatever it sent.
     lines += ["", *(f"- note: {inert(note)}" for note in proposal.notes)]
