@@ -53,7 +53,7 @@ MAX_WHEEL_READ_BYTES = 320 << 20
 MAX_WHEEL_BYTES = 4 << 30
 # What an index, a wheel or its file name says is checked for its shape before it is used or written anywhere.
 SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
-WHEEL_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.whl", re.ASCII)
+WHEEL_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,199}\.whl", re.ASCII)  # ! an epoch
 CUDA_VERSION = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}", re.ASCII)
 LOCAL_BUILD = re.compile(r"[a-z0-9]{1,16}", re.ASCII)
 PINNED_VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}(\.post[0-9]{1,4})?", re.ASCII)

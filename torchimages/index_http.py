@@ -81,6 +81,14 @@ class IndexSession(requests.Session):
             raise requests.ConnectionError(str(error)) from None
         return response
 
+    def get_redirect_target(self, response: requests.Response) -> str | None:
+        """Where a redirect leads; its body read bounded first (requests would read it whole)."""
+        target = super().get_redirect_target(response)
+        if target:
+            response._content = self._read(response, ERROR_BODY_BYTES, decode=False, cut=True)
+            response._content_consumed = True
+        return target
+
     def should_strip_auth(self, old_url: str, new_url: str) -> bool:
         """A redirect keeps the login only within its origin: requests lets http -> https on one host keep it."""
         return origin(old_url) != origin(new_url)
@@ -97,7 +105,8 @@ class IndexSession(requests.Session):
             return
         asked = ASKED_RANGE.fullmatch(response.request.headers.get("Range", ""))
         if asked is None:
-            raise PeerAnswerError("a wheel was read without a range: not a refresh's request")
+            raise PeerAnswerError(f"its zip directory points outside the file (range "
+                                  f"{response.request.headers.get('Range', '')[:40]!r}): not a wheel")
         length = _answered_length(asked, response)
         response.raw = io.BytesIO(self._read(response, length, decode=False, exact=True))
 
