@@ -346,6 +346,10 @@ def open_index(url: str) -> Index:
                                                     "https://.../simple or a folder of wheels")])
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
+        if index_http.origin(url) is None or "@" in parts.path:  # a login's '/' or '@' typed as it is
+            raise InputError([Problem("--index-url", 0, f"{brief(redact(url))}: its host and port do not parse: "
+                                                        "percent-encode '/', '?', '#' and '@' in a login (%2F, %3F, "
+                                                        "%23, %40)")])
         return Index(url)
     folder = Path(unquote(parts.path) if parts.scheme == "file" else url)
     if parts.scheme not in ("", "file") or not folder.is_dir():
@@ -679,7 +683,11 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     stream = StringIO()
     yaml.dump({"torch": document["torch"]}, stream)
     text = read_text(path, "restore it with `git checkout`")
-    start = re.search(r"^torch:", text, re.MULTILINE).start()
+    heading = re.search(r"^torch:", text, re.MULTILINE)
+    if heading is None:  # a flow mapping, `"torch":`: no section of lines to rewrite
+        raise InputError([Problem(str(path), 0, "its `torch:` section must start a line of its own (block style), "
+                                                "as compat.yaml writes it: restore it with `git checkout`")])
+    start = heading.start()
     following = re.compile(r"^[^\s#]", re.MULTILINE | re.ASCII).search(text, start + 1)
     end = following.start() if following else len(text)
     section = text[start:end]
