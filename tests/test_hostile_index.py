@@ -567,3 +567,15 @@ def test_the_index_reader_gives_facts_of_their_shape_or_an_input_error(hostile_p
         assert all(re.fullmatch(r"[0-9][0-9.a-z]*", value) for value in build.pins.values())
         assert re.fullmatch(r"[0-9a-z.,~=<>!*+]*", build.triton)
         assert build.python_min == "" or re.fullmatch(r"[0-9]+\.[0-9]+", build.python_min)
+
+
+def test_a_release_whose_wheel_pins_no_cudnn_is_a_note_not_a_traceback(fixture_project, tmp_path):
+    """A wheel without the pins compat.yaml keeps (a hostile or broken build): the watch proposes no row for it."""
+    folder = make_release(tmp_path / "index", cuda_library_size=1024)
+    make_wheel(folder, "torch", "2.16.0", tuple(pin for pin in PINS if "cudnn" not in pin), ">=3.11", files={
+        "torch/version.py": version_py("2.16.0+cu132", "13.2"), "torch/lib/libtorch_python.so": ARCH_FLAGS})
+    with LocalIndex(folder) as index:
+        result = run_cli_in_process("--matrix", str(fixture_project / "matrix.yaml"), "--images",
+                                    str(fixture_project / "images"), "--reports", str(fixture_project / "reports"),
+                                    "watch", "--index-url", index.url)
+    assert_contract(result)

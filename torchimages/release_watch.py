@@ -110,6 +110,9 @@ def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.Releas
                 notes.append(f"torch {release.torch} has no CUDA {cuda} build on the index: its row is not proposed")
                 continue
             cuda = pypi_build
+        if cuda != "cpu" and not new_facts["cuda"][cuda].get("cudnn"):  # the wheel pinned none: no cuDNN to name
+            notes.append(f"torch {release.torch}'s CUDA {cuda} wheel pins no cuDNN: its row is not proposed")
+            continue
         if cuda == "cpu" and not new_facts.get("cpu"):
             notes.append(f"torch {release.torch} has no CPU build on the index: the CPU row is not proposed")
             continue
