@@ -81,7 +81,9 @@ def redact(text: str) -> str:
 # Characters that move a terminal's cursor or start its escape sequences, end a line (for a log, Markdown, YAML), or
 # reorder what is shown (bidirectional overrides): none belongs in a value a peer sent.
 UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-WORKFLOW_COMMAND = re.compile(r"^(\s*)::", re.MULTILINE)
+# A line that starts with `::` after any white space the runner trims (.NET's, Unicode's).
+WORKFLOW_COMMAND = re.compile(r"^([\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)::",
+                              re.MULTILINE | re.ASCII)
 
 
 def inert(text: str) -> str:
