@@ -390,7 +390,7 @@ def wheel_with(member: str, data: bytes, tmp_path: Path) -> bytes:
 
 @pytest.mark.parametrize("answer", ["text/plain page", "files not a list", "nested page", "truncated page",
                                     "metadata not utf-8", "bad requirement", "bad version.py", "not a zip",
-                                    "corrupt deflate", "file url not http"])
+                                    "corrupt deflate", "file url not http", "html page"])
 def test_what_the_libraries_raise_on_a_hostile_answer_is_one_line_exit_2(tmp_path, compat, answer):
     data = torch_wheel(tmp_path)
     with Peer() as peer:
@@ -414,6 +414,10 @@ def test_what_the_libraries_raise_on_a_hostile_answer_is_one_line_exit_2(tmp_pat
             serve_torch(peer, b"PK\x05\x06" + os.urandom(4096))
         elif answer == "corrupt deflate":
             serve_torch(peer, corrupt_deflate(data))
+        elif answer == "html page":  # PEP 503: the digest in the link's fragment
+            link = f"<a href='{peer.url}/files/{TORCH_WHEEL}#sha256=ZZ%0A%3A%3Aerror%3A%3Ax'>{TORCH_WHEEL}</a>"
+            peer.routes["/simple/torch/"] = lambda handler: send(handler, 200, f"<html>{link}</html>".encode(),
+                                                                 "text/html")
         else:
             peer.routes["/simple/torch/"] = project_page([{**file_entry(peer, TORCH_WHEEL, data),
                                                                  "url": "file:///etc/passwd"}])
