@@ -6,6 +6,7 @@ import shutil
 import pytest
 import yaml
 
+from torchimages import index_http
 from torchimages.compat_refresh import arch_list, metadata_facts, python_max
 from torchimages.matrix import load_matrix
 
@@ -119,7 +120,7 @@ def test_facts_from_wheel_contents():
 
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
     """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
-    import torchimages.compat_refresh as compat_refresh
+    from torchimages import compat_refresh
 
     monkeypatch.setattr(compat_refresh, "MAX_MEMBER_BYTES", 1 << 16)
     before = compat.read_text()
@@ -173,9 +174,7 @@ def test_a_file_host_without_range_requests_is_refused_not_downloaded(tmp_path, 
 def test_a_stalled_index_or_file_host_ends_the_refresh_naming_it(tmp_path, compat, monkeypatch, stalls):
     """Every request is bounded: an index (or the host its files are on) that accepts and never answers is exit 2
     naming its URL once the timeout passes, instead of a nightly job hanging until it is killed."""
-    import torchimages.compat_refresh as compat_refresh
-
-    monkeypatch.setattr(compat_refresh, "TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(index_http, "TIMEOUT_S", 0.5)
     with SilentServer() as silent:
         if stalls == "index":
             result = refresh_cli(compat, "2.16.0", "--index-url", silent.url + "/simple")
@@ -264,9 +263,7 @@ def test_a_partial_wheelhouse_does_not_contradict_the_python_range(tmp_path, ind
 
 def test_an_index_page_larger_than_any_index_sends_is_refused(index, compat, monkeypatch):
     """An index page is held in memory: one larger than the bound is exit 2 naming the index, not read on."""
-    import torchimages.compat_refresh as compat_refresh
-
-    monkeypatch.setattr(compat_refresh, "MAX_PAGE_BYTES", 256)
+    monkeypatch.setattr(index_http, "MAX_PAGE_BYTES", 256)
     result = refresh(index, compat, "2.16.0", check_exit=2)
     assert "larger than an index page" in result.stderr and index.url in result.stderr
 

@@ -7,8 +7,11 @@ is added, with its source; what disagrees is reported with both values and chang
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import StringIO
@@ -20,8 +23,8 @@ import requests
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import Version
-from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple
+from packaging.version import InvalidVersion, Version
+from pypi_simple import DistributionPackage, NoSuchProjectError, PyPISimple, UnsupportedRepoVersionError
 from remotezip import RangeNotSupported, RemoteZip, RemoteZipError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
@@ -29,10 +32,11 @@ from ruamel.yaml.error import CommentMark
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from ruamel.yaml.tokens import CommentToken
 
-from .files import atomic_write, brief
+from . import index_http
+from .files import atomic_write, brief, read_text, remove_file
 from .matrix import compat_shape_problems
 from .model import PYPI, InputError, Problem
-from .redaction import redact
+from .redaction import inert, redact
 from .yamlsource import load_yaml
 
 # The wheel a build's facts are read from: every build has one for this interpreter and machine.
@@ -43,12 +47,23 @@ PINNED = {"nvidia-cudnn": "cudnn", "nvidia-nccl": "nccl", "nvidia-cusparselt": "
 TORCHVISION_CANDIDATES = 12  # torchvision releases read, newest first, looking for the newest that takes a torch
 ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_[0-9]{2,3}(?: (?:sm|compute)_[0-9]{2,3})*)\x00")
 # What is read of a wheel is held in memory: libtorch_python.so is 34 MB in 2.14; a member claiming far more is not
-# a torch wheel's.
+# a torch wheel's, and neither are members adding up to more.
 MAX_MEMBER_BYTES = 256 << 20
-# An index page is read whole into memory: PyPI's torch page is 0.9 MB; one claiming far more is not an index's.
-MAX_PAGE_BYTES = 64 << 20
-# Every request to the index or its file host is bounded: seconds to connect, and between two reads of an answer.
-TIMEOUT_S = 30.0
+MAX_WHEEL_READ_BYTES = 320 << 20
+# A wheel in a wheelhouse is hashed whole: torch's largest CUDA wheels are under 1 GiB.
+MAX_WHEEL_BYTES = 4 << 30
+# What an index, a wheel or its file name says is checked for its shape before it is used or written anywhere.
+SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+WHEEL_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,199}\.whl", re.ASCII)  # ! an epoch
+CUDA_VERSION = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}", re.ASCII)
+LOCAL_BUILD = re.compile(r"[a-z0-9]{1,16}", re.ASCII)
+PINNED_VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,5}(\.post[0-9]{1,4})?", re.ASCII)
+SPECIFIER = re.compile(r"[0-9a-z.,~=<>!*+]{0,100}", re.ASCII)
+# What the libraries reading an index page or a wheel raise on an answer they cannot read (pypi_simple's and
+# pydantic's errors are ValueErrors; zipfile raises EOFError, zlib.error, NotImplementedError for an unknown method,
+# RuntimeError for an encrypted member; a nested JSON page is a RecursionError).
+UNREADABLE = (requests.RequestException, RemoteZipError, UnsupportedRepoVersionError, ValueError, LookupError,
+              TypeError, RuntimeError, OSError, EOFError, zlib.error, zipfile.BadZipFile)
 # Where a build PyPI lacks is published (a refresh names it for a fact it could not read).
 PYTORCH_INDEX = "https://download.pytorch.org/whl/"
 VERSION_LINE = re.compile(r"^(__version__|cuda)(?:: [^=]+)? = '([^']*)'", re.MULTILINE)
@@ -142,10 +157,11 @@ def metadata_facts(metadata: str) -> tuple[str, dict[str, str], str]:
             python_min = _python_floor(line.split(":", 1)[1])
         elif line.startswith("Requires-Dist:"):
             requirement = Requirement(line.split(":", 1)[1].strip())
-            if requirement.name == "triton":
+            if requirement.name == "triton" and SPECIFIER.fullmatch(str(requirement.specifier)):
                 triton = str(requirement.specifier)
             key = next((key for prefix, key in PINNED.items() if requirement.name.startswith(prefix)), None)
-            exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+            exact = [spec.version for spec in requirement.specifier
+                     if spec.operator == "==" and PINNED_VERSION.fullmatch(spec.version)]
             if key and exact:
                 pins[key] = exact[0]
     return python_min, pins, triton
@@ -203,63 +219,61 @@ class Index:
 
     def __init__(self, url: str = PYPI, session: requests.Session | None = None):
         parts = urlsplit(url.rstrip("/"))
-        self.auth = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
-        self.host = parts.hostname or ""
+        login = (unquote(parts.username or ""), unquote(parts.password or "")) if parts.username else None
         self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # [::1]:8080 stays as it is
-        self.session = session or BoundedSession()
-        self.client = PyPISimple(self.url + "/", session=self.session, auth=self.auth)
+        # The login goes with requests to the index's own origin, never on the session (pypi_simple's `auth=` sets
+        # it there, and requests then sends it to every host a page names for its files).
+        self.session = session or index_http.IndexSession(login, index_http.origin(self.url))
+        self.client = PyPISimple(self.url + "/", session=self.session)
         self._pages: dict[str, list[DistributionPackage]] = {}  # a project's page is read once per run (torch: 1 MB)
 
     def packages(self, project: str) -> list[DistributionPackage]:
+        """The project's wheels the index lists whose file names are wheels' (pip skips the others too)."""
         if project not in self._pages:
-            self._pages[project] = self._read_page(project)
+            self._pages[project] = [p for p in self._read_page(project) if _well_formed(p, project)]
         return self._pages[project]
 
     def _read_page(self, project: str) -> list[DistributionPackage]:
         try:
-            page = self.client.get_project_page(project, timeout=TIMEOUT_S)
+            page = self.client.get_project_page(project, timeout=index_http.TIMEOUT_S)
             return [p for p in page.packages if p.package_type == "wheel"]
         except NoSuchProjectError:
             return []
-        except requests.Timeout:
-            raise unreadable(self.url, f"cannot read {project}'s page: timed out after {TIMEOUT_S:g} s") from None
-        except requests.RequestException as error:
-            raise unreadable(self.url, f"cannot read {project}'s page: {error}") from None
+        except UNREADABLE as error:
+            raise unreadable(self.url, f"cannot read {project}'s page: {_reason(error)}") from None
 
     def read_members(self, package: DistributionPackage, want: Callable[[str], bool]) -> dict[str, bytes]:
         """The members of a remote wheel that `want` picks, read by range requests (not the whole wheel)."""
+        if index_http.origin(package.url) is None:
+            raise unreadable(self.url, f"{package.filename}: its URL {brief(redact(package.url))} is not http(s)")
         try:
-            auth = self.auth if urlsplit(package.url).hostname == self.host else None
-            with RemoteZip(package.url, session=self.session, timeout=TIMEOUT_S, auth=auth) as wheel:
+            with RemoteZip(package.url, session=self.session) as wheel:
                 return _read_wanted(wheel, package.url, want)
         except RangeNotSupported:
             raise unreadable(package.url, "the file host does not answer range requests (it would send the whole "
                                           "wheel)") from None
-        except (RemoteZipError, requests.RequestException, OSError, zipfile.BadZipFile) as error:
-            reason = f"timed out after {TIMEOUT_S:g} s" if _timed_out(error) else error
-            raise unreadable(package.url, f"cannot read the wheel as a zip: {reason}") from None
+        except UNREADABLE as error:
+            raise unreadable(package.url, f"cannot read the wheel as a zip: {_reason(error)}") from None
 
 
-def _timed_out(error: BaseException) -> bool:
-    """remotezip reports a timeout as its own error with the message; requests as Timeout."""
-    return isinstance(error, requests.Timeout) or "timed out" in str(error).lower()
+def _reason(error: BaseException) -> str:
+    """One line for what a library raised (remotezip reports a timeout as its own error with the message)."""
+    if isinstance(error, requests.Timeout) or "timed out" in str(error).lower():
+        return f"timed out ({index_http.TIMEOUT_S:g} s per read, {index_http.COMMAND_TIME_S:g} s in all)"
+    if isinstance(error, RecursionError):
+        return "nested too deeply to be an index's answer"
+    return brief(f"{type(error).__name__}: {error}", 300)
 
 
-class BoundedSession(requests.Session):
-    """Index pages read at most MAX_PAGE_BYTES (a hostile or broken index cannot fill memory); the wheels' range
-    reads (streamed: remotezip asks for the bytes it needs) pass as they are."""
-
-    def request(self, method, url, *args, **kwargs):
-        if kwargs.get("stream"):
-            return super().request(method, url, *args, **kwargs)
-        kwargs["stream"] = True
-        response = super().request(method, url, *args, **kwargs)
-        body = response.raw.read(MAX_PAGE_BYTES + 1, decode_content=True)
-        response.close()
-        if len(body) > MAX_PAGE_BYTES:
-            raise requests.RequestException(f"the answer is larger than an index page ({MAX_PAGE_BYTES >> 20} MiB)")
-        response._content = body
-        return response
+def _well_formed(package, project: str) -> bool:
+    """A wheel whose file name is a safe wheel name of the project, with a PEP 440 version."""
+    if not WHEEL_FILENAME.fullmatch(package.filename or ""):
+        return False
+    try:
+        name, version, _, _ = parse_wheel_filename(package.filename)
+        return name == project and str(version) == str(Version(package.version or ""))
+    except (InvalidWheelFilename, InvalidVersion):
+        return False
 
 
 @dataclass(frozen=True)
@@ -292,30 +306,51 @@ class Wheelhouse(Index):
                 name, version, _, _ = parse_wheel_filename(path.name)
             except InvalidWheelFilename:
                 continue
-            if name == project:
-                wheels.append(LocalWheel(path.name, str(path), str(version), {"sha256": _sha256(path)}))
+            if name == project and WHEEL_FILENAME.fullmatch(path.name):
+                with _open_wheel(path) as stream:
+                    wheels.append(LocalWheel(path.name, str(path), str(version), {"sha256": _sha256(stream)}))
         return wheels
 
     def read_members(self, package, want: Callable[[str], bool]) -> dict[str, bytes]:
         try:
-            with zipfile.ZipFile(package.url) as wheel:
+            with _open_wheel(Path(package.url)) as stream, zipfile.ZipFile(stream) as wheel:
                 return _read_wanted(wheel, package.url, want)
-        except (OSError, zipfile.BadZipFile) as error:
-            raise unreadable(package.url, f"cannot read the wheel as a zip: {error}") from None
+        except UNREADABLE as error:
+            raise unreadable(package.url, f"cannot read the wheel as a zip: {_reason(error)}") from None
 
 
-def _sha256(path: Path) -> str:
+def _open_wheel(path: Path):
+    """A wheelhouse file, opened only when it is a regular file within MAX_WHEEL_BYTES: a FIFO named *.whl is
+    opened without waiting and refused, a link to /dev/zero refused before a byte is read."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as error:
+        raise unreadable(str(path), f"cannot open it ({error.strerror})") from None
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_WHEEL_BYTES:
+        os.close(handle)
+        raise unreadable(str(path), f"not a regular file of at most {MAX_WHEEL_BYTES >> 30} GiB, as a wheel is")
+    return os.fdopen(handle, "rb")
+
+
+def _sha256(stream) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: stream.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
 def open_index(url: str) -> Index:
     """The index a URL names: a PEP 691 index over HTTP(S), or a wheelhouse folder (a path or file:// URL)."""
+    if not url.strip() or not url.isprintable() or url != url.strip():  # '' would read the current folder
+        raise InputError([Problem("--index-url", 0, f"{brief(redact(url))} is no index: give --index-url "
+                                                    "https://.../simple or a folder of wheels")])
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
+        if index_http.origin(url) is None or "@" in parts.path:  # a login's '/' or '@' typed as it is
+            raise InputError([Problem("--index-url", 0, f"{brief(redact(url))}: its host and port do not parse: "
+                                                        "percent-encode '/', '?', '#' and '@' in a login (%2F, %3F, "
+                                                        "%23, %40)")])
         return Index(url)
     folder = Path(unquote(parts.path) if parts.scheme == "file" else url)
     if parts.scheme not in ("", "file") or not folder.is_dir():
@@ -326,8 +361,8 @@ def open_index(url: str) -> Index:
 
 def unreadable(url: str, what: str) -> InputError:
     """The index (or a wheel on it) could not be read: the URL given is wrong or out of reach."""
-    return InputError([Problem(redact(url), 0, f"{redact(what)}: check --index-url and the network (a mirror must "
-                                               "answer range requests)")])
+    return InputError([Problem(inert(redact(url)), 0, f"{inert(redact(what))}: check --index-url and the network (a "
+                                                      "mirror must answer range requests)")])
 
 
 def read_release(index: Index, torch: str) -> ReleaseFacts | None:
@@ -345,7 +380,7 @@ def read_release(index: Index, torch: str) -> ReleaseFacts | None:
 def newest_release(index: Index) -> str | None:
     """The newest final torch release the index has (a yanked one is no release: PEP 592)."""
     versions = {Version(_base_version(p.version)) for p in index.packages("torch") if p.version and not p.is_yanked}
-    finals = [v for v in versions if not v.is_prerelease and not v.is_devrelease]
+    finals = [v for v in versions if not v.is_prerelease and not v.is_devrelease and not v.epoch]
     return str(max(finals)) if finals else None
 
 
@@ -365,29 +400,48 @@ def _readable(wheels: list[DistributionPackage]) -> list[DistributionPackage]:
 
 
 def _source(index: Index, package: DistributionPackage) -> Source:
+    """Where a fact was read; a sha256 that is not one (another shape, text with lines in it) is refused."""
+    sha256 = package.digests.get("sha256")
+    if not isinstance(sha256, str) or not SHA256.fullmatch(sha256):
+        raise unreadable(index.url, f"{package.filename}: its sha256 {brief(sha256)} is not 64 lower-case hex "
+                                    "digits: the index cannot be the source of a fact")
     uploaded = package.upload_time.date().isoformat() if package.upload_time else ""
-    return Source(index.url, package.filename, package.digests.get("sha256", ""), uploaded)
+    return Source(index.url, package.filename, sha256, uploaded)
 
 
 def _read_build(index: Index, torch: str, package: DistributionPackage) -> BuildFacts:
+    source = _source(index, package)
     members = index.read_members(package, lambda name: name in ("torch/version.py", "torch/lib/libtorch_python.so")
                                  or name.endswith(".dist-info/METADATA"))
-    metadata = next((v.decode() for k, v in members.items() if k.endswith("METADATA")), "")
-    local, cuda = version_facts(members.get("torch/version.py", b"").decode())
-    python_min, pins, triton = metadata_facts(metadata)
+    try:
+        metadata = next((v.decode() for k, v in members.items() if k.endswith("METADATA")), "")
+        local, cuda = version_facts(members.get("torch/version.py", b"").decode())
+        python_min, pins, triton = metadata_facts(metadata)
+    except (ValueError, RecursionError) as error:  # not UTF-8; a requirement, version or specifier that is none
+        raise unreadable(package.url, f"its METADATA or torch/version.py is not a torch wheel's: "
+                                      f"{_reason(error)}") from None
+    if not LOCAL_BUILD.fullmatch(local) or (cuda is not None and not CUDA_VERSION.fullmatch(cuda)):
+        raise unreadable(package.url, f"its torch/version.py says build {brief(local)}, CUDA {brief(cuda)}: a build "
+                                      "is letters and digits (cu130, cpu), a CUDA version X.Y")
     arches = arch_list(members.get("torch/lib/libtorch_python.so", b"")) if cuda else ()
     return BuildFacts(torch, local, cuda, not Version(package.version or torch).local, python_min, pins, triton, arches,
-                      _source(index, package))
+                      source)
 
 
 def _torchvision_for(index: Index, torch: str) -> tuple[str | None, Source | None]:
     releases: dict[Version, DistributionPackage] = {}
     for package in _readable(index.packages("torchvision")):
-        releases.setdefault(Version(_base_version(package.version)), package)
+        version = Version(_base_version(package.version))
+        if not package.is_yanked and not version.epoch:  # a yanked torchvision is no release to pair (PEP 592)
+            releases.setdefault(version, package)
     for version in sorted(releases, reverse=True)[:TORCHVISION_CANDIDATES]:
         package = releases[version]
         members = index.read_members(package, lambda name: name.endswith(".dist-info/METADATA"))
-        if any(accepts_torch(m.decode(), torch) for m in members.values()):
+        try:
+            accepted = any(accepts_torch(m.decode(), torch) for m in members.values())
+        except (ValueError, RecursionError) as error:
+            raise unreadable(package.url, f"its METADATA is not a wheel's: {_reason(error)}") from None
+        if accepted:
             return str(version), _source(index, package)
     return None, None
 
@@ -396,7 +450,8 @@ def _newest_numpy(index: Index) -> tuple[str | None, Source | None]:
     """The newest final NumPy with a wheel for the Python and machine torch's wheels are read for (not yanked)."""
     releases = {Version(package.version): package for package in _readable(index.packages("numpy"))
                 if package.version and not package.is_yanked}
-    finals = [version for version in releases if not version.is_prerelease and not version.is_devrelease]
+    finals = [version for version in releases
+              if not version.is_prerelease and not version.is_devrelease and not version.epoch]
     if not finals:
         return None, None
     newest = max(finals)
@@ -565,10 +620,12 @@ def round_trip_yaml() -> YAML:
 
 
 def _load(yaml: YAML, path: Path):
+    text = read_text(path, "restore it with `git checkout`")  # a FIFO or /dev/zero refused, not read for ever
     try:
-        document = yaml.load(path.read_text())
-    except (OSError, ValueError) as error:
-        raise InputError([Problem(str(path), 0, f"cannot read it ({error}): restore it with `git checkout`")]) from None
+        document = yaml.load(text)
+    except (ValueError, RecursionError) as error:  # ruamel's errors are ValueErrors
+        raise InputError([Problem(str(path), 0, f"cannot read it ({brief(str(error), 200)}): restore it with "
+                                                "`git checkout`")]) from None
     if not isinstance(document, dict) or not isinstance(document.get("torch"), dict):
         raise InputError([Problem(str(path), 0, "needs a `torch:` mapping of releases: restore it with "
                                                 "`git checkout`")])
@@ -626,9 +683,11 @@ def _dump(yaml: YAML, document, path: Path) -> None:
     """Rewrite only the `torch:` section: the others (hand-kept flow lists among them) stay byte for byte."""
     stream = StringIO()
     yaml.dump({"torch": document["torch"]}, stream)
-    text = path.read_text()
+    text = read_text(path, "restore it with `git checkout`")
     heading = re.search(r"^torch:", text, re.MULTILINE)
-    assert heading, "compat.yaml was read with its torch: section"
+    if heading is None:  # a flow mapping, `"torch":`: no section of lines to rewrite
+        raise InputError([Problem(str(path), 0, "its `torch:` section must start a line of its own (block style), "
+                                                "as compat.yaml writes it: restore it with `git checkout`")])
     start = heading.start()
     following = re.compile(r"^[^\s#]", re.MULTILINE | re.ASCII).search(text, start + 1)
     end = following.start() if following else len(text)
@@ -643,11 +702,11 @@ def _check_shape(text: str, path: Path) -> None:
     """What is written is a compat.yaml every command reads: a release block the wheels could not fill (no Python
     range read, say) is refused, naming it, and the file stays as it was."""
     candidate = path.with_name(f".{path.name}.refreshed")
-    candidate.write_text(text)
+    atomic_write(candidate, text)  # a link there is replaced, never written through (its folder is locked)
     try:
         problems = compat_shape_problems(load_yaml(candidate, "compat refresh wrote it"))
     finally:
-        candidate.unlink(missing_ok=True)
+        remove_file(candidate, path.parent)
     if problems:
         raise InputError([Problem(str(path), line, f"not written: what the index gave leaves {message}")
                           for line, message in problems])
@@ -658,6 +717,9 @@ def _read_wanted(wheel: zipfile.ZipFile, url: str, want: Callable[[str], bool]) 
     members = [info for info in wheel.infolist() if want(info.filename)]
     too_large = [info.filename for info in members if info.file_size > MAX_MEMBER_BYTES]
     if too_large:
-        raise unreadable(url, f"{', '.join(too_large)} is larger than a torch wheel's "
+        raise unreadable(url, f"{', '.join(too_large)[:200]} is larger than a torch wheel's "
                               f"({MAX_MEMBER_BYTES >> 20} MiB): not a torch wheel")
+    if sum(info.file_size for info in members) > MAX_WHEEL_READ_BYTES:
+        raise unreadable(url, f"the members read add up to more than a torch wheel's ({MAX_WHEEL_READ_BYTES >> 20} "
+                              "MiB): not a torch wheel")
     return {info.filename: wheel.read(info) for info in members}

@@ -7,9 +7,13 @@ GPU host, each GPU row's minimum driver and arch list fit this host's driver and
 """
 from __future__ import annotations
 
+import os
 import platform
+import re
+import selectors
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +22,19 @@ from .builder import local_name
 from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for
 from .checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from .model import ImageSpec, InputError, parse_size
+from .redaction import inert
 from .reporting import human_size
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version,compute_mode", "--format=csv,noheader"]
 NVIDIA_SMI_TIMEOUT_S = 30
+# What nvidia-smi may say: a line per GPU (an 8-GPU node says under 1 KiB); more is not a driver's answer, and a host
+# with more GPUs than this is not one host.
+NVIDIA_SMI_MAX_BYTES = 1 << 20
+MAX_HOST_GPUS = 64
+GPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,95}", re.ASCII)
+DRIVER_VERSION = re.compile(r"[0-9]{2,4}(\.[0-9]{1,3}){1,2}", re.ASCII)
+CAPABILITY = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})", re.ASCII)
+COMPUTE_MODES = {"Default", "Exclusive_Process", "Exclusive_Thread", "Prohibited", "[N/A]"}
 # The PATH systemd gives a service that sets none (systemd.exec(5)): where dockerd and containerd look for unpigz.
 DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # dockerd decompresses gzip layers with unpigz when it finds it on its PATH (moby pkg/archive gzDecompress), else
@@ -56,9 +69,11 @@ def parse_nvidia_smi(output: str) -> list[HostGpu]:
         if len(parts) not in (3, 4):
             continue
         name, capability, driver, *mode = parts
-        major, _, minor = capability.partition(".")
-        if name and major.isdigit() and minor.isdigit():
-            gpus.append(HostGpu(name, (int(major), int(minor)), driver, *mode))
+        version = CAPABILITY.fullmatch(capability)
+        # Each value checked for its shape: it is printed, compared and put in messages.
+        if (GPU_NAME.fullmatch(name) and version and DRIVER_VERSION.fullmatch(driver)
+                and all(value in COMPUTE_MODES for value in mode)):
+            gpus.append(HostGpu(name, (int(version[1]), int(version[2])), driver, *mode))
     return gpus
 
 
@@ -165,12 +180,51 @@ def host_gpus() -> list[HostGpu] | str | None:
     if smi is None:
         return None
     try:
-        result = subprocess.run([smi, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S,
-                                check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"`nvidia-smi` did not answer ({error})"
-    gpus = parse_nvidia_smi(result.stdout) if result.returncode == 0 else []
-    return gpus or f"`nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}` listed no GPU ({(result.stderr or result.stdout).strip()[:300]})"
+        returncode, stdout, stderr = run_bounded([smi, *NVIDIA_SMI_QUERY], NVIDIA_SMI_TIMEOUT_S, NVIDIA_SMI_MAX_BYTES)
+    except OSError as error:
+        return f"`nvidia-smi` did not answer ({inert(str(error))})"
+    if returncode is None:
+        return (f"`nvidia-smi` did not answer within {NVIDIA_SMI_TIMEOUT_S} s in at most "
+                f"{NVIDIA_SMI_MAX_BYTES >> 20} MiB (stopped): check the driver with `nvidia-smi`")
+    gpus = parse_nvidia_smi(stdout) if returncode == 0 else []
+    if len(gpus) > MAX_HOST_GPUS:
+        return f"`nvidia-smi` listed {len(gpus)} GPUs, more than one host has ({MAX_HOST_GPUS}): not a driver's answer"
+    said = inert((stderr or stdout).strip()[:300])
+    return gpus or f"`nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}` listed no GPU ({said})"
+
+
+def run_bounded(command: list[str], timeout_s: float, limit: int) -> tuple[int | None, str, str]:
+    """A command's exit status, stdout and stderr (text, undecodable bytes replaced); the status is None when it
+    ran past timeout_s or said more than limit bytes, and was killed (a tool that floods or never ends)."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None  # both piped
+    pipes = (process.stdout, process.stderr)
+    said = {pipe.fileno(): bytearray() for pipe in pipes}
+    deadline = time.monotonic() + timeout_s
+    bounded = True
+    with selectors.DefaultSelector() as selector:
+        for stream in said:
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map() and bounded:
+            left = deadline - time.monotonic()
+            bounded = left > 0
+            for key, _ in selector.select(max(left, 0)) if bounded else []:
+                piece = os.read(key.fd, 1 << 16)
+                if not piece:
+                    selector.unregister(key.fd)
+                said[key.fd] += piece
+                bounded = bounded and len(said[key.fd]) <= limit
+    try:
+        returncode = process.wait(max(deadline - time.monotonic(), 0)) if bounded else None
+    except subprocess.TimeoutExpired:
+        returncode = None
+    if returncode is None:
+        process.kill()
+        process.wait()
+    for pipe in pipes:
+        pipe.close()
+    stdout, stderr = (bytes(text).decode(errors="replace") for text in said.values())
+    return returncode, stdout, stderr
 
 
 def engine_findings(specs: list[ImageSpec]) -> list[Finding]:

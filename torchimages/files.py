@@ -16,6 +16,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
 
 from .model import InputError, Problem
+from .redaction import Secrets
 
 MAX_INPUT_BYTES = 16 * 2**20  # no matrix, lock, report or catalog comes near this; /dev/zero would never end
 
@@ -422,7 +423,10 @@ def lock_holder(handle: int) -> str:
             holders = [line.split() for line in locks if key in line.split() and "->" not in line]
         pid = holders[0][holders[0].index(key) - 1]
         with open(f"/proc/{pid}/cmdline", "rb") as command:
-            words = command.read(4096).split(b"\0")
+            words = command.read(1 << 16).split(b"\0")
     except (OSError, IndexError):
         return "a process this host does not name"
-    return f"pid {pid}: {brief(b' '.join(words).decode(errors='replace').strip(), 120)}"
+    command_line = b" ".join(words).decode(errors="replace").strip()
+    # Redacted whole, then cut: a cut through a login leaves a part that no longer looks like one.
+    shown = Secrets.in_urls(*command_line.split()).redact(command_line)
+    return f"pid {pid}: {brief(shown, 120)}"

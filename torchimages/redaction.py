@@ -49,15 +49,16 @@ class Secrets:
     @classmethod
     def in_urls(cls, *urls: str | None) -> Secrets:
         """The logins inside URLs: an index URL with a password, a proxy with a login. Read by hand, not with
-        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password); up to the first '/'
-        only, not '?' or '#', which a password typed unencoded holds (taking too much only redacts more)."""
+        urlsplit, which refuses some URLs a peer would still repeat (a '[' in the password). A password typed
+        unencoded may hold '/', '?', '#' and '@' (base64 tokens hold '/'), so every '@' after '://' may end the
+        login: each such reading is a secret (taking too much only redacts more)."""
         found = []
         for url in urls:
             _, separator, rest = (url or "").partition("://")
-            userinfo, at, _ = rest.partition("/")[0].rpartition("@")
-            if separator and at:
-                user, colon, password = userinfo.partition(":")
-                found += [userinfo, password] if colon else [user]
+            ends = [at for at, character in enumerate(rest) if character == "@"] if separator else []
+            for end in ends:
+                user, colon, password = rest[:end].partition(":")
+                found += [rest[:end], password] if colon else [user]
         return cls.of(*found)
 
     def __or__(self, other: Secrets) -> Secrets:
@@ -75,3 +76,23 @@ def redact(text: str) -> str:
     text = ENCODED_URL_LOGIN.sub(rf"\1{REDACTED}%40", text)
     text = AUTH_HEADER.sub(rf"\1 {REDACTED}", text)
     return SECRET_PARAMETER.sub(rf"\1={REDACTED}", text)
+
+
+# Characters that move a terminal's cursor or start its escape sequences, end a line (for a log, Markdown, YAML), or
+# reorder what is shown (bidirectional overrides): none belongs in a value a peer sent.
+UNSHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# A line that starts with `::` after any white space the runner trims (.NET's, Unicode's).
+WORKFLOW_COMMAND = re.compile(r"^([\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)::",
+                              re.MULTILINE | re.ASCII)
+
+
+def inert(text: str) -> str:
+    """Text from a peer (an index, a wheel, nvidia-smi) made one line that changes nothing where it is shown: each
+    control character escaped (\\x1b, \\n), and a GitHub workflow command's leading `::` broken."""
+    return workflow_commands_broken(UNSHOWN.sub(lambda match: match[0].encode("unicode_escape").decode(), text))
+
+
+def workflow_commands_broken(text: str) -> str:
+    """No line of text is a GitHub Actions workflow command (`::error::`, `::add-mask::`, `::stop-commands::`): the
+    runner reads them from every line a step prints, and this tool prints none of its own."""
+    return WORKFLOW_COMMAND.sub(r"\1\\::", text)

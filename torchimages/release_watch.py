@@ -16,8 +16,9 @@ from . import compat_refresh
 from . import matrix as matrix_stage
 from . import render as render_stage
 from .bases_lock import LOCK_NAME, read_lock
-from .files import atomic_write
+from .files import atomic_write, read_text, remove_file
 from .model import InputError, Problem
+from .redaction import inert
 from .yamlsource import load_yaml
 
 REPORT_JSON, REPORT_MARKDOWN = "release-watch.json", "release-watch.md"
@@ -58,7 +59,8 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
     compat = matrix_stage.load_compat(options.compat_file)
     variants = load_yaml(options.matrix_file)["variants"]
     pairs = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, index.url)
-    matrix_text, origin = options.matrix_file.read_text(), f"torch {newest} on {index.url}"
+    matrix_text = read_text(options.matrix_file, "restore it with `git checkout -- matrix.yaml`")
+    origin = f"torch {newest} on {inert(index.url)}"
     valid = []
     for pair in pairs:  # a row the matrix would refuse (a CUDA or Python the data lacks) is a note, not a failure
         problems = _problems(options, with_proposed_rows(matrix_text, variants, proposal.newest_in_matrix, [pair],
@@ -108,6 +110,9 @@ def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.Releas
                 notes.append(f"torch {release.torch} has no CUDA {cuda} build on the index: its row is not proposed")
                 continue
             cuda = pypi_build
+        if cuda != "cpu" and not new_facts["cuda"][cuda].get("cudnn"):  # the wheel pinned none: no cuDNN to name
+            notes.append(f"torch {release.torch}'s CUDA {cuda} wheel pins no cuDNN: its row is not proposed")
+            continue
         if cuda == "cpu" and not new_facts.get("cpu"):
             notes.append(f"torch {release.torch} has no CPU build on the index: the CPU row is not proposed")
             continue
@@ -139,8 +144,8 @@ def with_proposed_rows(text: str, variants, newest_in_matrix: str, pairs: list[t
     stream = StringIO()
     compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
-              f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
-              "facts in compat.yaml.\n"]
+              (f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
+              "facts in compat.yaml.\n")]
     proposed = header + stream.getvalue().splitlines(keepends=True) + ["\n"]
     return "".join(lines[:at] + proposed + lines[at:])
 
@@ -178,29 +183,32 @@ def _flow(value):
 
 def _problems(options: WatchOptions, text: str) -> list[str]:
     """What the matrix check says of a matrix text (nothing when it validates); matrix.yaml is not touched."""
-    candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
-    candidate.write_text(text)
     try:
-        matrix_stage.load_matrix(candidate, options.compat_file)
+        _validate(options, text)
     except InputError as error:
         return list(dict.fromkeys(problem.message for problem in error.problems))
-    finally:
-        candidate.unlink(missing_ok=True)
     return []
 
 
 def _write_checked(options: WatchOptions, text: str) -> None:
     """Write the proposed matrix only if it validates; else leave matrix.yaml as it was and say why."""
-    candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
-    candidate.write_text(text)
     try:
-        matrix_stage.load_matrix(candidate, options.compat_file)
+        _validate(options, text)
     except InputError as error:
         raise InputError([Problem(str(options.matrix_file), problem.line, f"the proposed rows do not validate: "
                                   f"{problem.message}") for problem in error.problems]) from None
-    finally:
-        candidate.unlink(missing_ok=True)
     atomic_write(options.matrix_file, text)
+
+
+def _validate(options: WatchOptions, text: str) -> None:
+    """Load a matrix text as the matrix file it would become (beside it: its compat.yaml and lock are found the
+    same way). Written as every file is (a link there replaced, never written through), in the locked folder."""
+    candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
+    atomic_write(candidate, text)
+    try:
+        matrix_stage.load_matrix(candidate, options.compat_file)
+    finally:
+        remove_file(candidate, candidate.parent)
 
 
 def _render(options: WatchOptions, specs) -> None:
@@ -220,11 +228,12 @@ def markdown(proposal: Proposal) -> str:
     if not proposal.release:
         return f"No torch release newer than the matrix's {proposal.newest_in_matrix} on the index.\n"
     lines = [f"## torch {proposal.release}: proposed rows", "",
-             f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
+             (f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
              "`build.py watch` read its facts from the wheels into `compat.yaml` (each build with its "
              "`source:`), proposed rows shaped like the newest ones in `matrix.yaml` and rendered them. Nothing is "
-             "published from this proposal: merging it lets the nightly build, verify and publish the rows.", ""]
+             "published from this proposal: merging it lets the nightly build, verify and publish the rows."), ""]
     lines += [f"- `{tag}`" for tag in proposal.tags] or ["- no rows could be proposed"]
-    lines += ["", *(f"- note: {note}" for note in proposal.notes)]
-    lines += [f"- disagreement (kept, check it): {item}" for item in proposal.disagreements]
+    # Notes and disagreements quote the index: one line each, whatever it sent.
+    lines += ["", *(f"- note: {inert(note)}" for note in proposal.notes)]
+    lines += [f"- disagreement (kept, check it): {inert(item)}" for item in proposal.disagreements]
     return "\n".join(lines).rstrip() + "\n"

@@ -66,4 +66,6 @@ def register(commands) -> None:
                          help="replace facts that disagree with the index's values (each is reported)")
     refresh.add_argument("--index-url", default=PYPI, help="a PEP 691 package index, or a folder of wheels (offline; "
                          "default: %(default)s)")
-    refresh.set_defaults(handler=cmd_compat_refresh)
+    # Two refreshes at once would each write compat.yaml from what it held before the other: one release lost.
+    refresh.set_defaults(handler=cmd_compat_refresh,
+                         writes=lambda project, args: [] if args.check else [project.compat.parent])

@@ -103,7 +103,8 @@ def register(commands) -> None:
                     "into compat.yaml, proposes rows shaped like the newest ones in matrix.yaml and renders them, for "
                     "review. Publishes nothing. Exit 0 (with or without a proposal), 2: bad input.")
     watching.add_argument("--index-url", default=PYPI, help="a PEP 691 package index (default: %(default)s)")
-    watching.set_defaults(handler=cmd_watch, writes=lambda project, args: [project.images, project.reports])
+    watching.set_defaults(handler=cmd_watch, writes=lambda project, args: [
+        project.images, project.reports, project.matrix.parent, project.compat.parent])
 
     why = commands.add_parser(
         "why", help="why the nightly would build, verify or publish a row again (or leave it alone)",

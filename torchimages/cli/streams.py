@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..model import TorchImagesError
-from ..redaction import Secrets
+from ..redaction import Secrets, workflow_commands_broken
 from .display import log
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
@@ -51,14 +51,15 @@ class NamedStream:
     naming the stream, after which the stream is dropped (the interpreter's last flush must not fail again);
     characters the stream's encoding lacks (an ASCII-only locale) are escaped, not an error. Every text passes the
     run's redaction first: this is the one boundary every message, table and error line crosses (an engine's error
-    escaping a stage, argparse repeating a flag, a message quoting --registry), so no credential is printed."""
+    escaping a stage, argparse repeating a flag, a message quoting --registry), so no credential is printed, and no
+    line is a workflow command the Actions runner would execute (each write may begin a line: it is checked so)."""
 
     def __init__(self, stream, name: str):
         self._stream, self._name = stream, name
         self.secrets = Secrets()
 
     def write(self, text: str) -> int:
-        shown = self.secrets.redact(text)
+        shown = workflow_commands_broken(self.secrets.redact(text))
         try:
             self._stream.write(shown)
         except UnicodeEncodeError:
