@@ -48,8 +48,9 @@ test: render-check lint engine cosign
 	source $(ENGINE_ENV) && $(PYTHON) -m pytest --durations=15 $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
+# On every core (pytest-xdist): these tests share no engine, port or folder. The engine tests stay serial.
 test-fast: render-check lint
-	$(PYTHON) -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not engine" -n auto $(PYTEST_ARGS)
 
 bench: engine
 	source $(ENGINE_ENV) && for script in bench/*_bench.py; do $(PYTHON) $$script || exit 1; done
