@@ -16,6 +16,8 @@ import requests
 import urllib3
 from remotezip import RangeNotSupported
 
+from .model import TorchImagesError
+
 # Every request to the index or its file host: seconds to connect, and between two reads of an answer.
 TIMEOUT_S = 30.0
 # All requests of one command together: a refresh of every release compat.yaml lists reads well under 1 GiB in
@@ -33,12 +35,13 @@ ANSWERED_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)
 Origin = tuple[str, str, int]
 
 
-class PeerAnswerError(requests.RequestException):
-    """An answer the index or its file host should not have given (too long, too slow, not the range asked)."""
+class PeerAnswerError(TorchImagesError, requests.RequestException):
+    """An answer the index or its file host should not have given (too long, too slow, not the range asked): a
+    RequestException too, so that every caller's handling of requests' own errors takes it."""
 
 
 class CommandTimeout(PeerAnswerError, requests.Timeout):
-    pass
+    """The command's total time for its index requests ran out."""
 
 
 def origin(url: str) -> Origin | None:
