@@ -380,13 +380,15 @@ def _toolkit(row: _Row, flavors: list[str], compat: dict, torch: str, cuda: str,
 
 
 def _os_packages(family: dict, python: str, python_from_os: bool) -> dict[str, tuple[str, ...]]:
-    """The OS packages of each Dockerfile stage, named as the OS's family names them."""
+    """The OS packages of each Dockerfile stage, named as the OS's family names them. `tools`: what the templates'
+    own commands need that a family's base images may lack (find, useradd on Rocky): in the stage every other one
+    starts from."""
     def named(key: str) -> tuple[str, ...]:
         return tuple(name.format(python=python) for name in family.get(key, ()))
 
     own_python = python_from_os
     return {
-        "python_packages": named("certificates") + (named("python") if own_python else ()),
+        "python_packages": named("certificates") + named("tools") + (named("python") if own_python else ()),
         "venv_packages": named("python_venv") if own_python else (),
         "download_packages": () if own_python else named("certificates") + named("download"),
         "system_packages": named("compiler") + (named("python_dev") if own_python else ()),
