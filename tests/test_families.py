@@ -2,6 +2,7 @@
 OS lines; it renders end to end, passes hadolint, and the SBOM reads its package database with no family table."""
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -72,3 +73,18 @@ def test_the_sbom_reads_an_rpm_image_with_no_family_table():
     assert [component["purl"] for component in document["components"]] == [
         "pkg:rpm/rocky/glibc@2.34-168.el9_6.14?arch=x86_64&distro=rocky-9.6"]
     assert document["components"][0]["properties"] == [{"name": "io.torchimages:package-manager", "value": "rpm"}]
+
+
+@pytest.mark.parametrize("found, os_name, os_release, same", [
+    ("rocky9.6", "rocky9", "rocky9.*", True),  # rockylinux/rockylinux:9 floats across point releases
+    ("rocky9.4", "rocky9", "rocky9.*", True),
+    ("rocky8.10", "rocky9", "rocky9.*", False),
+    ("debian12", "debian12", None, True),
+    ("debian13", "debian12", None, False),
+    ("ubuntu24.04", "ubuntu24.04", None, True),
+])
+def test_the_identity_check_takes_an_os_release_pattern(found, os_name, os_release, same):
+    """compat.yaml's `os_release` may be a shell pattern; without one, /etc/os-release must name the OS exactly."""
+    from torchimages.checks.suite.test_identity import os_is_the_rows
+
+    assert os_is_the_rows(found, SimpleNamespace(os=os_name, os_release=os_release)) is same
