@@ -30,7 +30,7 @@ from debian import deb822
 from debian.debian_support import version_compare
 
 from .model import InputError, PeerError, Problem
-from .sbom import VULNERABILITY_ID, Allowlist, Finding, ScanResult
+from .sbom import Allowlist, Finding, ScanResult
 
 INDEX_FORMATS = {"deb": "dpkg"}  # a family's security index format -> the SBOM package database it is compared with
 MAX_RELEASE_BYTES = 4 << 20
@@ -322,7 +322,7 @@ class Fetcher:
                 for chunk in response.iter_content(CHUNK):
                     body += chunk
                     if len(body) > limit:
-                        raise SecurityIndexError(f"{self.where(path)}: larger than {limit >> 20} MiB; refused")
+                        raise SecurityIndexError(f"{self.where(path)}: larger than {_amount(limit)}; refused")
                     if time.monotonic() - started > self.deadline:
                         raise SecurityIndexError(f"{self.where(path)}: not read within {self.deadline:g} s (the "
                                                  "server is too slow); try again or name a mirror")
@@ -339,8 +339,12 @@ class Fetcher:
         except OSError as error:
             raise SecurityIndexError(f"{path}: {error.strerror or error}") from None
         if len(data) > limit:
-            raise SecurityIndexError(f"{path}: larger than {limit >> 20} MiB; refused")
+            raise SecurityIndexError(f"{path}: larger than {_amount(limit)}; refused")
         return data
+
+
+def _amount(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 def verify_release(data: bytes, keyring: str, source: str) -> tuple[str, str]:
@@ -367,7 +371,7 @@ def verify_release(data: bytes, keyring: str, source: str) -> tuple[str, str]:
 def _cleartext(data: bytes, source: str) -> str:
     text = data.decode("utf-8", errors="replace")
     match = re.search(r"-----BEGIN PGP SIGNED MESSAGE-----\n(?:Hash:[^\n]*\n)*\n(.*?)\n-----BEGIN PGP SIGNATURE",
-                      text, re.S)
+                      text, re.DOTALL)
     if "-----BEGIN PGP" in text and not match:
         raise SecurityIndexError(f"{source}: a damaged signed Release file")
     return match.group(1) if match else text
@@ -403,7 +407,7 @@ def _unxz(data: bytes, where: str) -> str:
     except lzma.LZMAError as error:
         raise SecurityIndexError(f"{where}: not xz-compressed as its name says ({error})") from None
     if len(text) > MAX_UNPACKED_BYTES:
-        raise SecurityIndexError(f"{where}: unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; refused")
+        raise SecurityIndexError(f"{where}: unpacks to more than {_amount(MAX_UNPACKED_BYTES)}; refused")
     if not decompressor.eof:
         raise SecurityIndexError(f"{where}: the xz stream ends early (truncated)")
     return text.decode("utf-8", errors="replace")
