@@ -303,3 +303,17 @@ def test_the_security_command_says_when_the_index_is_not_trusted(tmp_path, keys)
 
 def test_gpg_tools_are_present():
     assert shutil.which("gpg") and shutil.which("gpgv"), "the security tests sign a Release file with gpg"
+
+
+def test_the_gate_skips_an_os_without_an_archive_and_blocks_an_image_without_packages_where_it_has_one(tmp_path, keys):
+    archive, _ = keys
+    root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
+    assert security.gate(None, "row", "debian12", [], allow(), TODAY).status == "skipped"
+    without = security.Checker({"os": {"debian12": {"family": "apt"}}, "families": {"apt": {}}}, "compat.yaml")
+    skipped = security.gate(without, "row", "debian12", [("libssl3", "3.0.19-1~deb12u1", "amd64")], allow(), TODAY)
+    assert skipped.status == "skipped" and "debian12 has no security archive in compat.yaml" in skipped.message
+    checker = security.Checker(compat_for(str(root), str(archive.keyring)), "compat.yaml")
+    assert "lists no dpkg packages" in security.gate(checker, "row", "debian12", [], allow(), TODAY).message
+    debs = [(p.name, p.version, p.arch) for p in INSTALLED]
+    assert security.gate(checker, "row", "debian12", debs, allow(), TODAY).status == "failed"
+    assert security.gate(checker, "row", "debian12", debs, allow(("libssl3", TODAY)), TODAY).status == "passed"

@@ -259,6 +259,8 @@ def judge(rows: list[RowSecurity], allowlist: Allowlist, today: dt.date) -> Scan
     errors = [row.error for row in rows if row.error]
     if errors:
         return ScanResult("failed", source, f"security index not judged: {'; '.join(errors)}")
+    if not any(row.source for row in rows):
+        return ScanResult("skipped", message="security index skipped: " + "; ".join(row.signature for row in rows))
     active = {entry.id: entry for entry in allowlist.entries if entry.expires >= today}
     expired = {entry.id: entry for entry in allowlist.entries if entry.expires < today}
     blocking, allowed = [], []
@@ -281,6 +283,19 @@ def judge(rows: list[RowSecurity], allowlist: Allowlist, today: dt.date) -> Scan
                                         + "; ".join(lines[:20]) + ". Rebuild the row (its OS layer takes them) or "
                                         f"allowlist each package or CVE with a reason and expiry in "
                                         f"{allowlist.path or 'scanner-allowlist.yaml'}", blocking, sorted(allowed))
+
+
+def gate(checker: Checker | None, tag: str, os_name: str, debs: list[tuple[str, str, str]], allowlist: Allowlist,
+         today: dt.date) -> ScanResult:
+    """The publish gate's verdict from the security index on an image's dpkg packages (skipped without a checker)."""
+    if checker is None:
+        return ScanResult("skipped", message="security index skipped: not asked for")
+    if not debs:
+        if archive_for(checker.compat, os_name, checker.compat_path) is None:
+            return judge([checker.check(tag, os_name, [])], allowlist, today)
+        return judge([RowSecurity(tag, os_name, "security index", error="the image lists no dpkg packages")],
+                     allowlist, today)
+    return judge([checker.check(tag, os_name, [Installed(*deb) for deb in debs])], allowlist, today)
 
 
 def merge(verdicts: list[ScanResult]) -> ScanResult:
@@ -444,9 +459,9 @@ class Checker:
         if os_name is None:
             return RowSecurity(subject, "", error=f"{subject}: its /etc/os-release names no OS of {self.compat_path}")
         archive = archive_for(self.compat, os_name, self.compat_path, self.mirror)
-        if archive is None:
-            return RowSecurity(subject, os_name, source="none", signature="",
-                               error=f"{os_name} has no security archive in {self.compat_path} (os.{os_name}.security)")
+        if archive is None:  # not judged, and said so: the family table is where an OS gets its archive
+            return RowSecurity(subject, os_name, signature=f"{os_name} has no security archive in {self.compat_path} "
+                                                           f"(os.{os_name}.security)")
         arch = next((p.arch for p in installed if p.arch != "all"), "amd64")
         fetcher = self.fetcher_factory(archive.url)
         index = self._index(archive, fetcher, arch)
