@@ -5,6 +5,7 @@ import json
 import lzma
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ ARCHIVE_PACKAGES = [Package("libssl3", "3.0.22-1~deb12u2", changelog=OPENSSL_CHA
                     Package("base-files", "12.4+deb12u5"),  # the installed version: nothing to fix
                     Package("tzdata", "2025b-0+deb12u1", arch="all")]
 TODAY = dt.date(2026, 11, 25)
+ROOT_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +319,89 @@ def test_the_gate_skips_an_os_without_an_archive_and_blocks_an_image_without_pac
     debs = [(p.name, p.version, p.arch) for p in INSTALLED]
     assert security.gate(checker, "row", "debian12", debs, allow(), TODAY).status == "failed"
     assert security.gate(checker, "row", "debian12", debs, allow(("libssl3", TODAY)), TODAY).status == "passed"
+
+
+# ------------------------------------------------------------------------------------------------- the nightly
+
+def nightly_for(tmp_path, url: str, keyring: str, debs):
+    """A nightly over the fixture project whose CPU row is published with an SBOM listing debs (no engine needed
+    for the decision: the catalog's SBOM against the security index)."""
+    from torchimages.builder import BuildOptions
+    from torchimages.catalog import load_catalog
+    from torchimages.matrix import load_compat
+    from torchimages.nightly import Nightly, NightlyOptions
+    from torchimages.project import Project
+    from torchimages.publish import PublishOptions
+    from torchimages.registry import parse_registry, registry_access
+
+    args = published_project(tmp_path, url, keyring, debs)
+    matrix, catalog = tmp_path / "project" / "matrix.yaml", tmp_path / "catalog"
+    project = Project(matrix, matrix.with_name("compat.yaml"), ROOT_TEMPLATES, tmp_path / "images", tmp_path / "reports")
+    registry = parse_registry("127.0.0.1:9/ml/pytorch")
+    checker = security.Checker(load_compat(project.compat), str(project.compat))
+    publishing = PublishOptions(registry, registry_access(registry, config_dir=tmp_path), project.reports, catalog,
+                                project.images, "20261125", security=checker)
+    options = NightlyOptions(BuildOptions(project.images, project.reports), publishing, retention=2)
+    loaded = project.load()
+    specs = [spec for spec in loaded.specs if spec.tag == args[7]]
+    return Nightly(project, loaded, specs, options, None, lambda line: None), specs, load_catalog(catalog / "catalog.json")
+
+
+def test_the_nightly_rebuilds_a_published_row_whose_os_has_fixes_and_lists_them(tmp_path, keys):
+    archive, _ = keys
+    root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
+    run, specs, catalog = nightly_for(tmp_path, str(root), str(archive.keyring),
+                                      [(p.name, p.version, p.arch) for p in INSTALLED])
+    due = run.security_due(specs, catalog)
+    assert list(due) == ["2.13.0-cpu-runtime"] and due["2.13.0-cpu-runtime"] == security.refresh_token(
+        [security.Fixable("libssl3", "amd64", "3.0.19-1~deb12u1", "3.0.22-1~deb12u2")])
+    assert not run.summary.skipped and not run.summary.unchanged
+    assert any("rebuilt for OS security fixes (bookworm-security index), its venv layers reused: libssl3 "
+               "3.0.19-1~deb12u1 -> 3.0.22-1~deb12u2 (CVE-2026-28387, CVE-2026-31789, CVE-2026-7383)" in note
+               for note in run.summary.notes), run.summary.notes
+
+
+def test_the_nightly_still_skips_a_published_row_with_nothing_to_fix_in_seconds(tmp_path, keys):
+    import time
+
+    archive, _ = keys
+    root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
+    run, specs, catalog = nightly_for(tmp_path, str(root), str(archive.keyring), [("base-files", "12.4+deb12u5", "amd64")])
+    started = time.monotonic()
+    assert run.security_due(specs, catalog) == {}
+    assert time.monotonic() - started < 5
+    assert run.summary.skipped == ["2.13.0-cpu-runtime"] == run.summary.unchanged
+
+
+def test_a_nightly_that_cannot_read_the_index_rebuilds_nothing_and_says_why(tmp_path, keys):
+    archive, impostor = keys
+    root = write_archive(tmp_path / "mirror", impostor, ARCHIVE_PACKAGES)
+    run, specs, catalog = nightly_for(tmp_path, str(root), str(archive.keyring),
+                                      [(p.name, p.version, p.arch) for p in INSTALLED])
+    assert run.security_due(specs, catalog) == {}
+    assert any("its security fixes were not looked up" in note and "does not verify" in note
+               for note in run.summary.notes)
+
+
+def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_hash(tmp_path):
+    from torchimages.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args, build_context
+    from torchimages.matrix import load_matrix
+
+    matrix = copy_fixture_project(tmp_path / "project")
+    spec = next(s for s in load_matrix(matrix).specs if s.tag == "2.13.0-cpu-runtime")
+    (tmp_path / "images" / spec.tag).mkdir(parents=True)
+    (tmp_path / "images" / spec.tag / "Dockerfile").write_text("FROM debian:bookworm\n")
+    plain = BuildOptions(tmp_path / "images", tmp_path / "reports")
+    refresh = BuildOptions(tmp_path / "images", tmp_path / "reports", security_refresh={spec.tag: "abc"})
+    assert build_args(refresh, spec.tag) == {SECURITY_REFRESH_ARG: "abc"} and build_args(plain, spec.tag) == {}
+    assert build_context(spec, plain, "base", "").input_hash == build_context(spec, refresh, "base", "").input_hash
+
+
+def test_every_rendered_image_ends_with_its_os_security_layer():
+    from torchimages.project import ROOT
+
+    for dockerfile in (ROOT / "images").glob("*/Dockerfile"):
+        text = dockerfile.read_text()
+        final = text[text.rindex("\nFROM "):]
+        assert "ARG OS_SECURITY_REFRESH=none\nRUN apt-get update" in final and "apt-get upgrade -y" in final, dockerfile
+        assert final.index("OS_SECURITY_REFRESH") > final.rindex("COPY --from=packages"), dockerfile

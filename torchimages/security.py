@@ -298,6 +298,19 @@ def gate(checker: Checker | None, tag: str, os_name: str, debs: list[tuple[str, 
     return judge([checker.check(tag, os_name, [Installed(*deb) for deb in debs])], allowlist, today)
 
 
+def refresh_token(updates: list[Fixable]) -> str:
+    """What a security rebuild takes, as a short stable token (the OS layer's cache depends on it): the same fixes
+    give the same token, a newer fix another."""
+    text = "\n".join(sorted(f"{item.package}:{item.arch}={item.fixed}" for item in updates))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fixes_line(row: RowSecurity) -> str:
+    """'libssl3 3.0.19-1~deb12u1 -> 3.0.22-1~deb12u2 (CVE-..., ...)' for each update, for summaries."""
+    return "; ".join(f"{item.package} {item.installed} -> {item.fixed}"
+                     + (f" ({', '.join(item.cves)})" if item.cves else "") for item in row.fixable)
+
+
 def merge(verdicts: list[ScanResult]) -> ScanResult:
     """One verdict from the security index's and a scanner's: failed if any failed; it names every source."""
     judged = [verdict for verdict in verdicts if verdict.status != "skipped"]
