@@ -541,6 +541,50 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     assert all(entry["signing"]["keys"] == [key().public.fingerprint] for entry in after.values())
 
 
+def test_the_nightly_rebuilds_only_the_os_security_layer_of_a_row_behind_its_security_pocket(
+        real_rows, docker_client, wheelhouse, tmp_path):
+    """The runtime row published, then its SBOM says libssl3 is older than the security pocket's (as when a fix lands
+    after publishing): the nightly rebuilds its OS security layer alone, verifies, republishes under 10% of the image
+    and lists the fix; the next night has nothing to fix and skips it."""
+    real_rows.cli("build", RUNTIME, "--wheelhouse", str(wheelhouse), check_exit=0)
+    real_rows.verified(RUNTIME, docker_client.images.get(local_name(real_rows.specs[RUNTIME])).id)
+    command = ("nightly", RUNTIME, "--registry", real_rows.repository, "--catalog", str(real_rows.catalog),
+               "--wheelhouse", str(wheelhouse))
+    real_rows.cli(*command, check_exit=0)
+    before = real_rows.catalog_json()["images"][RUNTIME]
+    sbom_file = real_rows.catalog / before["sbom"]
+    sbom = json.loads(sbom_file.read_text())
+    libssl = next(c for c in sbom["components"] if c["name"] == "libssl3")
+    current, older = libssl["version"], "3.0.0-1"
+    libssl["version"] = older  # the published digest as the security pocket's index now sees it: one fix behind
+    sbom_file.write_text(json.dumps(sbom))
+    key = make_key(tmp_path, "archive")
+    shutil.copy(key.keyring, real_rows.security_keyring)
+    changelog = (f"openssl ({current}) bookworm-security; urgency=high\n\n  * Fix CVE-2026-90002.\n\n"
+                 f" -- Security Team <team@security.debian.org>  Tue, 24 Nov 2026 10:00:00 +0000\n")
+    write_archive(real_rows.security_archive, key, [Package("libssl3", current, "amd64", changelog)])
+
+    rebuilt = real_rows.cli(*command)
+    summary = json.loads((real_rows.reports / "nightly-summary.json").read_text())
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert summary["built"] == [RUNTIME] and summary["verified"] == [RUNTIME] and summary["skipped"] == []
+    assert f"libssl3 {older} -> {current} (CVE-2026-90002)" in rebuilt.stdout
+    after = real_rows.catalog_json()["images"][RUNTIME]
+    assert after["digest"] != before["digest"] and after["scan"]["scanner"] == "bookworm-security index"
+    old_layers = {layer["digest"] for layer in real_rows.manifest(before["pinned"][0]["tag"])["layers"]}
+    new_layers = real_rows.manifest(after["pinned"][0]["tag"])["layers"]
+    uploaded = sum(layer["size"] for layer in new_layers if layer["digest"] not in old_layers)
+    total = sum(layer["size"] for layer in new_layers)
+    assert 0 < uploaded < total / 10, f"{uploaded} of {total} bytes are new layers"
+    assert [layer["digest"] for layer in new_layers[:-1]] == [layer["digest"] for layer in
+                                                               real_rows.manifest(before["pinned"][0]["tag"])["layers"][:-1]]
+
+    started = time.monotonic()
+    quiet = real_rows.cli(*command, check_exit=0)
+    assert time.monotonic() - started < 60
+    assert json.loads((real_rows.reports / "nightly-summary.json").read_text())["unchanged"] == [RUNTIME], quiet.stdout
+
+
 def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows_signed(real_rows, wheelhouse, cosign):
     """The acceptance run: real builds, real verification, real pushes signed with a key, each digest's signature and
     three attestations accepted by the real cosign; then a quick no-op run."""
