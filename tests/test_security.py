@@ -405,3 +405,25 @@ def test_every_rendered_image_ends_with_its_os_security_layer():
         final = text[text.rindex("\nFROM "):]
         assert "ARG OS_SECURITY_REFRESH=none\nRUN apt-get update" in final and "apt-get upgrade -y" in final, dockerfile
         assert final.index("OS_SECURITY_REFRESH") > final.rindex("COPY --from=packages"), dockerfile
+
+
+def test_an_expired_release_file_is_refused(tmp_path, keys):
+    """A Release file past its Valid-Until: a stale mirror, or an old signed index replayed to hide newer fixes."""
+    from .security_fixtures import clearsign
+
+    archive, _ = keys
+    root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
+    release = root / "dists" / SUITE / "InRelease"
+    text = release.read_text()
+    body = text.split("\n\n", 1)[1].split("\n-----BEGIN PGP SIGNATURE", 1)[0]
+    release.write_bytes(clearsign(archive, "Valid-Until: Sat, 01 Nov 2025 00:00:00 UTC\n" + body + "\n"))
+    row = check(str(root), str(archive.keyring))
+    assert "the Release file expired 2025-11-01" in row.error
+
+
+def test_a_changelog_bomb_is_not_unpacked(monkeypatch):
+    from .security_fixtures import make_deb
+
+    monkeypatch.setattr(security, "MAX_UNPACKED_BYTES", 1 << 16)
+    assert security.deb_changelog(make_deb("libssl3", "small"), "libssl3") == "small"
+    assert security.deb_changelog(make_deb("libssl3", "0" * (1 << 20)), "libssl3") is None  # 1 MiB from a few KB

@@ -9,7 +9,6 @@ compat.yaml (`os.<name>.security`, and the family's `security.index` format). Ev
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import hashlib
 import io
 import lzma
@@ -19,6 +18,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -169,6 +169,10 @@ def sbom_packages(document, path: str, database: str = "dpkg") -> list[Installed
 def parse_release(text: str, source: str) -> dict[str, tuple[str, int]]:
     """A Release file's SHA256 list: path -> (sha256, size)."""
     release = deb822.Release(text)
+    valid_until = _when(release.get("Valid-Until"))
+    if valid_until is not None and valid_until < dt.datetime.now(dt.timezone.utc):
+        raise SecurityIndexError(f"{source}: the Release file expired {valid_until:%Y-%m-%d %H:%M} UTC (Valid-Until): "
+                                 "a stale mirror, or an old index replayed; use a current mirror")
     entries = release.get("SHA256") or []
     if not entries:
         raise SecurityIndexError(f"{source}: not a Release file (no SHA256 list): the index is damaged or not an archive")
@@ -213,10 +217,17 @@ def changelog_fixes(text: str, installed: str) -> tuple[tuple[str, ...], str]:
 
 
 def _date(text: str | None) -> str:
+    when = _when(text)
+    return when.date().isoformat() if when else ""
+
+
+def _when(text: str | None) -> dt.datetime | None:
+    """An RFC 2822 date (changelogs, Release files), in UTC when it names no zone; None when it is not one."""
     try:
-        return parsedate_to_datetime(text).date().isoformat() if text else ""
-    except (TypeError, ValueError):
-        return ""
+        when = parsedate_to_datetime(text) if text else None
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when.replace(tzinfo=dt.timezone.utc) if when and when.tzinfo is None else when
 
 
 def deb_changelog(data: bytes, package: str) -> str | None:
@@ -229,10 +240,18 @@ def deb_changelog(data: bytes, package: str) -> str | None:
         with tarfile.open(fileobj=io.BytesIO(member), mode="r:*") as archive:
             for info in archive:
                 if info.name in wanted and info.isfile() and info.size <= MAX_UNPACKED_BYTES:
-                    return gzip.decompress(archive.extractfile(info).read()).decode("utf-8", errors="replace")
-    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError):
+                    return _gunzip(archive.extractfile(info).read()).decode("utf-8", errors="replace")
+    except (tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error):
         return None
     return None
+
+
+def _gunzip(data: bytes) -> bytes:
+    """A gzip member, unpacked to at most MAX_UNPACKED_BYTES (a changelog is kilobytes; a bomb is not read)."""
+    unpacked = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, MAX_UNPACKED_BYTES)
+    if len(unpacked) >= MAX_UNPACKED_BYTES:
+        raise OSError("a changelog larger than the bound")
+    return unpacked
 
 
 def _ar_member(data: bytes, prefix: str) -> bytes | None:
