@@ -427,3 +427,13 @@ def test_a_changelog_bomb_is_not_unpacked(monkeypatch):
     monkeypatch.setattr(security, "MAX_UNPACKED_BYTES", 1 << 16)
     assert security.deb_changelog(make_deb("libssl3", "small"), "libssl3") == "small"
     assert security.deb_changelog(make_deb("libssl3", "0" * (1 << 20)), "libssl3") is None  # 1 MiB from a few KB
+
+
+def test_a_native_packages_changelog_is_read_too():
+    import gzip
+
+    from .security_fixtures import ar, tar_xz
+
+    deb = ar({"debian-binary": b"2.0\n", "data.tar.xz": tar_xz(
+        {"./usr/share/doc/apt/changelog.gz": gzip.compress(b"apt (2.6.2) bookworm; urgency=medium\n")})})
+    assert security.deb_changelog(deb, "apt") == "apt (2.6.2) bookworm; urgency=medium\n"

@@ -231,11 +231,13 @@ def _when(text: str | None) -> dt.datetime | None:
 
 
 def deb_changelog(data: bytes, package: str) -> str | None:
-    """usr/share/doc/<package>/changelog.Debian.gz from a .deb (an ar archive holding data.tar.*), or None."""
+    """The package's changelog from a .deb (an ar archive holding data.tar.*), or None."""
     member = _ar_member(data, "data.tar")
     if member is None:
         return None
-    wanted = {f"./usr/share/doc/{package}/changelog.Debian.gz", f"usr/share/doc/{package}/changelog.Debian.gz"}
+    # changelog.Debian.gz, or changelog.gz for a native package (apt, base-files)
+    wanted = {f"{prefix}usr/share/doc/{package}/{name}" for prefix in ("./", "")
+              for name in ("changelog.Debian.gz", "changelog.gz")}
     try:
         with tarfile.open(fileobj=io.BytesIO(member), mode="r:*") as archive:
             for info in archive:
