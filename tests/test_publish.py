@@ -568,16 +568,16 @@ def test_the_nightly_rebuilds_only_the_os_security_layer_of_a_row_behind_its_sec
     summary = json.loads((real_rows.reports / "nightly-summary.json").read_text())
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     assert summary["built"] == [RUNTIME] and summary["verified"] == [RUNTIME] and summary["skipped"] == []
-    assert f"libssl3 {older} -> {current} (CVE-2026-90002)" in rebuilt.stdout
+    fixed = f"libssl3 {older} -> {current} (CVE-2026-90002)"
+    assert any(fixed in note and "rebuilt for OS security fixes" in note for note in summary["notes"]), summary["notes"]
+    assert "rebuilt for OS security fixes" in rebuilt.stdout and "CVE-2026-90002" in rebuilt.stdout
     after = real_rows.catalog_json()["images"][RUNTIME]
     assert after["digest"] != before["digest"] and after["scan"]["scanner"] == "bookworm-security index"
     old_layers = {layer["digest"] for layer in real_rows.manifest(before["pinned"][0]["tag"])["layers"]}
     new_layers = real_rows.manifest(after["pinned"][0]["tag"])["layers"]
-    uploaded = sum(layer["size"] for layer in new_layers if layer["digest"] not in old_layers)
-    total = sum(layer["size"] for layer in new_layers)
-    assert 0 < uploaded < total / 10, f"{uploaded} of {total} bytes are new layers"
-    assert [layer["digest"] for layer in new_layers[:-1]] == [layer["digest"] for layer in
-                                                               real_rows.manifest(before["pinned"][0]["tag"])["layers"][:-1]]
+    fresh = [layer for layer in new_layers if layer["digest"] not in old_layers]
+    uploaded, total = sum(layer["size"] for layer in fresh), sum(layer["size"] for layer in new_layers)
+    assert len(fresh) == 1 and 0 < uploaded < total / 10, f"{len(fresh)} new layers, {uploaded} of {total} bytes"
 
     started = time.monotonic()
     quiet = real_rows.cli(*command, check_exit=0)
