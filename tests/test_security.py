@@ -437,3 +437,12 @@ def test_a_native_packages_changelog_is_read_too():
     deb = ar({"debian-binary": b"2.0\n", "data.tar.xz": tar_xz(
         {"./usr/share/doc/apt/changelog.gz": gzip.compress(b"apt (2.6.2) bookworm; urgency=medium\n")})})
     assert security.deb_changelog(deb, "apt") == "apt (2.6.2) bookworm; urgency=medium\n"
+
+
+def test_a_login_in_the_mirror_url_is_never_printed(tmp_path, keys):
+    archive, _ = keys
+    args = published_project(tmp_path, "http://unused.invalid", str(archive.keyring),
+                             [(p.name, p.version, p.arch) for p in INSTALLED])
+    shown = run_cli_in_process(*args, "--mirror", "http://ci:s3cret-mirror-pass@127.0.0.1:9/debian-security")
+    assert shown.returncode == 1 and "127.0.0.1:9" in shown.stdout
+    assert "s3cret-mirror-pass" not in shown.stdout + shown.stderr

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Where a run's logins come from: index URLs and proxies hold user:password@, --registry may hold it before its host.
-URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url")
+URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url", "mirror", "security_mirror")
 PROXY_ENV = (*PROXY_ARGS, "ALL_PROXY", "all_proxy")
 
 
