@@ -18,6 +18,12 @@ RUN dnf install -y --setopt=install_weak_deps=False {{ packages | join(" ") }} \
  && dnf clean all \\
  && rm -rf /var/cache/dnf
 {%- endmacro %}
+{% macro security_upgrade() -%}
+ARG OS_SECURITY_REFRESH=none
+RUN dnf upgrade -y --security \\
+ && dnf clean all \\
+ && rm -rf /var/cache/dnf
+{%- endmacro %}
 '''
 DNF_FAMILY = {"certificates": ["ca-certificates"], "download": ["curl"], "compiler": ["gcc-c++"],
               "python": ["python{python}"], "python_venv": [], "python_dev": ["python{python}-devel"],
@@ -57,6 +63,7 @@ def test_a_second_family_renders_from_its_table_and_template(dnf_project):
     assert "dnf install -y --setopt=install_weak_deps=False ca-certificates python3.11" in dockerfile
     assert "dnf install -y --setopt=install_weak_deps=False gcc-c++ python3.11-devel" in dockerfile
     assert "make ninja-build git-core" in dockerfile
+    assert "ARG OS_SECURITY_REFRESH=none\nRUN dnf upgrade -y --security" in dockerfile, "its own security layer"
     assert "apt-get install" in rendered["2.13.0-cpu-devel/Dockerfile"].decode(), "the apt rows are unchanged"
     hadolint = shutil.which("hadolint") or str(ROOT / ".venv" / "bin" / "hadolint")
     (dnf_project / "Dockerfile").write_text(dockerfile)

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,9 +32,11 @@ from torchimages.publish import (
     prune_plan,
     verification_refusal,
 )
+from torchimages.sbom import collect_inventory
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
 from .conftest import CPU_SELECTOR, ROOT, free_port, run_cli, with_live_compat
+from .security_fixtures import Package, make_key, write_archive
 from .signing_fixtures import (
     FIRST,
     KEYS,
@@ -76,6 +79,16 @@ class Workspace:
                 if real_rows else MATRIX.format(namespace=self.namespace))
         with_live_compat(self.matrix)
         self.matrix.write_text(text)
+        # The publish gate reads debian12's security index from a folder of this test's own (no network): an archive
+        # with no fixes unless a test writes one (security_fixtures.write_archive), signed with this keyring if there.
+        self.security_archive, self.security_keyring = root / "security-archive", root / "security-archive.gpg"
+        write_archive(self.security_archive, None, [])
+        compat = self.matrix.with_name("compat.yaml")
+        live = compat.read_text()
+        assert 'url: "http://deb.debian.org/debian-security"' in live
+        compat.write_text(live.replace('url: "http://deb.debian.org/debian-security"', f'url: "{self.security_archive}"')
+                          .replace("keyring: /usr/share/keyrings/debian-archive-keyring.gpg",
+                                   f'keyring: "{self.security_keyring}"'))
         self.specs = {spec.tag: spec for spec in load_matrix(self.matrix).specs}
         self.images, self.reports, self.catalog = root / "images", root / "reports", root / "catalog"
         self.registry_host = registry_host
@@ -193,7 +206,8 @@ def test_publish_pins_floats_and_aliases_one_verified_digest_and_pulls_back(work
         assert sbom["bomFormat"] == "CycloneDX" and sbom["metadata"]["component"]["version"] == entry["digest"]
         assert any(c["name"] == "dpkg" and c["purl"].startswith("pkg:deb/debian/dpkg@") for c in sbom["components"])
         assert entry["checks"]["passed"] == 2 and entry["checks"]["skipped"] == 1
-        assert entry["scan"]["status"] == "skipped" and "neither trivy nor grype" in entry["scan"]["message"]
+        assert entry["scan"]["status"] == "passed" and entry["scan"]["scanner"] == "bookworm-security index"
+        assert "neither trivy nor grype" in entry["scan"]["message"]
     assert catalog[RUNTIME]["floating"] == [RUNTIME, "latest"]
 
     # Pulled back onto an engine without them, by pinned tag and by digest, the bits are the verified image's.
@@ -219,6 +233,39 @@ def test_publish_pins_floats_and_aliases_one_verified_digest_and_pulls_back(work
     assert "2 unchanged" in again.stdout
     assert (workspace.catalog / "catalog.json").read_bytes() == before
     assert not any(tag.endswith("20260102") for tag in workspace.tags())
+
+
+def test_the_gate_blocks_a_fixable_os_package_unless_allowlisted_and_an_expired_entry_blocks_again(
+        workspace, docker_client, tmp_path):
+    """The image's own dpkg database against a signed security index listing a newer build of one of its packages."""
+    image_id = workspace.build_verified(docker_client, RUNTIME)
+    installed = {name: (version, arch) for name, version, arch in collect_inventory(docker_client, image_id).debs}
+    version, arch = installed["base-files"]
+    fixed = f"{version}+sec1"
+    key = make_key(tmp_path, "archive")
+    shutil.copy(key.keyring, workspace.security_keyring)
+    changelog = (f"base-files ({fixed}) bookworm-security; urgency=high\n\n  * Fix CVE-2026-90001.\n\n"
+                 f" -- Security Team <team@security.debian.org>  Tue, 24 Nov 2026 10:00:00 +0000\n")
+    write_archive(workspace.security_archive, key, [Package("base-files", fixed, arch, changelog)])
+    allowlist = workspace.root / "allowlist.yaml"
+
+    allowlist.write_text("allow:\n  - {package: base-files, reason: rebuilt soon, expires: 2026-01-01}\n")
+    refused = workspace.publish(RUNTIME, check_exit=1, extra=("--allowlist", str(allowlist)))
+    assert f"base-files {version} -> {fixed} (CVE-2026-90001) [allowlist entry expired 2026-01-01]" in refused.stdout
+    assert "bookworm-security index" in refused.stdout and not workspace.tags()
+
+    allowlist.write_text("allow:\n  - {cve: CVE-2026-90001, reason: not reachable, expires: 2099-01-01}\n")
+    workspace.publish(RUNTIME, check_exit=0, extra=("--allowlist", str(allowlist)))
+    scan = workspace.catalog_json()["images"][RUNTIME]["scan"]
+    assert scan["status"] == "passed" and scan["scanner"] == "bookworm-security index"
+    assert scan["allowed"] == [f"base-files {fixed} (CVE-2026-90001): not reachable (until 2099-01-01)"]
+
+    # The published row, as people ask about it: its SBOM in the catalog against the same index.
+    shown = workspace.cli("security", RUNTIME, "--catalog", str(workspace.catalog), "--format", "json", check_exit=1)
+    row = json.loads(shown.stdout)["rows"][0]
+    assert row["fixable"] == [{"package": "base-files", "arch": arch, "installed": version, "fixed": fixed,
+                               "cves": ["CVE-2026-90001"], "since": "2026-11-24"}]
+    assert row["signature"].startswith("signature verified")
 
 
 GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -501,6 +548,50 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     after = real_rows.catalog_json()["images"]
     assert {tag: entry["digest"] for tag, entry in after.items()} == {tag: entry["digest"] for tag, entry in catalog.items()}
     assert all(entry["signing"]["keys"] == [key().public.fingerprint] for entry in after.values())
+
+
+def test_the_nightly_rebuilds_only_the_os_security_layer_of_a_row_behind_its_security_pocket(
+        real_rows, docker_client, wheelhouse, tmp_path):
+    """The runtime row published, then its SBOM says libssl3 is older than the security pocket's (as when a fix lands
+    after publishing): the nightly rebuilds its OS security layer alone, verifies, republishes under 10% of the image
+    and lists the fix; the next night has nothing to fix and skips it."""
+    real_rows.cli("build", RUNTIME, "--wheelhouse", str(wheelhouse), check_exit=0)
+    real_rows.verified(RUNTIME, docker_client.images.get(local_name(real_rows.specs[RUNTIME])).id)
+    command = ("nightly", RUNTIME, "--registry", real_rows.repository, "--catalog", str(real_rows.catalog),
+               "--wheelhouse", str(wheelhouse))
+    real_rows.cli(*command, check_exit=0)
+    before = real_rows.catalog_json()["images"][RUNTIME]
+    sbom_file = real_rows.catalog / before["sbom"]
+    sbom = json.loads(sbom_file.read_text())
+    libssl = next(c for c in sbom["components"] if c["name"] == "libssl3")
+    current, older = libssl["version"], "3.0.0-1"
+    libssl["version"] = older  # the published digest as the security pocket's index now sees it: one fix behind
+    sbom_file.write_text(json.dumps(sbom))
+    key = make_key(tmp_path, "archive")
+    shutil.copy(key.keyring, real_rows.security_keyring)
+    changelog = (f"openssl ({current}) bookworm-security; urgency=high\n\n  * Fix CVE-2026-90002.\n\n"
+                 f" -- Security Team <team@security.debian.org>  Tue, 24 Nov 2026 10:00:00 +0000\n")
+    write_archive(real_rows.security_archive, key, [Package("libssl3", current, "amd64", changelog)])
+
+    rebuilt = real_rows.cli(*command)
+    summary = json.loads((real_rows.reports / "nightly-summary.json").read_text())
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert summary["built"] == [RUNTIME] and summary["verified"] == [RUNTIME] and summary["skipped"] == []
+    fixed = f"libssl3 {older} -> {current} (CVE-2026-90002)"
+    assert any(fixed in note and "rebuilt for OS security fixes" in note for note in summary["notes"]), summary["notes"]
+    assert "rebuilt for OS security fixes" in rebuilt.stdout and "CVE-2026-90002" in rebuilt.stdout
+    after = real_rows.catalog_json()["images"][RUNTIME]
+    assert after["digest"] != before["digest"] and after["scan"]["scanner"] == "bookworm-security index"
+    old_layers = {layer["digest"] for layer in real_rows.manifest(before["pinned"][0]["tag"])["layers"]}
+    new_layers = real_rows.manifest(after["pinned"][0]["tag"])["layers"]
+    fresh = [layer for layer in new_layers if layer["digest"] not in old_layers]
+    uploaded, total = sum(layer["size"] for layer in fresh), sum(layer["size"] for layer in new_layers)
+    assert len(fresh) == 1 and 0 < uploaded < total / 10, f"{len(fresh)} new layers, {uploaded} of {total} bytes"
+
+    started = time.monotonic()
+    quiet = real_rows.cli(*command, check_exit=0)
+    assert time.monotonic() - started < 60
+    assert json.loads((real_rows.reports / "nightly-summary.json").read_text())["unchanged"] == [RUNTIME], quiet.stdout
 
 
 def test_nightly_end_to_end_builds_verifies_and_publishes_the_cpu_rows_signed(real_rows, wheelhouse, cosign):

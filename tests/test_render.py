@@ -141,12 +141,14 @@ def test_template_errors_name_the_template_line(cli, tmp_path):
 
 def test_flavors_of_a_row_share_their_first_layers(fixture_images):
     """The devel image reuses the runtime image's layers from the build cache: everything up to the runtime's
-    labels is the same text (the engine caches by instruction)."""
+    OS security layer (each image's last, after its own packages) is the same text (the engine caches by
+    instruction)."""
     runtime = (fixture_images / "2.14.1-cuda13.0-cudnn9-runtime" / "Dockerfile").read_text()
     devel = (fixture_images / "2.14.1-cuda13.0-cudnn9-devel" / "Dockerfile").read_text()
     final_stage = lambda text: text.split("\nFROM python\n", 1)[1]  # noqa: E731
-    shared = final_stage(runtime).split("LABEL ", 1)[0]
-    assert final_stage(devel).startswith(shared)
+    shared, security_layer = final_stage(runtime).split("LABEL ", 1)[0].split("# Security fixes the OS published")
+    assert final_stage(devel).startswith(shared) and "ARG OS_SECURITY_REFRESH" in security_layer
+    assert final_stage(devel).split("LABEL ", 1)[0].endswith(security_layer), "devel ends with the same layer"
     stages = lambda text: [line for line in text.splitlines() if line.startswith(("FROM", "RUN", "COPY", "ARG"))]  # noqa: E731
     packages_stage = stages(runtime.split("\nFROM python\n", 1)[0])
     assert stages(devel.split("\nFROM python\n", 1)[0])[:len(packages_stage)] == packages_stage

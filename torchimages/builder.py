@@ -38,6 +38,7 @@ BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15
+SECURITY_REFRESH_ARG = "OS_SECURITY_REFRESH"  # the build arg the OS security layer's cache depends on
 CA_BUNDLE_FIX = "--ca-bundle names the PEM file of the proxy's CA (a regular file)"
 
 
@@ -56,6 +57,10 @@ class BuildOptions:
     extra_index_url: str | None = None
     ca_bundle: Path | None = None
     proxies: dict = field(default_factory=dict)
+    # tag -> a token naming the OS security fixes a rebuild takes (the nightly's): the row is built even though its
+    # inputs are unchanged, and only its OS security layer again (templates/os/<family>.j2 `security_upgrade`). Not
+    # an input of the image's hash: the matrix row is the same, the published row stays current once it has them.
+    security_refresh: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -86,8 +91,10 @@ def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
 
 
-def build_args(options: BuildOptions) -> dict[str, str]:
+def build_args(options: BuildOptions, tag: str = "") -> dict[str, str]:
     args = {}
+    if tag in options.security_refresh:
+        args[SECURITY_REFRESH_ARG] = options.security_refresh[tag]
     if options.pip_index_url:
         args["PIP_INDEX_URL"] = options.pip_index_url
     if options.extra_index_url:
@@ -244,7 +251,7 @@ class Builder:
             context = build_context(spec, self.options, identity, base_id or "")
         except InputError as error:
             return None, BuildResult(spec.tag, "failed", error=str(error))
-        if not (self.options.force or self.options.no_cache):
+        if not (self.options.force or self.options.no_cache or spec.tag in self.options.security_refresh):
             existing = engine.inspect_image(self.client, local_name(spec))
             if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
@@ -334,7 +341,7 @@ class Builder:
 
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
         stream = api.build(
-            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options),
+            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options, spec.tag),
             labels=runtime_labels(context.input_hash, context.base_image_id),
             cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,

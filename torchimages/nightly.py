@@ -14,6 +14,7 @@ layers instead of starting from nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -28,8 +29,10 @@ from . import catalog as catalog_stage
 from . import engine, rebuild
 from . import publish as publish_stage
 from . import render as render_stage
+from . import security as security_stage
 from . import verify as verify_stage
 from .bases_lock import read_lock, write_lock
+from .files import read_json_document
 from .matrix import Matrix
 from .model import ImageSpec, InputError
 from .project import Project
@@ -80,8 +83,10 @@ class Nightly:
             self.refresh_lock(client)
             self.rerender_for_moved_bases()
             current = self.published_already(client, before)
+            due = self.security_due(current, before)
+            current = [spec for spec in current if spec.tag not in due]
             changed = [spec for spec in self.specs if spec not in current]
-            buildable = self.build(client, self.prepare_engine(client, changed, before)) if changed else []
+            buildable = self.build(client, self.prepare_engine(client, changed, before), due) if changed else []
             passed = self.verify(client, buildable)
             if self.publish(client, passed) or current:
                 self.prune()
@@ -140,15 +145,40 @@ class Nightly:
                 self.log(f"{spec.tag}: runs: {'; '.join(reasons)}")
             else:
                 current.append(spec)
-        if current:
-            self.summary.skipped += [spec.tag for spec in current]
-            self.summary.already_verified += [spec.tag for spec in current]
-            self.summary.unchanged += [spec.tag for spec in current]
+        return current
+
+    def security_due(self, current: list[ImageSpec], catalog: catalog_stage.Catalog) -> dict[str, str]:
+        """The published rows whose OS has security fixes they lack (their SBOM in the catalog against the security
+        index): tag -> the refresh token their rebuild takes. The others stay skipped, and the summary says so."""
+        due: dict[str, str] = {}
+        checker = self.publishing.security
+        for spec in current if checker else []:
+            assert checker is not None
+            entry = catalog.images[spec.tag]
+            path = self.publishing.catalog_dir / entry.sbom
+            try:
+                installed = security_stage.sbom_packages(
+                    read_json_document(path, "delete it: publish writes it again"), str(path))
+            except InputError as error:
+                self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({error})")
+                continue
+            row = checker.check(spec.tag, spec.os, installed)
+            if row.error:
+                self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({row.error})")
+            elif row.fixable:
+                due[spec.tag] = security_stage.refresh_token(row.fixable)
+                self.summary.notes.append(f"{spec.tag}: rebuilt for OS security fixes ({row.source}), its venv layers "
+                                          f"reused: {security_stage.fixes_line(row)}")
+        kept = [spec for spec in current if spec.tag not in due]
+        if kept:
+            self.summary.skipped += [spec.tag for spec in kept]
+            self.summary.already_verified += [spec.tag for spec in kept]
+            self.summary.unchanged += [spec.tag for spec in kept]
             self.summary.notes.append(
                 f"published already with today's inputs (the catalog's input hash is this run's and the registry's "
                 f"tags name the catalog's digest), so nothing was pulled, built or verified: "
-                f"{', '.join(spec.tag for spec in current)}")
-        return current
+                f"{', '.join(spec.tag for spec in kept)}")
+        return due
 
     def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
         """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a
@@ -180,10 +210,11 @@ class Nightly:
         except RegistryError as error:
             self.summary.notes.append(f"{spec.tag}: built without the layers of its last published image ({error})")
 
-    def build(self, client, specs: list[ImageSpec]) -> list[ImageSpec]:
+    def build(self, client, specs: list[ImageSpec], security_refresh: dict[str, str]) -> list[ImageSpec]:
+        options = dataclasses.replace(self.options.build, security_refresh=security_refresh)
         try:
             with self.display.building([spec.tag for spec in specs]) as progress:
-                results = build_stage.Builder(client, self.options.build, progress).build_all(specs)
+                results = build_stage.Builder(client, options, progress).build_all(specs)
         finally:
             _remove_images(client, [build_stage.cache_name(spec) for spec in specs])
         build_stage.write_report(self.project.reports, results)

@@ -21,6 +21,7 @@ import docker.errors
 from . import attestations, engine
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
+from . import security as security_stage
 from .builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from .files import read_json_document, remove_file
 from .model import LABEL_PREFIX, ImageSpec
@@ -205,6 +206,8 @@ class PublishOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
     signing_key: SigningKey | None = None  # None: publish unsigned (the CLI refuses that where signing is required)
+    # The OS's security index (compat.yaml's os.<name>.security); None: not consulted, and the verdict says so.
+    security: security_stage.Checker | None = None
 
 
 @dataclass
@@ -280,11 +283,11 @@ class Publisher:
             self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged)
             return unchanged
 
-        scan = sbom_stage.scan_image(local_name(spec), self.options.allowlist)
-        if scan.status == "failed":
-            return PublishResult(spec.tag, "refused", message=scan.message)
         # Read before anything moves on the registry, so that what can fail has failed by then.
         inventory = sbom_stage.collect_inventory(self.client, image["Id"])
+        scan = self._scan(spec, inventory)
+        if scan.status == "failed":
+            return PublishResult(spec.tag, "refused", message=scan.message)
         result = PublishResult(spec.tag, "published", message=scan.message)
         if pinned is None:
             pinned = new_pinned_tag(spec.tag, self.options.date, all_tags)
@@ -306,6 +309,12 @@ class Publisher:
                 (result.moved if name in current else result.created).append(name)
         self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, inventory)
         return result
+
+    def _scan(self, spec: ImageSpec, inventory: sbom_stage.Inventory) -> sbom_stage.ScanResult:
+        """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed."""
+        allowlist, today = self.options.allowlist, datetime.now().date()
+        fixes = security_stage.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today)
+        return security_stage.merge([fixes, sbom_stage.scan_image(local_name(spec), allowlist)])
 
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, facts: dict, result: PublishResult,
                 inventory: sbom_stage.Inventory | None = None) -> dict:

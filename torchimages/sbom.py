@@ -45,7 +45,9 @@ PURL_TYPES = {"dpkg": "deb", "rpm": "rpm", "apk": "apk"}  # package database -> 
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
 DEFAULT_FAIL_ON = ("CRITICAL", "HIGH")
 VULNERABILITY_ID = re.compile(r"CVE-[0-9]{4}-[0-9]{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}", re.ASCII)
-ALLOWLIST_KEYS = ("cve", "reason", "expires")
+ALLOWLIST_KEYS = ("reason", "expires")  # and one of ALLOWLIST_SUBJECTS
+ALLOWLIST_SUBJECTS = ("cve", "package")  # a vulnerability, or an OS package whose security fixes are not taken yet
+PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+", re.ASCII)  # Debian policy 5.6.1
 SCAN_TIMEOUT_S = 1800
 
 
@@ -213,13 +215,18 @@ def _allowed(items, line: int, report) -> list[AllowedVulnerability]:
         return []
     entries = []
     for item, item_line in zip(items, items.item_lines, strict=False):
-        if not isinstance(item, LineDict) or set(item) != set(ALLOWLIST_KEYS):
-            report(item_line, "each allowlist entry needs exactly: cve, reason, expires (e.g. {cve: CVE-2024-12345, "
-                              "reason: \"not reachable: no TLS server in the image\", expires: 2026-12-31})")
+        subjects = [key for key in ALLOWLIST_SUBJECTS if isinstance(item, LineDict) and key in item]
+        if not isinstance(item, LineDict) or len(subjects) != 1 or set(item) != {*subjects, *ALLOWLIST_KEYS}:
+            report(item_line, "each allowlist entry needs exactly: cve (or package), reason, expires (e.g. {cve: "
+                              "CVE-2024-12345, reason: \"not reachable: no TLS server in the image\", expires: "
+                              "2026-12-31}, or {package: libssl3, reason: ..., expires: ...})")
             continue
-        vulnerability, reason, expires = item["cve"], item["reason"], item["expires"]
-        if not isinstance(vulnerability, str) or not VULNERABILITY_ID.fullmatch(vulnerability):
+        subject = subjects[0]
+        vulnerability, reason, expires = item[subject], item["reason"], item["expires"]
+        if subject == "cve" and (not isinstance(vulnerability, str) or not VULNERABILITY_ID.fullmatch(vulnerability)):
             report(item.line_of("cve"), f"'cve' must look like CVE-2024-12345 (or a GHSA id), got {vulnerability!r}")
+        elif subject == "package" and (not isinstance(vulnerability, str) or not PACKAGE_NAME.fullmatch(vulnerability)):
+            report(item.line_of("package"), f"'package' must be an OS package name (e.g. libssl3), got {vulnerability!r}")
         elif not isinstance(reason, str) or not reason.strip():
             report(item.line_of("reason"), f"{vulnerability}: 'reason' must say why the finding is acceptable")
         elif not isinstance(expires, dt.date):

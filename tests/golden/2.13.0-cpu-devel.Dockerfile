@@ -54,6 +54,13 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make ninja-build git \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
+# Security fixes the OS published since the layers above were built. The nightly sets OS_SECURITY_REFRESH when the
+# security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
+ARG OS_SECURITY_REFRESH=none
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
 LABEL org.opencontainers.image.title="PyTorch 2.13.0 (2.13.0-cpu-devel)" \
       org.opencontainers.image.description="PyTorch 2.13.0 for CPU, Python 3.11, debian12, devel" \
       org.opencontainers.image.version="2.13.0-cpu-devel" \

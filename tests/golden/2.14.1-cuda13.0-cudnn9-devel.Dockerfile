@@ -97,6 +97,13 @@ COPY --from=cuda-toolkit /opt/cuda-toolkit/ /
 RUN ln -s /opt/venv/lib/python3.11/site-packages/nvidia/cu13 /usr/local/cuda
 ENV CUDA_HOME=/usr/local/cuda \
     PATH=/usr/local/cuda/bin:$PATH
+# Security fixes the OS published since the layers above were built. The nightly sets OS_SECURITY_REFRESH when the
+# security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
+ARG OS_SECURITY_REFRESH=none
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
 LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda13.0-cudnn9-devel)" \
       org.opencontainers.image.description="PyTorch 2.14.1 with CUDA 13.0 and cuDNN 9, Python 3.11, debian12, devel" \
       org.opencontainers.image.version="2.14.1-cuda13.0-cudnn9-devel" \

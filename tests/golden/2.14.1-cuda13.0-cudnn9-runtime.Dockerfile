@@ -73,6 +73,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     LANG=C.UTF-8
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# Security fixes the OS published since the layers above were built. The nightly sets OS_SECURITY_REFRESH when the
+# security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
+ARG OS_SECURITY_REFRESH=none
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
 LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda13.0-cudnn9-runtime)" \
       org.opencontainers.image.description="PyTorch 2.14.1 with CUDA 13.0 and cuDNN 9, Python 3.11, debian12, runtime" \
       org.opencontainers.image.version="2.14.1-cuda13.0-cudnn9-runtime" \

@@ -19,7 +19,7 @@ from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
 from ..redaction import Secrets
 from ..registry import parse_registry
-from . import compat, images, nightly, publishing
+from . import compat, images, nightly, publishing, security
 from .display import errors
 from .options import parse_date
 from .streams import (
@@ -33,7 +33,7 @@ from .streams import (
     standard_streams,
 )
 
-COMMAND_GROUPS = (images, publishing, nightly, compat)
+COMMAND_GROUPS = (images, publishing, nightly, compat, security)
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Where a run's logins come from: index URLs and proxies hold user:password@, --registry may hold it before its host.
-URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url")
+URL_FLAGS = ("pip_index_url", "extra_index_url", "index_url", "mirror", "security_mirror")
 PROXY_ENV = (*PROXY_ARGS, "ALL_PROXY", "all_proxy")
 
 

@@ -10,12 +10,15 @@ from pathlib import Path
 from .. import builder as build_stage
 from .. import catalog as catalog_stage
 from .. import sbom as sbom_stage
+from .. import security as security_stage
 from .. import signing
 from ..files import read_bytes
+from ..matrix import load_compat
 from ..model import InputError, Problem
 from ..project import Project
 from ..publish import ALLOWLIST_NAME, PublishOptions
 from ..registry import COMPRESSIONS, DEFAULT_CERTS_D, DEFAULT_COMPRESSION, AccessSettings, RetryPolicy, parse_registry
+from .display import log
 
 
 def integer(text: str) -> int:
@@ -133,6 +136,9 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                              f"password in {signing.PASSWORD_VARIABLE} (default: ${signing.KEY_VARIABLE})")
     parser.add_argument("--require-signing", action="store_true",
                         help="refuse to publish without a signing key (as `signing: required` in the matrix does)")
+    parser.add_argument("--security-mirror", metavar="URL|DIR",
+                        help="the OS's security archive the gate compares each image with: a mirror, or a folder "
+                             "holding a saved index (default: compat.yaml's os.<name>.security.url)")
 
 
 def publish_options(project: Project, args: argparse.Namespace) -> PublishOptions:
@@ -147,6 +153,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
         retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
+        security=security_stage.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
     )
 
 

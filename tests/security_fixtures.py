@@ -1,0 +1,150 @@
+"""A security archive laid out as Debian's (dists/<suite>/InRelease signed with a throwaway key, Packages.xz, pool/
+with real .deb files holding changelog.Debian.gz), served from 127.0.0.1: the security tests need no network."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import lzma
+import subprocess
+import tarfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+SUITE = "bookworm-security"
+OPENSSL_CHANGELOG = """openssl (3.0.22-1~deb12u2) bookworm-security; urgency=medium
+
+  * Fix CVE-2026-28387 and CVE-2026-31789.
+
+ -- Debian Security Team <team@security.debian.org>  Fri, 03 Apr 2026 10:00:00 +0000
+
+openssl (3.0.21-1~deb12u1) bookworm-security; urgency=medium
+
+  * New upstream release: CVE-2026-7383.
+
+ -- Debian Security Team <team@security.debian.org>  Mon, 02 Feb 2026 10:00:00 +0000
+
+openssl (3.0.19-1~deb12u1) bookworm-security; urgency=medium
+
+  * Fix CVE-2025-0001 (already in the installed version).
+
+ -- Debian Security Team <team@security.debian.org>  Thu, 01 Jan 2026 10:00:00 +0000
+"""
+
+
+@dataclass(frozen=True)
+class Key:
+    home: Path
+    keyring: Path
+
+
+def make_key(folder: Path, name: str) -> Key:
+    """A throwaway signing key (ed25519, no passphrase) and a keyring holding its public half, as gpgv reads one."""
+    home = folder / f"gnupg-{name}"
+    home.mkdir(mode=0o700, parents=True)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
+    subprocess.run([*gpg, "--quick-gen-key", f"{name} <{name}@example.invalid>", "ed25519", "sign", "never"],
+                   check=True, capture_output=True)
+    keyring = folder / f"{name}.gpg"
+    keyring.write_bytes(subprocess.run([*gpg, "--export"], check=True, capture_output=True).stdout)
+    return Key(home, keyring)
+
+
+def clearsign(key: Key, text: str) -> bytes:
+    return subprocess.run(["gpg", "--homedir", str(key.home), "--batch", "--quiet", "--pinentry-mode", "loopback",
+                           "--passphrase", "", "--clearsign"], input=text.encode(), check=True,
+                          capture_output=True).stdout
+
+
+def ar(members: dict[str, bytes]) -> bytes:
+    """An ar archive, as dpkg-deb writes a .deb."""
+    out = bytearray(b"!<arch>\n")
+    for name, data in members.items():
+        out += f"{name + '/':<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode()
+        out += data + (b"\n" if len(data) % 2 else b"")
+    return bytes(out)
+
+
+def tar_xz(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def make_deb(package: str, changelog: str) -> bytes:
+    control = f"Package: {package}\nVersion: 0\nArchitecture: amd64\nDescription: test\n".encode()
+    return ar({"debian-binary": b"2.0\n", "control.tar.xz": tar_xz({"./control": control}),
+               "data.tar.xz": tar_xz({f"./usr/share/doc/{package}/changelog.Debian.gz":
+                                      gzip.compress(changelog.encode(), mtime=0)})})
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    arch: str = "amd64"
+    changelog: str = ""  # the .deb is written into pool/ with it, when given
+
+
+def write_archive(root: Path, key: Key | None, packages: list[Package], packages_xz: bytes | None = None,
+                  release_packages_xz: bytes | None = None) -> Path:
+    """A saved security archive below root. packages_xz replaces the index file served (a damaged one);
+    release_packages_xz is what the Release file hashes (by default what is served)."""
+    paragraphs = []
+    for package in packages:
+        filename = f"pool/updates/main/{package.name[0]}/{package.name}/{package.name}_{package.version}_{package.arch}.deb"
+        if package.changelog:
+            (root / filename).parent.mkdir(parents=True, exist_ok=True)
+            (root / filename).write_bytes(make_deb(package.name, package.changelog))
+        paragraphs.append(f"Package: {package.name}\nVersion: {package.version}\nArchitecture: {package.arch}\n"
+                          f"Filename: {filename}\n")
+    good = lzma.compress("\n".join(paragraphs).encode(), format=lzma.FORMAT_XZ)
+    served = good if packages_xz is None else packages_xz
+    hashed = served if release_packages_xz is None else release_packages_xz
+    folder = root / "dists" / SUITE
+    (folder / "main" / "binary-amd64").mkdir(parents=True, exist_ok=True)
+    (folder / "main" / "binary-amd64" / "Packages.xz").write_bytes(served)
+    release = (f"Origin: Debian\nCodename: {SUITE}\nComponents: updates/main\nSHA256:\n"
+               f" {hashlib.sha256(hashed).hexdigest()} {len(hashed)} main/binary-amd64/Packages.xz\n")
+    (folder / "InRelease").write_bytes(clearsign(key, release) if key else release.encode())
+    return root
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    delay_s = 0.0
+
+    def copyfile(self, source, outputfile):
+        if self.delay_s:  # a server that answers at once, then sends its body slowly
+            for chunk in iter(lambda: source.read(16), b""):
+                outputfile.write(chunk)
+                outputfile.flush()
+                time.sleep(self.delay_s)
+        else:
+            super().copyfile(source, outputfile)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def serve(root: Path, delay_s: float = 0.0):
+    """root over HTTP on 127.0.0.1; yields its URL."""
+    handler = type("Handler", (_Handler,), {"delay_s": delay_s})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
