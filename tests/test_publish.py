@@ -572,6 +572,8 @@ def test_the_nightly_rebuilds_only_the_os_security_layer_of_a_row_behind_its_sec
     changelog = (f"openssl ({current}) bookworm-security; urgency=high\n\n  * Fix CVE-2026-90002.\n\n"
                  f" -- Security Team <team@security.debian.org>  Tue, 24 Nov 2026 10:00:00 +0000\n")
     write_archive(real_rows.security_archive, key, [Package("libssl3", current, "amd64", changelog)])
+    why = real_rows.cli("why", *command[1:], check_exit=0).stdout
+    assert f"{RUNTIME}: rebuild the OS security layer, verify, publish" in why and "CVE-2026-90002" in why
 
     rebuilt = real_rows.cli(*command)
     summary = json.loads((real_rows.reports / "nightly-summary.json").read_text())

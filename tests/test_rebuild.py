@@ -103,3 +103,14 @@ def test_no_engine_image_is_a_build_reason():
 
 def test_input_changes_lists_added_removed_and_changed_inputs():
     assert input_changes({"a": "1", "b": "2"}, {"b": "3", "c": "4"}) == ["added c", "removed a", "b: 2 -> 3"]
+
+
+def test_a_row_behind_only_on_os_security_fixes_rebuilds_its_security_layer():
+    behind = state(security_fixes="libssl3 3.0.19-1~deb12u1 -> 3.0.22-1~deb12u2 (CVE-2026-90002)")
+    assert publish_reasons(behind) == [] and decision(behind) == "rebuild the OS security layer, verify, publish"
+    assert "security fixes the published digest lacks: libssl3 3.0.19-1~deb12u1 -> 3.0.22-1~deb12u2" in explain(behind)
+
+
+def test_a_security_pocket_that_cannot_say_leaves_the_row_as_it_is_and_says_why():
+    unknown = state(security_unknown="bookworm-security: its Release file is signed by an unknown key")
+    assert decision(unknown) == "nothing" and "could not be looked up: bookworm-security" in explain(unknown)

@@ -32,7 +32,6 @@ from . import render as render_stage
 from . import security as security_stage
 from . import verify as verify_stage
 from .bases_lock import read_lock, write_lock
-from .files import read_json_document
 from .matrix import Matrix
 from .model import ImageSpec, InputError
 from .project import Project
@@ -154,15 +153,7 @@ class Nightly:
         checker = self.publishing.security
         for spec in current if checker else []:
             assert checker is not None
-            entry = catalog.images[spec.tag]
-            path = self.publishing.catalog_dir / entry.sbom
-            try:
-                installed = security_stage.sbom_packages(
-                    read_json_document(path, "delete it: publish writes it again"), str(path))
-            except InputError as error:
-                self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({error})")
-                continue
-            row = checker.check(spec.tag, spec.os, installed)
+            row = checker.check_published(spec.tag, spec.os, self.publishing.catalog_dir / catalog.images[spec.tag].sbom)
             if row.error:
                 self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({row.error})")
             elif row.fixable:

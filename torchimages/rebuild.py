@@ -1,17 +1,22 @@
 """Why a row runs again: the nightly's decision as pure functions over what the catalog, the registry, the engine and
 the build's inputs say, so that `build.py why TAG` prints exactly the reasons the nightly acts on.
 
-A row is left alone when it is published with today's inputs (publish_reasons is empty); otherwise it is built unless
-the engine's image already has today's inputs (build_reasons is empty), then verified and published.
+A row is left alone when it is published with today's inputs (publish_reasons is empty) and its OS has no security
+fix it lacks; otherwise it is built unless the engine's image already has today's inputs (build_reasons is empty),
+then verified and published. A row behind only on security fixes rebuilds its OS security layer alone.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .builder import Builder, input_hash, read_wheel_record, wheel_record_path
 from .catalog import CatalogEntry, matches_spec
 from .model import ImageSpec
 from .registry import RegistryClient
+
+# A published row -> (the OS security fixes its digest lacks, in words; why they could not be looked up), "" for none.
+SecurityLookup = Callable[[ImageSpec, CatalogEntry], tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class RowState:
     signing_key: str | None  # the fingerprint of this run's signing key
     registry_digests: dict[str, str] | None  # the registry's digest of each of the entry's tags (None: not asked)
     forced: bool  # --force or --no-cache
+    security_fixes: str = ""  # what the OS's security pocket fixed that the published digest lacks ("": none, or not asked)
+    security_unknown: str = ""  # why the security pocket could not say (the nightly then leaves the row as it is)
 
 
 def input_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -89,9 +96,11 @@ def _changes_after(built: dict[str, str], now: dict[str, str] | None, published_
 # ------------------------------------------------------------------------------------------ reading the row's state
 
 def read_row_state(builder: Builder, spec: ImageSpec, entry: CatalogEntry | None, repository: str,
-                   signing_key: str | None, registry: RegistryClient | None = None) -> RowState:
+                   signing_key: str | None, registry: RegistryClient | None = None,
+                   security: SecurityLookup | None = None) -> RowState:
     """The row as the engine, the reports folder and the catalog see it now; the registry is asked for the entry's
-    tags only when registry is given and nothing else already decides that the row runs (a question per row saved)."""
+    tags, and security for the published digest's missing OS fixes, only when given and nothing else already decides
+    that the row runs (a question per row saved)."""
     inputs = builder.current_inputs(spec)
     record = read_wheel_record(wheel_record_path(builder.options.reports_dir, spec.tag))
     state = RowState(
@@ -99,11 +108,16 @@ def read_row_state(builder: Builder, spec: ImageSpec, entry: CatalogEntry | None
         built_inputs=record.get("inputs", {}), engine_hash=builder.engine_input_hash(spec), entry=entry,
         entry_matches_row=entry is not None and matches_spec(entry, spec), repository=repository,
         signing_key=signing_key, registry_digests=None, forced=builder.options.force or builder.options.no_cache)
-    if registry is None or entry is None or publish_reasons(state):
+    if entry is None or publish_reasons(state):
         return state
-    tags = [*entry.floating, entry.pinned[0].tag]
-    found = registry.tag_digests(tags)
-    return replace(state, registry_digests={tag: found.get(tag, "") for tag in tags})
+    if registry is not None:
+        tags = [*entry.floating, entry.pinned[0].tag]
+        found = registry.tag_digests(tags)
+        state = replace(state, registry_digests={tag: found.get(tag, "") for tag in tags})
+    if security is None or publish_reasons(state):
+        return state
+    fixes, unknown = security(spec, entry)
+    return replace(state, security_fixes=fixes, security_unknown=unknown)
 
 
 # ---------------------------------------------------------------------------------------------- what `why` prints
@@ -111,14 +125,14 @@ def read_row_state(builder: Builder, spec: ImageSpec, entry: CatalogEntry | None
 def decision(state: RowState) -> str:
     """nothing: published with today's inputs; verify and publish: the engine's image is current; else build."""
     if not publish_reasons(state):
-        return "nothing"
+        return "rebuild the OS security layer, verify, publish" if state.security_fixes else "nothing"
     return "build, verify, publish" if build_reasons(state) else "verify, publish"
 
 
 def decision_document(state: RowState) -> dict:
     return {"tag": state.tag, "decision": decision(state), "publish_reasons": publish_reasons(state),
             "build_reasons": build_reasons(state) if publish_reasons(state) else [],
-            "registry_asked": state.registry_digests is not None}
+            "security_fixes": state.security_fixes, "security_unknown": state.security_unknown, "registry_asked": state.registry_digests is not None}
 
 
 def explain(state: RowState) -> str:
@@ -128,6 +142,10 @@ def explain(state: RowState) -> str:
         asked = "its tags on the registry name the catalog's digest" if document["registry_asked"] else \
             "the registry was not asked (--offline)"
         lines.append(f"  published with today's inputs; {asked}")
+        if state.security_fixes:
+            lines.append(f"  - its OS has security fixes the published digest lacks: {state.security_fixes}")
+        if state.security_unknown:
+            lines.append(f"  its OS's security fixes could not be looked up: {state.security_unknown}")
     lines += [f"  - {reason}" for reason in document["publish_reasons"]]
     if document["publish_reasons"]:
         lines.append("  the engine's image has today's inputs: the build is skipped" if not document["build_reasons"]

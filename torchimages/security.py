@@ -29,6 +29,7 @@ from debian import changelog as debian_changelog
 from debian import deb822
 from debian.debian_support import version_compare
 
+from .files import read_json_document
 from .model import InputError, PeerError, Problem
 from .sbom import Allowlist, Finding, ScanResult
 
@@ -505,6 +506,15 @@ class Checker:
             return RowSecurity(subject, os_name, source, error=str(index))
         updates = with_cves(fixable_updates(installed, index.candidates), fetcher, self.log)
         return RowSecurity(subject, os_name, source, index.signature, updates)
+
+    def check_published(self, tag: str, os_name: str, sbom_path: Path) -> RowSecurity:
+        """A published row, by the SBOM the catalog keeps of its digest: what its OS has fixed since."""
+        try:
+            installed = sbom_packages(read_json_document(sbom_path, "delete it: publish writes it again"),
+                                      str(sbom_path))
+        except InputError as error:
+            return RowSecurity(tag, os_name, error=str(error))
+        return self.check(tag, os_name, installed)
 
     def _index(self, archive: Archive, fetcher: Fetcher, arch: str) -> SecurityIndex | SecurityIndexError:
         key = (archive.url + "|" + archive.suite, arch)

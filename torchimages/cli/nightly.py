@@ -7,11 +7,12 @@ from pathlib import Path
 from .. import engine, rebuild
 from .. import sharding as plan_stage
 from ..builder import Builder
-from ..catalog import catalog_file, load_catalog
+from ..catalog import CatalogEntry, catalog_file, load_catalog
 from ..model import PYPI, ImageSpec, InputError, Problem
 from ..nightly import Nightly, NightlyOptions
 from ..project import EXIT_OK, Project
 from ..registry import RegistryClient
+from ..security import fixes_line
 from ..shard_merge import merge_reports
 from ..summary import check_step_summary, write_summary
 from .display import ConsoleDisplay, errors, log
@@ -76,8 +77,16 @@ def cmd_why(project: Project, args) -> int:
     registry = None if args.offline else RegistryClient(publishing.registry, publishing.access, publishing.retry, log)
     catalog = load_catalog(catalog_file(publishing.catalog_dir))
     key = publishing.signing_key.public.fingerprint if publishing.signing_key else None
+    checker = publishing.security
+
+    def security_fixes(spec: ImageSpec, entry: CatalogEntry) -> tuple[str, str]:
+        assert checker is not None
+        row = checker.check_published(spec.tag, spec.os, publishing.catalog_dir / entry.sbom)
+        return (fixes_line(row) if row.fixable and not row.error else ""), row.error
+
     states = [rebuild.read_row_state(builder, spec, catalog.images.get(spec.tag), publishing.registry.name, key,
-                                     registry) for spec in project.select(args.selectors)]
+                                     registry, security_fixes if checker and not args.offline else None)
+              for spec in project.select(args.selectors)]
     if args.format == "json":
         print(json.dumps([rebuild.decision_document(state) for state in states], indent=2))
     else:
@@ -114,7 +123,8 @@ def register(commands) -> None:
     add_selectors(why)
     add_publish_arguments(why)
     add_build_arguments(why)
-    why.add_argument("--offline", action="store_true", help="do not ask the registry whether the tags still match")
+    why.add_argument("--offline", action="store_true",
+                     help="ask neither the registry whether the tags still match nor the OS's security pocket")
     why.add_argument("--format", choices=("text", "json"), default="text", help="(default: %(default)s)")
     why.set_defaults(handler=cmd_why)
 
