@@ -162,3 +162,24 @@ def test_a_gpu_only_ptx_covers_fails_where_the_driver_cannot_jit_that_ptx():
     assert any("covered only by PTX compute_90" in f.detail and "cannot JIT-compile" in f.detail for f in findings)
     # At or above the release's own driver the same PTX is JIT-compiled: a working row.
     assert statuses(row_findings(ptx_row, [HostGpu("NVIDIA B200", (10, 0), "595.45.04")], SPECS)) == ["ok"]
+
+
+def test_an_aarch64_host_judges_the_arm64_rows_by_their_own_arch_list():
+    """A stand-in aarch64 host: the Grace rows' -arm64 images fit, the amd64-only ones fail on the arch rule, and the
+    GPU rule reads each row's own list (PyPI's aarch64 wheels: no sm_75, so a T4G on Graviton is not covered, though
+    the x86_64 row's list has sm_75; sm_110 Thor only by the aarch64 list)."""
+    from .conftest import FIXTURE_PROJECT
+    grace = load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs
+    rows = SPECS + [spec for spec in grace if spec.arch == "aarch64"]
+    failing = {finding.subject for finding in arch_findings(rows, "aarch64")}
+    assert failing == {spec.tag for spec in SPECS}, "every amd64-only row, and only those"
+    arm = {spec.tag: spec for spec in grace}["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
+    gh200 = HostGpu("NVIDIA GH200 480GB", (9, 0), "580.95.05")
+    assert statuses(row_findings(arm, [gh200], rows)) == ["ok"]
+    [finding] = row_findings(arm, [HostGpu("NVIDIA T4G", (7, 5), "580.95.05")], rows)
+    assert finding.status == "fail" and "(8.0;9.0;10.0;11.0;12.0) has no kernels for the NVIDIA T4G (sm_75)" in (
+        finding.detail)
+    assert finding.detail.endswith("rows that cover sm_75: none in the matrix"), "x86_64 rows are no answer here"
+    thor = HostGpu("NVIDIA Jetson AGX Thor", (11, 0), "580.95.05")
+    assert statuses(row_findings(arm, [thor], rows)) == ["ok"]
+    assert statuses(row_findings(BY_TAG[CU130], [thor], SPECS)) == ["fail"]

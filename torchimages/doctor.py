@@ -101,7 +101,8 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     driver = gpus[0].driver
     status, why = driver_verdict(driver, None, spec)
     if status == "fail":
-        fitting = [other.tag for other in specs if other.is_gpu and driver_verdict(driver, None, other)[0] != "fail"]
+        fitting = [other.tag for other in _same_machine(spec, specs)
+                   if other.is_gpu and driver_verdict(driver, None, other)[0] != "fail"]
         findings.append(Finding(spec.tag, "fail", f"{why}: upgrade the driver, or use a row built for an older CUDA "
                                                   f"({', '.join(fitting) or 'none in the matrix'})"))
     elif status == "warn":
@@ -115,7 +116,7 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
                                                       f"runs on this GPU; upgrade the driver to {spec.min_driver}+"))
         if coverage is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
-            covering = [other.tag for other in specs
+            covering = [other.tag for other in _same_machine(spec, specs)
                         if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability, other.cuda)]
             findings.append(Finding(spec.tag, "fail", f"its arch list ({';'.join(spec.arch_list)}) has no kernels for "
                                                       f"the {gpu.name} ({sm}): torch would fail with 'no kernel image "
@@ -124,6 +125,11 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     if not findings:
         findings.append(Finding(spec.tag, "ok", f"{why}; kernels for {', '.join(sorted({gpu.name for gpu in gpus}))}"))
     return findings
+
+
+def _same_machine(spec: ImageSpec, specs: list[ImageSpec]) -> list[ImageSpec]:
+    """The rows a user of this row's host could take instead: an aarch64 row's own arch list is not x86_64's."""
+    return [other for other in specs if other.arch == spec.arch]
 
 
 def gpu_access_finding(access: engine.GpuAccess) -> Finding:
