@@ -363,7 +363,7 @@ def _base_image(compat: dict, kind: str, os_facts: dict, os_name: str, cuda: str
                 arch_facts: dict) -> tuple[str, tuple[str, ...]]:
     """The image FROM uses, and the files of it that the wheels replace."""
     if kind == "os":
-        return os_facts["image"], ()
+        return arch_facts.get("image_prefix", "") + os_facts["image"], ()
     facts = compat["bases"][kind]
     values = {"cuda": cuda, "cuda_full": cuda_facts["full"], "os": os_name, "cuda_target": arch_facts["cuda_target"]}
     return facts["image"].format(**values), tuple(path.format(**values) for path in facts.get("remove", ()))
