@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from torchimages.doctor import (Finding, HostGpu, arch_findings, disk_finding, gzip_finding, parse_nvidia_smi,
-                                row_findings)
+from torchimages.doctor import (Finding, HostGpu, arch_findings, disk_finding, emulated_machines, gzip_finding,
+                                parse_nvidia_smi, row_findings)
 from torchimages.matrix import load_matrix
 
 from .conftest import FIXTURE_MATRIX, run_cli
@@ -183,3 +183,21 @@ def test_an_aarch64_host_judges_the_arm64_rows_by_their_own_arch_list():
     thor = HostGpu("NVIDIA Jetson AGX Thor", (11, 0), "580.95.05")
     assert statuses(row_findings(arm, [thor], rows)) == ["ok"]
     assert statuses(row_findings(BY_TAG[CU130], [thor], SPECS)) == ["fail"]
+
+
+def test_an_x86_64_host_with_qemu_registered_warns_that_arm64_rows_run_emulated(tmp_path):
+    """After `make engine` on x86_64 (qemu-aarch64 in binfmt_misc), the arm64 rows build and run here, slowly, and
+    their GPU checks wait for a Grace host: a warning, not the failure an unregistered host gives."""
+    from .conftest import FIXTURE_PROJECT
+    arm = [spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs if spec.arch == "aarch64"]
+    binfmt = tmp_path / "binfmt_misc"
+    binfmt.mkdir()
+    (binfmt / "register").write_text("")
+    assert emulated_machines(binfmt) == frozenset()
+    (binfmt / "qemu-aarch64").write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: POF\n")
+    (binfmt / "qemu-riscv64").write_text("disabled\n")
+    assert emulated_machines(binfmt) == frozenset({"aarch64"})
+    assert statuses(arch_findings(arm, "x86_64", emulated_machines(binfmt))) == ["warn"] * len(arm)
+    assert "under qemu (binfmt_misc), slowly; its GPU checks need an aarch64 GPU host" in arch_findings(
+        arm, "x86_64", frozenset({"aarch64"}))[0].detail
+    assert statuses(arch_findings(arm, "x86_64")) == ["fail"] * len(arm)
