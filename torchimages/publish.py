@@ -151,10 +151,12 @@ def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list
     rows' own tags (dated, floating, aliases) and the tags no matrix row writes (a tag pushed by hand may name an
     old digest). Other rows' tags are not read: each row's images carry its own labels, so they never share a digest
     with another row's."""
-    own = {spec.tag: [spec.tag, *spec.aliases, *dated_tags(spec.tag, all_tags)] for spec in rows}
+    # A multi-arch row's x86_64 image floats as <tag>-amd64 (multiarch.arch_tag): one of the row's own tags too.
+    own = {spec.tag: [spec.tag, *spec.aliases, multiarch.arch_tag(spec), *dated_tags(spec.tag, all_tags)]
+           for spec in rows}
     if not any(dated_tags(spec.tag, all_tags)[retention:] for spec in rows):
         return []
-    written = {name for spec in matrix for name in (spec.tag, *spec.aliases)}
+    written = {name for spec in matrix for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
 
     def is_foreign(tag: str) -> bool:
         dated = DATED_TAG.fullmatch(tag)
