@@ -3,7 +3,7 @@
 
 For each row given (default: the 2.14.1 cu13.0 arm64 runtime row, the one CI is meant to build), as a user runs it:
 `build.py wheels` (the aarch64 wheel set from PyPI), `build.py build --no-cache` from that wheelhouse (every RUN step
-under qemu), and `build.py test` (the checks under qemu; GPU checks skipped with their reason), each timed, with the
+under qemu), and `build.py test --gpus none` (the checks under qemu; GPU checks skipped with their reason), each timed, with the
 image's size. Needs `make engine` (which registers qemu and makes arm64v8/debian:bookworm) and `source .engine/env`.
 One arm64 CUDA build at a time: it needs about 4 GB of wheels and 10 GB of engine disk.
 
@@ -22,6 +22,11 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torchimages.builder import local_name
+from torchimages.matrix import load_matrix, select
+
 DEFAULT_ROWS = ["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
 
 
@@ -37,10 +42,8 @@ def folder_bytes(folder: Path) -> int:
 
 
 def image_bytes(tag: str) -> int:
-    spec = json.loads(subprocess.run([sys.executable, str(ROOT / "build.py"), "list", tag, "--format", "json"],
-                                     cwd=ROOT, check=True, capture_output=True, text=True).stdout)[0]
-    name = f"{spec['repository']}:{tag}"
-    return int(subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", name], check=True,
+    [spec] = select(load_matrix(ROOT / "matrix.yaml").specs, [tag])
+    return int(subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", local_name(spec)], check=True,
                               capture_output=True, text=True).stdout)
 
 
@@ -65,7 +68,7 @@ def main() -> int:
     for tag in options.rows:
         fetch, fetched = timed("wheels", tag, "--dest", options.wheelhouse)
         build, built = timed("build", tag, "--wheelhouse", options.wheelhouse, "--no-cache", "--force")
-        test, tested = timed("test", tag)
+        test, tested = timed("test", tag, "--gpus", "none")  # no NVIDIA runtime here: the GPU checks skip, saying so
         wheels = folder_bytes(ROOT / options.wheelhouse / "cu130-py3.11-aarch64") if fetched == 0 else 0
         size = f"{image_bytes(tag) / 1e9:.2f} GB" if built == 0 else f"build failed ({built})"
         print(f"| {tag} | {fetch:.0f} s, {wheels / 1e9:.2f} GB | {build / 60:.1f} min | {size} | {test / 60:.1f} min "
