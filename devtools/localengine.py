@@ -59,9 +59,16 @@ DEBOOTSTRAP_LOG = STATE / "debootstrap.log"
 ENV_FILE = STATE / "env"
 LOCK_FILE = STATE / "lock"
 
-# Images the engine must hold because nothing can be pulled. Each is "<distro>:<suite>" and is built by debootstrap from
-# MIRRORS[distro]; adding e.g. "debian:trixie" needs nothing else.
-SEEDED_BASES = ("debian:bookworm",)
+# Images the engine must hold because nothing can be pulled. Each is "[<namespace>/]<distro>:<suite>" and is built by
+# debootstrap from MIRRORS[distro]; adding e.g. "debian:trixie" needs nothing else. A namespace of FOREIGN_NAMESPACES
+# is Docker Hub's per-architecture repository of the same official image (arm64v8/debian: the aarch64 rows' base).
+SEEDED_BASES = ("debian:bookworm", "arm64v8/debian:bookworm")
+# Docker Hub's per-architecture namespaces -> (Debian architecture, the OCI platform's architecture, uname -m).
+FOREIGN_NAMESPACES = {"arm64v8": ("arm64", "arm64", "aarch64")}
+# Images for another machine (aarch64 on an x86_64 host) are built and run under qemu: Debian's qemu-user-static
+# registers its handlers with binfmt_misc with fix_binary set, so containers need no qemu inside them.
+BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
+QEMU_BINFMT_CONFS = (Path("/usr/lib/binfmt.d"), Path("/usr/share/binfmts"))
 MIRRORS = {"debian": "http://deb.debian.org/debian"}
 # debootstrap only writes the release suite; the official images also follow updates and security fixes.
 APT_SOURCES = {"debian": """\
@@ -86,6 +93,8 @@ BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/
 # in docs/benchmarks.md); the engine the tests pull from follows it.
 PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap",
             "skopeo": "skopeo", "pigz": "unpigz"}
+# Only on a host that runs another machine's images under emulation (Debian 12 and 13 both package them so).
+EMULATION_PACKAGES = {"qemu-user-static": "qemu-aarch64-static", "binfmt-support": "update-binfmts"}
 REGISTRY_BIN = "/usr/bin/docker-registry"
 DEFAULT_REGISTRY_PORT = 5000
 ENGINE_START_S = 60
@@ -127,7 +136,8 @@ def ensure_engine() -> EngineInfo:
     with _locked():
         client, docker_host, ours = _ensure_dockerd()
         try:
-            _seed_bases(client)
+            _ensure_emulation()
+            _seed_bases(client, docker_host)
         finally:
             client.close()
         registry, registry_pid = _ensure_registry()
@@ -238,16 +248,97 @@ def _dockerd_pid() -> int | None:
 
 # -------------------------------------------------------------------------------------------------------- base images
 
-def _seed_bases(client: docker.DockerClient) -> None:
+def _seed_bases(client: docker.DockerClient, docker_host: str) -> None:
     for name in SEEDED_BASES:
         if _has_image(client, name):
             continue
         tarball = _rootfs_tarball(name)
         repository, tag = name.split(":")
         _log(f"importing {name} from {tarball}")
-        client.api.import_image(src=str(tarball), repository=repository, tag=tag, changes=list(BASE_IMAGE_CHANGES))
+        if _namespace(name) in FOREIGN_NAMESPACES:
+            _import_foreign(tarball, name, docker_host)
+        else:
+            client.api.import_image(src=str(tarball), repository=repository, tag=tag,
+                                    changes=list(BASE_IMAGE_CHANGES))
         if not _has_image(client, name):
             raise EngineError(f"importing {tarball} did not create {name}")
+
+
+def _namespace(name: str) -> str:
+    return name.split("/")[0] if "/" in name else ""
+
+
+def _import_foreign(tarball: Path, name: str, docker_host: str) -> None:
+    """Load another machine's rootfs as an image whose config says that machine: dockerd 20.10's import ignores
+    --platform and would call it amd64, so it goes in as a one-layer OCI image through skopeo."""
+    _, architecture, _ = FOREIGN_NAMESPACES[_namespace(name)]
+    layout = CACHE / f"{tarball.stem}.oci"
+    shutil.rmtree(layout, ignore_errors=True)
+    _write_oci_layout(layout, tarball, architecture)
+    try:
+        _ensure_tools(["skopeo"])
+        _run_logged([_program("skopeo"), "copy", "--quiet", "--dest-daemon-host", docker_host, f"oci:{layout}",
+                     f"docker-daemon:{name}"], DEBOOTSTRAP_LOG)
+    finally:
+        shutil.rmtree(layout, ignore_errors=True)
+
+
+def _write_oci_layout(layout: Path, tarball: Path, architecture: str) -> None:
+    """An OCI image layout holding tarball as its one (uncompressed) layer, with the official images' CMD and PATH."""
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes | None = None, path: Path | None = None) -> dict:
+        digest = hashlib.sha256()
+        if path is not None:
+            with open(path, "rb") as source:
+                while chunk := source.read(1 << 20):
+                    digest.update(chunk)
+            shutil.copyfile(path, blobs / digest.hexdigest())
+            return {"digest": f"sha256:{digest.hexdigest()}", "size": path.stat().st_size}
+        digest.update(data)
+        (blobs / digest.hexdigest()).write_bytes(data)
+        return {"digest": f"sha256:{digest.hexdigest()}", "size": len(data)}
+
+    layer = blob(path=tarball)
+    config = json.dumps({"architecture": architecture, "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": [layer["digest"]]},
+                         "config": {"Cmd": ["bash"], "Env": [BASE_IMAGE_CHANGES[1].removeprefix("ENV ")]}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer}]}).encode()
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest)}]}))
+    (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+
+
+def _ensure_emulation() -> None:
+    """On an x86_64 host, qemu registered with binfmt_misc for every foreign base's machine, saying what it did."""
+    if os.uname().machine != "x86_64":
+        return
+    for _, _, machine in FOREIGN_NAMESPACES.values():
+        handler = BINFMT_MISC / f"qemu-{machine}"
+        if handler.is_file():
+            continue
+        _require_root(f"running {machine} images under emulation needs qemu registered with binfmt_misc, and that")
+        _ensure_tools(EMULATION_PACKAGES)
+        if not (BINFMT_MISC / "register").exists():
+            _run_logged(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT_MISC)], DEBOOTSTRAP_LOG)
+        _register_qemu(machine)
+        if not handler.is_file():
+            raise EngineError(f"qemu-{machine} is still not registered in {BINFMT_MISC}; see {DEBOOTSTRAP_LOG}")
+        _log(f"registered qemu-{machine} (qemu-user-static) with binfmt_misc (fix_binary): {machine} images build "
+             f"and run on this x86_64 host under emulation, slowly")
+
+
+def _register_qemu(machine: str) -> None:
+    """Debian 13 ships systemd-binfmt lines (/usr/lib/binfmt.d/qemu-*.conf), Debian 12 binfmt-support's formats."""
+    conf = QEMU_BINFMT_CONFS[0] / f"qemu-{machine}.conf"
+    if conf.is_file():
+        line = next(text for text in conf.read_text().splitlines() if text.startswith(":"))
+        (BINFMT_MISC / "register").write_text(line)
+    else:
+        _run_logged([_program("update-binfmts"), "--enable", f"qemu-{machine}"], DEBOOTSTRAP_LOG)
 
 
 def _has_image(client: docker.DockerClient, name: str) -> bool:
@@ -260,17 +351,21 @@ def _has_image(client: docker.DockerClient, name: str) -> bool:
 
 def _rootfs_tarball(name: str) -> Path:
     """The cached root filesystem for name, debootstrapped on first use so that a lost data root re-seeds quickly."""
-    distro, suite = name.split(":")
-    tarball = CACHE / f"{distro}-{suite}.tar"
+    namespace = _namespace(name)
+    distro, suite = name.split("/")[-1].split(":")
+    tarball = CACHE / f"{name.replace('/', '-').replace(':', '-')}.tar"
     if tarball.is_file():
         return tarball
     _require_root(f"{name} is not in the engine and building it with debootstrap")
     _ensure_tools(["debootstrap"])
     CACHE.mkdir(parents=True, exist_ok=True)
-    rootfs = CACHE / f"{distro}-{suite}.rootfs"
+    rootfs = tarball.with_suffix(".rootfs")
     _remove_tree(rootfs)  # what an interrupted run left
+    # Another machine's packages configure under qemu (_ensure_emulation): many minutes instead of a few.
+    arch = ["--arch", FOREIGN_NAMESPACES[namespace][0]] if namespace in FOREIGN_NAMESPACES else []
     _log(f"debootstrapping {name} from {MIRRORS[distro]} (a few minutes; log {DEBOOTSTRAP_LOG})")
-    _run_logged([_program("debootstrap"), "--variant=minbase", suite, str(rootfs), MIRRORS[distro]], DEBOOTSTRAP_LOG)
+    _run_logged([_program("debootstrap"), "--variant=minbase", *arch, suite, str(rootfs), MIRRORS[distro]],
+                DEBOOTSTRAP_LOG)
     _finish_rootfs(rootfs, distro, suite)
     partial = tarball.with_name(tarball.name + ".partial")
     # Device nodes and the API filesystems are supplied by the engine at run time, as in the official images.
@@ -471,7 +566,8 @@ def _program(name: str) -> str:
 
 def _ensure_tools(needed: Iterable[str]) -> None:
     """apt-get install the packages in needed whose programs are missing (root only; otherwise say what to run)."""
-    missing = [package for package in needed if shutil.which(PACKAGES[package], path=SBIN_PATH) is None]
+    programs = {**PACKAGES, **EMULATION_PACKAGES}
+    missing = [package for package in needed if shutil.which(programs[package], path=SBIN_PATH) is None]
     if not missing:
         return
     _require_root(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, and installing")

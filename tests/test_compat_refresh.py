@@ -11,7 +11,7 @@ from torchimages.compat_refresh import arch_list, metadata_facts, python_max
 from torchimages.matrix import load_matrix
 
 from .conftest import FIXTURE_COMPAT, run_cli_in_process
-from .index_fixtures import PINS, LocalIndex, SilentServer, make_release
+from .index_fixtures import PINS, LocalIndex, SilentServer, make_release, version_py
 from .wheels_fixtures import make_wheel
 
 
@@ -287,3 +287,36 @@ def test_numpy_is_pinned_once_from_the_index_or_carried_then_the_projects_choice
     newest_pin = yaml.safe_load(FIXTURE_COMPAT.read_text())["torch"]["2.15.0"]["numpy"]
     assert yaml.safe_load(other.read_text())["torch"]["2.16.0"]["numpy"] == newest_pin
     assert f"added: torch 2.16.0 numpy = {newest_pin} (from torch 2.15.0's pin (the index has no NumPy))" in carried.stdout
+
+
+def test_the_aarch64_wheels_own_arch_list_is_read_beside_the_x86_64_one(tmp_path, compat):
+    """PyPI's aarch64 torch is the same CUDA build with its own arch list (2.14.1/2.15.0: no sm_75, sm_110 added):
+    a refresh reads it from that wheel into the build's `by_arch:`, and an aarch64 row takes it."""
+    wheels = make_release(tmp_path / "index")
+    make_wheel(wheels, "torch", "2.16.0", PINS, ">=3.11", tag="cp311-cp311-manylinux_2_28_aarch64", files={
+        "torch/version.py": version_py("2.16.0+cu132", "13.2"),
+        "torch/lib/libtorch_python.so": b"\x7fELF" + b"\x00sm_80 sm_90 sm_100 sm_110 sm_120\x00" + b"\x01" * 64})
+    with LocalIndex(wheels) as index:
+        refresh(index, compat, "2.16.0", check_exit=0)
+        build = yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["cuda"]["13.2"]
+        assert build["arch_list"] == ["7.5", "9.0", "12.0+PTX"], "the x86_64 wheel's, as before"
+        aarch64 = build["by_arch"]["aarch64"]
+        assert aarch64["arch_list"] == ["8.0", "9.0", "10.0", "11.0", "12.0"]
+        assert aarch64["source"]["file"] == "torch-2.16.0-cp311-cp311-manylinux_2_28_aarch64.whl"
+        assert set(aarch64) == {"arch_list", "source"}, "pins equal to the x86_64 wheel's are not repeated"
+        matrix = tmp_path / "matrix.yaml"
+        matrix.write_text("registry: localhost:5000/ml/pytorch\ndefaults: {python: \"3.11\", os: debian12}\n"
+                          "variants:\n  - {torch: 2.16.0, cuda: \"13.2\", cudnn: 9, arch: [x86_64, aarch64], "
+                          "flavors: [runtime]}\n")
+        x86, arm = load_matrix(matrix, compat).specs
+        assert (x86.tag, x86.arch_list) == ("2.16.0-cuda13.2-cudnn9-runtime", ("7.5", "9.0", "12.0+PTX"))
+        assert (arm.tag, arm.index_tag, arm.platform) == ("2.16.0-cuda13.2-cudnn9-runtime-arm64",
+                                                          x86.tag, "linux/arm64")
+        assert arm.arch_list == ("8.0", "9.0", "10.0", "11.0", "12.0") and arm.cudnn_version == x86.cudnn_version
+        compat.write_text(compat.read_text().replace('["8.0", "9.0", "10.0", "11.0", "12.0"]', '["7.5", "9.0"]'))
+        result = refresh(index, compat, "2.16.0", "--check", check_exit=1)
+        assert "cuda 13.2 aarch64 arch_list: compat.yaml says" in result.stderr
+        refresh(index, compat, "2.16.0", "--correct", check_exit=0)
+        assert yaml.safe_load(compat.read_text())["torch"]["2.16.0"]["cuda"]["13.2"]["by_arch"]["aarch64"][
+            "arch_list"] == ["8.0", "9.0", "10.0", "11.0", "12.0"]
+        refresh(index, compat, "2.16.0", "--check", check_exit=0)

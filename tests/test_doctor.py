@@ -11,6 +11,7 @@ from torchimages.doctor import (
     HostGpu,
     arch_findings,
     disk_finding,
+    emulated_machines,
     gzip_finding,
     parse_nvidia_smi,
     row_findings,
@@ -169,3 +170,42 @@ def test_a_gpu_only_ptx_covers_fails_where_the_driver_cannot_jit_that_ptx():
     assert any("covered only by PTX compute_90" in f.detail and "cannot JIT-compile" in f.detail for f in findings)
     # At or above the release's own driver the same PTX is JIT-compiled: a working row.
     assert statuses(row_findings(ptx_row, [HostGpu("NVIDIA B200", (10, 0), "595.45.04")], SPECS)) == ["ok"]
+
+
+def test_an_aarch64_host_judges_the_arm64_rows_by_their_own_arch_list():
+    """A stand-in aarch64 host: the Grace rows' -arm64 images fit, the amd64-only ones fail on the arch rule, and the
+    GPU rule reads each row's own list (PyPI's aarch64 wheels: no sm_75, so a T4G on Graviton is not covered, though
+    the x86_64 row's list has sm_75; sm_110 Thor only by the aarch64 list)."""
+    from .conftest import FIXTURE_PROJECT
+    grace = load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs
+    rows = SPECS + [spec for spec in grace if spec.arch == "aarch64"]
+    failing = {finding.subject for finding in arch_findings(rows, "aarch64")}
+    assert failing == {spec.tag for spec in SPECS}, "every amd64-only row, and only those"
+    arm = {spec.tag: spec for spec in grace}["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
+    gh200 = HostGpu("NVIDIA GH200 480GB", (9, 0), "580.95.05")
+    assert statuses(row_findings(arm, [gh200], rows)) == ["ok"]
+    [finding] = row_findings(arm, [HostGpu("NVIDIA T4G", (7, 5), "580.95.05")], rows)
+    assert finding.status == "fail" and "(8.0;9.0;10.0;11.0;12.0) has no kernels for the NVIDIA T4G (sm_75)" in (
+        finding.detail)
+    assert finding.detail.endswith("rows that cover sm_75: none in the matrix"), "x86_64 rows are no answer here"
+    thor = HostGpu("NVIDIA Jetson AGX Thor", (11, 0), "580.95.05")
+    assert statuses(row_findings(arm, [thor], rows)) == ["ok"]
+    assert statuses(row_findings(BY_TAG[CU130], [thor], SPECS)) == ["fail"]
+
+
+def test_an_x86_64_host_with_qemu_registered_warns_that_arm64_rows_run_emulated(tmp_path):
+    """After `make engine` on x86_64 (qemu-aarch64 in binfmt_misc), the arm64 rows build and run here, slowly, and
+    their GPU checks wait for a Grace host: a warning, not the failure an unregistered host gives."""
+    from .conftest import FIXTURE_PROJECT
+    arm = [spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs if spec.arch == "aarch64"]
+    binfmt = tmp_path / "binfmt_misc"
+    binfmt.mkdir()
+    (binfmt / "register").write_text("")
+    assert emulated_machines(binfmt) == frozenset()
+    (binfmt / "qemu-aarch64").write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: POF\n")
+    (binfmt / "qemu-riscv64").write_text("disabled\n")
+    assert emulated_machines(binfmt) == frozenset({"aarch64"})
+    assert statuses(arch_findings(arm, "x86_64", emulated_machines(binfmt))) == ["warn"] * len(arm)
+    assert "under qemu (binfmt_misc), slowly; its GPU checks need an aarch64 GPU host" in arch_findings(
+        arm, "x86_64", frozenset({"aarch64"}))[0].detail
+    assert statuses(arch_findings(arm, "x86_64")) == ["fail"] * len(arm)

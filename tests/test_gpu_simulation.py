@@ -16,9 +16,11 @@ from torchimages.verify import record
 from torchimages.verify.plan import parse_gpus
 
 from . import gpu_hosts
-from .conftest import FIXTURE_MATRIX
+from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT
 
-SPECS = load_matrix(FIXTURE_MATRIX).specs
+# The frozen matrix's rows and its Grace rows (their -arm64 images), so aarch64 hosts judge rows built for them.
+SPECS = load_matrix(FIXTURE_MATRIX).specs + [spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs
+                                             if spec.arch == "aarch64"]
 BY_TAG = {spec.tag: spec for spec in SPECS}
 DOCTOR_ORDER = ("none", "ok", "warn", "fail")  # a subject's worst finding; "none": doctor says nothing about it
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]

@@ -38,6 +38,21 @@ def test_engine_answers_and_runs_the_seeded_base(engine: EngineInfo, client: doc
     assert re.fullmatch(rb"12\.\d+\n?", output), output
 
 
+def test_the_arm64_base_is_an_arm64_image_that_runs_here(engine: EngineInfo, client: docker.DockerClient):
+    """The aarch64 rows' base, debootstrapped for arm64; on an x86_64 host it runs under the qemu that `up`
+    registered with binfmt_misc (fix_binary: nothing of qemu inside the image)."""
+    image = client.images.get("arm64v8/debian:bookworm")
+    assert (image.attrs["Architecture"], image.attrs["Os"]) == ("arm64", "linux")
+    assert image.attrs["Config"]["Cmd"] == ["bash"]
+    output = client.containers.run("arm64v8/debian:bookworm", ["sh", "-c", "uname -m; cat /etc/debian_version"],
+                                   remove=True)
+    machine, version = output.decode().split()
+    assert machine == "aarch64" and re.fullmatch(r"12\.\d+", version), output
+    if Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").is_file():
+        assert "flags: " in (text := Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").read_text()) and "F" in (
+            text.split("flags: ")[1].split()[0]), "fix_binary: containers find the interpreter without qemu inside"
+
+
 def test_registry_answers(engine: EngineInfo):
     with urllib.request.urlopen(f"http://{engine.registry}/v2/", timeout=10) as response:
         assert response.status == 200

@@ -171,3 +171,31 @@ def test_a_release_without_a_numpy_pin_is_refused_naming_the_fix(cli, tmp_path):
     compat.write_text(yaml.safe_dump(facts))
     errors = errors_for(cli, matrix)
     assert any("pins no NumPy for torch" in line and "compat refresh" in line for line in errors), errors
+
+
+@pytest.mark.parametrize("arch, expected", [
+    ("sparc", "'arch' must be one of x86_64, aarch64"),
+    ("[x86_64, x86_64]", "each once"),
+    ("aarch64", ("no facts read from torch 2.14.0's aarch64 wheels for CUDA 13.0 (`by_arch:` under the build): run "
+                 "`python build.py compat refresh 2.14.0`")),
+])
+def test_a_machine_the_data_cannot_describe_is_exit_2_naming_arch(cli, tmp_path, arch, expected):
+    path = write_matrix(tmp_path, indent(f"- torch: 2.14.0\n  cuda: \"13.0\"\n  cudnn: 9\n  arch: {arch}\n"
+                                         "  flavors: [runtime]"))
+    [error] = errors_for(cli, path)
+    assert ":9:" in error and expected in error, error
+
+
+def test_grace_rows_are_one_tag_per_arch_with_the_aarch64_wheels_own_arch_list():
+    from .conftest import FIXTURE_PROJECT
+    specs = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
+    x86, arm = specs["2.14.1-cuda13.0-cudnn9-runtime"], specs["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
+    assert (x86.arch, x86.platform, x86.index_tag) == ("x86_64", "linux/amd64", x86.tag)
+    assert (arm.arch, arm.platform, arm.index_tag) == ("aarch64", "linux/arm64", x86.tag)
+    assert x86.arch_list == ("7.5", "8.0", "8.6", "9.0", "10.0", "12.0")
+    assert arm.arch_list == ("8.0", "9.0", "10.0", "11.0", "12.0"), "no sm_75, sm_110 added (PyPI's aarch64 wheel)"
+    assert arm.cudnn_version == x86.cudnn_version and arm.cuda_toolkit is None
+    assert specs["2.15.0-cuda13.2-cudnn9-runtime"].aliases == ("latest",)
+    assert specs["2.15.0-cuda13.2-cudnn9-runtime-arm64"].aliases == ("latest-arm64",)
+    fixture = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "matrix.yaml").specs}
+    assert x86.spec_hash() == fixture[x86.tag].spec_hash(), "an x86_64 row's inputs did not change with the arm64 one"

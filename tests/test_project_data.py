@@ -80,11 +80,15 @@ def test_each_row_agrees_with_the_compat_data(spec, compat):
     for package in family["compiler"]:  # inductor and Triton build code at run time
         assert package in dockerfile, f"the {spec.os} family's compiler {package} in every image"
     os_suffix = "" if spec.os == compat_default_os() else f"-{spec.os}"
+    os_suffix += compat["architectures"][spec.arch]["tag_suffix"]  # -arm64: the per-arch tag of a Grace row
     if spec.is_gpu:
-        facts = release["cuda"][spec.cuda]
+        # An aarch64 image's facts are its own wheel's where they differ (its arch list), read under `by_arch:`.
+        built = release["cuda"][spec.cuda]
+        facts = {**built, **(built.get("by_arch") or {}).get(spec.arch, {})}
         cuda = compat["cuda"][spec.cuda]
         assert spec.tag == f"{spec.torch}-cuda{spec.cuda}-cudnn{facts['cudnn'].split('.')[0]}-{spec.flavor}{os_suffix}"
-        assert spec.base_image == compat["os"][spec.os]["image"] or spec.remove_from_base, \
+        own_os_image = compat["architectures"][spec.arch].get("image_prefix", "") + compat["os"][spec.os]["image"]
+        assert spec.base_image == own_os_image or spec.remove_from_base, \
             "GPU rows start from the plain OS (the wheels carry CUDA), or from NVIDIA's base without its libcudart"
         assert label(dockerfile, "io.torchimages.min-driver") == cuda["min_driver"]
         assert label(dockerfile, "io.torchimages.arch-list") == ";".join(facts["arch_list"])

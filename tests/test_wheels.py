@@ -25,3 +25,18 @@ def test_runtime_and_devel_share_one_download_of_the_union():
     command = download_command(download, None, None)
     assert command[command.index("--index-url") + 1] == "https://pypi.org/simple"
     assert "manylinux_2_27_x86_64" in command
+
+
+def test_each_machine_of_a_grace_row_gets_its_own_download_of_its_own_platform_tags():
+    """One pip download is for one machine: the aarch64 wheels (PyPI's +cu130 for Grace) go to a folder of their own,
+    fetched for every aarch64 manylinux tag the row's glibc runs (pip does not widen --platform itself)."""
+    from .conftest import FIXTURE_PROJECT
+    specs = select(load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs, ["2.14.1-cuda13.0-*"])
+    x86, arm = plan_downloads(specs, Path("wheelhouse"))
+    assert (x86.dest, x86.machine) == (Path("wheelhouse/cu130-py3.11"), "x86_64")
+    assert (arm.dest, arm.machine) == (Path("wheelhouse/cu130-py3.11-aarch64"), "aarch64")
+    assert set(arm.requirements) == set(x86.requirements)
+    command = download_command(arm, None, None)
+    platforms = [command[i + 1] for i, word in enumerate(command) if word == "--platform"]
+    assert platforms[0] == "manylinux_2_36_aarch64" and "manylinux_2_27_aarch64" in platforms
+    assert "manylinux2014_aarch64" in platforms and not any("x86_64" in tag for tag in platforms)

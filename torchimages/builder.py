@@ -87,8 +87,10 @@ def cache_name(spec: ImageSpec) -> str:
 
 
 def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
-    """Wheels for one row live in <wheelhouse>/<index>-py<python>/ (`build.py wheels` fills it)."""
-    return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
+    """Wheels for one row live in <wheelhouse>/<index>-py<python>/ (`build.py wheels` fills it); another machine's
+    in <index>-py<python>-<arch>/, since one pip download is for one machine."""
+    machine = "" if spec.arch == "x86_64" else f"-{spec.arch}"
+    return wheelhouse / f"{spec.wheel_index}-py{spec.python}{machine}"
 
 
 def build_args(options: BuildOptions, tag: str = "") -> dict[str, str]:

@@ -106,13 +106,33 @@ class CatalogEntry:
 
 
 @dataclass
+class ManifestList:
+    """A multi-arch row's tag: the image index over its per-arch images, each also an entry of `images`."""
+
+    tag: str
+    repository: str
+    digest: str  # the index's: `docker pull` of it on each machine gets that machine's image
+    floating: list[str]  # the row's tag and its aliases
+    platforms: dict[str, dict]  # os/architecture -> {"tag": the per-arch tag, "digest": its image, "image": its entry}
+    updated_at: str
+
+    def pull_digest(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+
+@dataclass
 class Catalog:
     images: dict[str, CatalogEntry] = field(default_factory=dict)
     updated_at: str = ""
+    manifest_lists: dict[str, ManifestList] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "updated_at": self.updated_at,
-                "images": {tag: dataclasses.asdict(self.images[tag]) for tag in sorted(self.images)}}
+        document = {"schema": SCHEMA, "updated_at": self.updated_at,
+                    "images": {tag: dataclasses.asdict(self.images[tag]) for tag in sorted(self.images)}}
+        if self.manifest_lists:  # a catalog of single-arch rows reads as it always did
+            document["manifest_lists"] = {tag: dataclasses.asdict(self.manifest_lists[tag])
+                                          for tag in sorted(self.manifest_lists)}
+        return document
 
 
 def default_dir(project: Project) -> Path:
@@ -138,9 +158,32 @@ def load_catalog(path: Path) -> Catalog:
         for tag, entry in document["images"].items():
             if shape.fits(entry, CatalogEntry, ("images", tag)):
                 check_entry(shape, path.parent, tag, entry)
+        if shape.fits(document.get("manifest_lists", {}), dict, ("manifest_lists",)):
+            for tag, entry in document.get("manifest_lists", {}).items():
+                if shape.fits(entry, ManifestList, ("manifest_lists", tag)):
+                    check_manifest_list(shape, tag, entry)
     shape.raise_if_wrong(path, recover)
     images = {tag: CatalogEntry.from_json(entry) for tag, entry in document["images"].items()}
-    return Catalog(images, document.get("updated_at", ""))
+    lists = {tag: ManifestList(**entry) for tag, entry in document.get("manifest_lists", {}).items()}
+    return Catalog(images, document.get("updated_at", ""), lists)
+
+
+def check_manifest_list(shape: Shape, tag: str, entry: dict) -> None:
+    """A manifest list's names and digests go into pull commands and Markdown, as an image entry's do."""
+    keys = ("manifest_lists", tag)
+    if not TAG.fullmatch(tag) or entry["tag"] != tag:
+        shape.wrong(keys, "must be a Docker tag, repeated as its `tag`")
+    if not _is_repository(entry["repository"]):
+        shape.wrong((*keys, "repository"), f"must be HOST[:PORT]/REPO, not {brief(entry['repository'])}")
+    names = [*entry["floating"], *(member.get("tag") for member in entry["platforms"].values()
+                                   if isinstance(member, dict))]
+    digests = [entry["digest"], *(member.get("digest") for member in entry["platforms"].values()
+                                  if isinstance(member, dict))]
+    if not all(isinstance(name, str) and TAG.fullmatch(name) for name in names):
+        shape.wrong((*keys, "floating"), "must list Docker tags (and each platform a `tag:`)")
+    if len(digests) != 1 + len(entry["platforms"]) or not all(isinstance(d, str) and DIGEST.fullmatch(d)
+                                                              for d in digests):
+        shape.wrong((*keys, "platforms"), "must map os/architecture to {tag:, digest: sha256:..., image:}")
 
 
 def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
@@ -226,14 +269,14 @@ def require_folder(folder: Path, what: str) -> None:
 
 def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, download_size: int, checks: dict,
                pinned: PinnedTag, previous: CatalogEntry | None, scan: dict | None, verified_on: dict,
-               signed: dict) -> CatalogEntry:
+               signed: dict, floating: list[str] | None = None) -> CatalogEntry:
     """The catalog entry for spec published as repository@digest, carrying over the older pinned tags and the keys
     that signed the same digest before (a second key is added beside the first)."""
     same_digest = previous is not None and previous.digest == digest and previous.repository == repository
     older = [p for p in (previous.pinned if previous and previous.repository == repository else []) if p.tag != pinned.tag]
     return CatalogEntry(
         tag=spec.tag, repository=repository, digest=digest, image_id=image["Id"], pinned=[pinned, *older],
-        floating=[spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
+        floating=floating or [spec.tag, *spec.aliases], versions=versions(spec), size=image["Size"], download_size=download_size,
         checks=checks, scan=scan if scan is not None else (previous.scan if previous else {"status": "not run"}),
         sbom=pinned.sbom, published_at=previous.published_at if previous and same_digest else utc_timestamp(), updated_at=utc_timestamp(),
         deprecated=spec.deprecated, input_hash=(image.get("Config", {}).get("Labels") or {}).get(INPUT_HASH_LABEL, ""),
@@ -353,6 +396,7 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
         for name in entry.floating:
             lines.append(f"| {markdown_code(f'{entry.repository}:{name}')} | {markdown_code(entry.digest)} | "
                          f"{markdown_code(entry.pinned[0].tag)} |")
+    lines += manifest_lists_section(catalog)
     lines += signatures_section(entries, catalog_link)
     older = [(entry, pinned) for entry in entries for pinned in entry.pinned[1:]]
     if older:
@@ -360,6 +404,25 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
         lines += [f"| {markdown_code(f'{entry.repository}:{pinned.tag}')} | {markdown_code(pinned.digest)} | "
                   f"{markdown_cell(pinned.date)} |" for entry, pinned in older]
     return "\n".join(lines) + "\n"
+
+
+def manifest_lists_section(catalog: Catalog) -> list[str]:
+    """The multi-arch tags: one index digest for every machine, and each machine's own digest to pin it."""
+    if not catalog.manifest_lists:
+        return []
+    lines = ["", "## Multi-arch tags", "",
+             ("`docker pull` of these tags (or of the index digest) gets the image for the machine it runs on: amd64 "
+              "hosts the x86_64 image, Grace hosts (GH200, GB200, DGX Spark) the arm64 one. Pin one machine's image "
+              "by its per-arch tag or digest."), "",
+             "| tag | manifest list (OCI index) | platform | per-arch tag | per-arch digest |", "|---|---|---|---|---|"]
+    for tag in sorted(catalog.manifest_lists):
+        index = catalog.manifest_lists[tag]
+        for platform in sorted(index.platforms):
+            member = index.platforms[platform]
+            lines.append(f"| {markdown_code(f'{index.repository}:{tag}')} | {markdown_code(index.digest)} | "
+                         f"{markdown_cell(platform)} | {markdown_code(index.repository + ':' + member['tag'])} | "
+                         f"{markdown_code(member['digest'])} |")
+    return lines
 
 
 def signatures_section(entries: list[CatalogEntry], catalog_link: str) -> list[str]:
@@ -398,17 +461,22 @@ def checks_text(checks: dict) -> str:
 def registry_mismatches(catalog: Catalog, settings: AccessSettings, log: Callable[[str], None]) -> list[str]:
     """Every catalog tag the registry does not resolve to the catalog's digest."""
     problems: list[str] = []
-    for entry in (catalog.images[tag] for tag in sorted(catalog.images)):
-        registry = parse_registry(entry.repository, flag=f"catalog entry {entry.tag}")
+    # A multi-arch row's tag names its index; each per-arch image is an entry of `images` under its own tags.
+    indexes = [(index.repository, index.tag, {name: index.digest for name in index.floating})
+               for index in (catalog.manifest_lists[tag] for tag in sorted(catalog.manifest_lists))]
+    images = [(entry.repository, entry.tag, {name: entry.digest for name in entry.floating}
+               | {pinned.tag: pinned.digest for pinned in entry.pinned})
+              for entry in (catalog.images[tag] for tag in sorted(catalog.images))]
+    for repository, tag, expected in images + indexes:
+        registry = parse_registry(repository, flag=f"catalog entry {tag}")
         client = RegistryClient(registry, settings.access(registry), RetryPolicy(retries=1), log)
-        expected = {name: entry.digest for name in entry.floating} | {pinned.tag: pinned.digest for pinned in entry.pinned}
         for name, digest in sorted(expected.items()):
             try:
                 found = client.digest_of(name)
             except RegistryError as error:
                 return problems + [str(error)]
             if found != digest:
-                problems.append(f"{entry.repository}:{name} is {found or 'missing'}, the catalog says {digest}")
+                problems.append(f"{repository}:{name} is {found or 'missing'}, the catalog says {digest}")
     return problems
 
 

@@ -95,6 +95,7 @@ class BuildFacts:
     triton: str  # triton's specifier, e.g. ~=3.8.0
     arch_list: tuple[str, ...]  # empty for CPU builds, or when the wheel does not say
     source: Source
+    machine: str = READ_PLATFORM  # the wheel's machine: other machines' builds differ in their arch list
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class ReleaseFacts:
     # Read from a wheelhouse (the wheels a row needed, not the release): python_max is the newest there, kept only
     # for a release compat.yaml does not list yet, never held against it.
     python_max_partial: bool = False
+    # The same CUDA builds read from the other machines' wheels (aarch64 for Grace): their arch list is their own
+    # (PyPI's aarch64 cu13 wheels: no sm_75, sm_110 added), recorded under the build's `by_arch:`.
+    arch_builds: tuple[BuildFacts, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -365,16 +369,21 @@ def unreadable(url: str, what: str) -> InputError:
                                                       "mirror must answer range requests)")])
 
 
-def read_release(index: Index, torch: str) -> ReleaseFacts | None:
-    """Every build of one torch release the index has, read from the x86_64 cp311 wheel of each."""
+def read_release(index: Index, torch: str, machines: tuple[str, ...] = ()) -> ReleaseFacts | None:
+    """Every build of one torch release the index has, read from the x86_64 cp311 wheel of each, and its CUDA builds
+    for each of the other `machines` (compat.yaml's architectures) from their cp311 wheel."""
     wheels = [p for p in index.packages("torch") if _base_version(p.version) == torch]
     if not wheels:
         return None
     builds = [_read_build(index, torch, package) for package in _readable(wheels)]
+    arch_builds = [build for machine in machines if machine != READ_PLATFORM
+                   for build in (_read_build(index, torch, package, machine) for package in _readable(wheels, machine))
+                   if build.cuda is not None]
     torchvision, torchvision_source = _torchvision_for(index, torch)
     numpy, numpy_source = _newest_numpy(index)
     return ReleaseFacts(torch, python_max([p.filename for p in wheels]), torchvision, torchvision_source,
-                        tuple(builds), numpy, numpy_source, python_max_partial=not index.whole_release)
+                        tuple(builds), numpy, numpy_source, python_max_partial=not index.whole_release,
+                        arch_builds=tuple(arch_builds))
 
 
 def newest_release(index: Index) -> str | None:
@@ -388,13 +397,13 @@ def _base_version(version: str | None) -> str:
     return Version(version).public if version else ""
 
 
-def _readable(wheels: list[DistributionPackage]) -> list[DistributionPackage]:
-    """One wheel per release and build (local version): the one for READ_PYTHON on Linux READ_PLATFORM."""
+def _readable(wheels: list[DistributionPackage], machine: str = READ_PLATFORM) -> list[DistributionPackage]:
+    """One wheel per release and build (local version): the one for READ_PYTHON on Linux `machine`."""
     chosen: dict[str, DistributionPackage] = {}
     for package in wheels:
         tags = _tags(package.filename)
         if package.version and any(t.interpreter in (READ_PYTHON, "py3") and t.platform.startswith("manylinux") and
-               t.platform.endswith(READ_PLATFORM) for t in tags):
+               t.platform.endswith(machine) for t in tags):
             chosen.setdefault(package.version, package)
     return list(chosen.values())
 
@@ -409,7 +418,7 @@ def _source(index: Index, package: DistributionPackage) -> Source:
     return Source(index.url, package.filename, sha256, uploaded)
 
 
-def _read_build(index: Index, torch: str, package: DistributionPackage) -> BuildFacts:
+def _read_build(index: Index, torch: str, package: DistributionPackage, machine: str = READ_PLATFORM) -> BuildFacts:
     source = _source(index, package)
     members = index.read_members(package, lambda name: name in ("torch/version.py", "torch/lib/libtorch_python.so")
                                  or name.endswith(".dist-info/METADATA"))
@@ -425,7 +434,7 @@ def _read_build(index: Index, torch: str, package: DistributionPackage) -> Build
                                       "is letters and digits (cu130, cpu), a CUDA version X.Y")
     arches = arch_list(members.get("torch/lib/libtorch_python.so", b"")) if cuda else ()
     return BuildFacts(torch, local, cuda, not Version(package.version or torch).local, python_min, pins, triton, arches,
-                      source)
+                      source, machine)
 
 
 def _torchvision_for(index: Index, torch: str) -> tuple[str | None, Source | None]:
@@ -514,6 +523,19 @@ def compare(release: ReleaseFacts, known: dict | None) -> tuple[dict, list[Diffe
         merge(facts, "triton", build.triton, f"cuda {build.cuda} triton", build.source)
         merge(facts, "arch_list", build.arch_list, f"cuda {build.cuda} arch_list", build.source)
         record(facts, "source", build.source, f"cuda {build.cuda}")
+    for build in release.arch_builds:
+        if build.cuda not in cuda:  # a build only another machine has: no row can name it without its x86_64 facts
+            continue
+        facts = cuda[build.cuda]
+        by_arch = {machine: dict(values) for machine, values in (facts.get("by_arch") or {}).items()}
+        own = by_arch.setdefault(build.machine, {})
+        where = f"cuda {build.cuda} {build.machine}"
+        merge(own, "arch_list", build.arch_list, f"{where} arch_list", build.source)
+        for key, version in build.pins.items():  # only the pins that differ from the x86_64 wheel's
+            if facts.get(key) != version or key in own:
+                merge(own, key, version, f"{where} {key}", build.source)
+        record(own, "source", build.source, where)
+        facts["by_arch"] = by_arch
     block["cuda"] = cuda
     return block, added, disagree
 
@@ -545,17 +567,23 @@ def corrected(block: dict, differences: list[Difference]) -> dict:
     for difference in differences:
         if difference.where.endswith(" sha256"):
             where = difference.where.removesuffix(" sha256")
-            target = block["cuda"][where.split(" ")[1]] if where.startswith("cuda ") else block
+            target = _build_block(block, where.split(" ")[1:]) if where.startswith("cuda ") else block
             key = "source" if where.startswith("cuda ") else f"{where}_source"
             target[key] = {**target[key], "sha256": difference.index}
         elif difference.where.startswith("python."):
             block["python"][difference.where.split(".")[1]] = difference.index
         elif difference.where.startswith("cuda "):
-            _, version, key = difference.where.split(" ")
-            block["cuda"][version][key] = difference.index
+            *path, key = difference.where.split(" ")[1:]
+            _build_block(block, path)[key] = difference.index
         else:
             block[difference.where] = difference.index
     return block
+
+
+def _build_block(block: dict, path: list[str]) -> dict:
+    """A build's facts by its place in a Difference: [cuda] or [cuda, machine] (its `by_arch:` entry)."""
+    facts = block["cuda"][path[0]]
+    return facts["by_arch"][path[1]] if len(path) > 1 else facts
 
 
 @dataclass(frozen=True)
@@ -576,7 +604,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     torch_section = document["torch"]
     result = Refresh()
     for torch in options.versions or tuple(torch_section):
-        release = read_release(index, torch)
+        release = read_release(index, torch, tuple(document.get("architectures") or ()))
         if release is None:
             if options.versions:
                 raise InputError([Problem(index.url, 0, f"the index has no torch {brief(torch)} wheels: "

@@ -89,6 +89,8 @@ def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
                                         f"--gpus device=<the others>, or `nvidia-smi -i {','.join(indices)} -c DEFAULT`")
 
 
+# Where the kernel lists the interpreters it runs foreign binaries with (qemu-aarch64 after `make engine`).
+BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
 # `uname -m` and Docker's Architecture spell the same machines two ways.
 MACHINE_NAMES = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -97,14 +99,40 @@ def machine_name(text: str) -> str:
     return MACHINE_NAMES.get(text.lower(), text.lower())
 
 
-def arch_findings(specs: list[ImageSpec], machine: str) -> list[Finding]:
-    """Rows built for another CPU architecture than this host's: their images fail at exec (or run emulated), and a
-    local build would fetch the other architecture's wheels (a GH200 or GB200 host is aarch64)."""
-    fitting = [spec.tag for spec in specs if machine_name(spec.arch) == machine_name(machine)]
-    return [Finding(spec.tag, "fail", f"built for {spec.arch}, but this host is {machine_name(machine)}: its image "
-                                      f"cannot run here; rows for {machine_name(machine)}: "
-                                      f"{', '.join(fitting) or 'none in the matrix (add a variant with arch: ' + machine_name(machine) + ')'}")
-            for spec in specs if machine_name(spec.arch) != machine_name(machine)]
+def arch_findings(specs: list[ImageSpec], machine: str, emulated: frozenset[str] = frozenset()) -> list[Finding]:
+    """Rows built for another CPU architecture than this host's: their images fail at exec, or run under qemu where
+    it is registered for their machine (`emulated`: an x86_64 host after `make engine`), and a local build would
+    fetch the other architecture's wheels (a GH200 or GB200 host is aarch64)."""
+    host = machine_name(machine)
+    fitting = [spec.tag for spec in specs if machine_name(spec.arch) == host]
+    findings = []
+    for spec in (spec for spec in specs if machine_name(spec.arch) != host):
+        if spec.arch in emulated:
+            findings.append(Finding(spec.tag, "warn", f"built for {spec.arch}: this {host} host builds and runs it "
+                                                      f"under qemu (binfmt_misc), slowly; its GPU checks need an "
+                                                      f"{spec.arch} GPU host"))
+            continue
+        findings.append(Finding(spec.tag, "fail", f"built for {spec.arch}, but this host is {host}: its image "
+                                                  f"cannot run here; rows for {host}: "
+                                                  f"{', '.join(fitting) or f'none in the matrix (add a variant with arch: {host})'}"))
+    return findings
+
+
+def emulated_machines(binfmt_misc: Path = BINFMT_MISC) -> frozenset[str]:
+    """The machines qemu is registered for on this host (the engine's, when it is local as `make engine`'s is)."""
+    try:
+        entries = list(binfmt_misc.glob("qemu-*"))
+    except OSError:
+        return frozenset()
+    return frozenset(entry.name.removeprefix("qemu-") for entry in entries
+                     if entry.is_file() and _enabled(entry))
+
+
+def _enabled(entry: Path) -> bool:
+    try:
+        return entry.read_text(errors="replace").startswith("enabled")
+    except OSError:
+        return False
 
 
 def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -> list[Finding]:
@@ -116,7 +144,8 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     driver = gpus[0].driver
     status, why = driver_verdict(driver, None, spec)
     if status == "fail":
-        fitting = [other.tag for other in specs if other.is_gpu and driver_verdict(driver, None, other)[0] != "fail"]
+        fitting = [other.tag for other in _same_machine(spec, specs)
+                   if other.is_gpu and driver_verdict(driver, None, other)[0] != "fail"]
         findings.append(Finding(spec.tag, "fail", f"{why}: upgrade the driver, or use a row built for an older CUDA "
                                                   f"({', '.join(fitting) or 'none in the matrix'})"))
     elif status == "warn":
@@ -130,7 +159,7 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
                                                       f"runs on this GPU; upgrade the driver to {spec.min_driver}+"))
         if coverage is None:
             sm = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
-            covering = [other.tag for other in specs
+            covering = [other.tag for other in _same_machine(spec, specs)
                         if other.is_gpu and arch_covers(arch_flags_for(other.arch_list), gpu.capability, other.cuda)]
             findings.append(Finding(spec.tag, "fail", f"its arch list ({';'.join(spec.arch_list)}) has no kernels for "
                                                       f"the {gpu.name} ({sm}): torch would fail with 'no kernel image "
@@ -139,6 +168,11 @@ def row_findings(spec: ImageSpec, gpus: list[HostGpu], specs: list[ImageSpec]) -
     if not findings:
         findings.append(Finding(spec.tag, "ok", f"{why}; kernels for {', '.join(sorted({gpu.name for gpu in gpus}))}"))
     return findings
+
+
+def _same_machine(spec: ImageSpec, specs: list[ImageSpec]) -> list[ImageSpec]:
+    """The rows a user of this row's host could take instead: an aarch64 row's own arch list is not x86_64's."""
+    return [other for other in specs if other.arch == spec.arch]
 
 
 def gpu_access_finding(access: engine.GpuAccess) -> Finding:
@@ -231,11 +265,12 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
     try:
         client = engine.client(timeout=engine.PING_TIMEOUT_S)
     except InputError as error:
-        return [Finding("engine", "fail", str(error.problems[0].message))] + arch_findings(specs, platform.machine())
+        return [Finding("engine", "fail", str(error.problems[0].message))] + arch_findings(
+            specs, platform.machine(), emulated_machines())
     info = engine.daemon_info(client)
     findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
                                         f"{info.get('Architecture', '?')})")]
-    findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()))
+    findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()), emulated_machines())
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
     if gpu_rows:
         findings.append(gpu_access_finding(engine.gpu_access(client)))

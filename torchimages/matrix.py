@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -210,7 +211,7 @@ class _Settings:
     """What a row asks for beyond its versions: checked whether or not its versions are valid."""
 
     flavors: list[str]
-    arch: str
+    arches: list[str]
     allow_unlisted: bool
     user: User | None
     shm_size: str
@@ -248,7 +249,8 @@ def _settings(row: _Row, compat: dict, fail) -> _Settings:
         allow_unlisted = False
     flavors = _flavors(row, tuple(compat["flavors"]), fail)
     return _Settings(
-        flavors=flavors, arch=_arch(row, compat["architectures"], fail), allow_unlisted=allow_unlisted, user=_user(row, compat["reserved_users"], fail),
+        flavors=flavors, arches=_arches(row, compat["architectures"], fail), allow_unlisted=allow_unlisted,
+        user=_user(row, compat["reserved_users"], fail),
         shm_size=_size(row, "shm_size", "8g", fail) or "8g", size_budget=_size(row, "size_budget", None, fail),
         deprecated=_deprecated(row, fail), aliases=_aliases(row, flavors, fail),
     )
@@ -296,7 +298,11 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     if torch_facts is not None and not torch_facts.get("numpy"):
         fail("torch", f"compat.yaml pins no NumPy for torch {torch}, and every image installs one: add "
                       f"`numpy: \"X.Y.Z\"` under it, or run `python build.py compat refresh {torch}`")
-    arch_list = _arch_list(row, wheel, is_gpu, compat["compute_capabilities"], fail)
+    # Each machine's wheels are their own build: its arch list (and any pin that differs) is under `by_arch:`.
+    wheels = {arch: _arch_wheel(row, wheel, arch, torch, cuda, is_gpu and not allow_unlisted, fail)
+              for arch in settings.arches}
+    arch_lists = {arch: _arch_list(row, wheels[arch], is_gpu, compat["compute_capabilities"], fail)
+                  for arch in settings.arches}
     if fail:
         return []
     cuda_facts = cuda_facts or {}  # a GPU row's, known by now; a CPU row has none
@@ -307,19 +313,21 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     # A matrix without defaults.os names no default, so no row has one.
     default_os = defaults.get("os")
     os_suffix = "" if default_os in (None, os_name) else f"-{os_name}"
-    base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts,
-                                         compat["architectures"][settings.arch])
     specs = []
-    for flavor in flavors:
+    for arch, flavor in itertools.product(settings.arches, flavors):
+        arch_facts, wheel, arch_list = compat["architectures"][arch], wheels[arch], arch_lists[arch]
+        base, remove_from_base = _base_image(compat, base_kind, os_facts, os_name, cuda, cuda_facts, arch_facts)
         flavor_facts = compat["flavors"][flavor]
         with_toolkit = is_gpu and flavor_facts.get("cuda_toolkit", False)
         prefix = f"{torch}-cuda{cuda}-cudnn{cudnn}" if is_gpu else f"{torch}-cpu"
+        index_tag = f"{prefix}-{flavor}{os_suffix}"
         specs.append(ImageSpec(
-            tag=f"{prefix}-{flavor}{os_suffix}", torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn,
+            tag=index_tag + arch_facts.get("tag_suffix", ""), index_tag=index_tag,
+            platform=arch_facts.get("platform", "linux/amd64"), torch=torch, cuda=cuda if is_gpu else None, cudnn=cudnn,
             python=python, os=os_name, flavor=flavor, base_image=base, wheel_index=wheel.get("wheel_index", "cpu"),
             python_from_os=python_from_os, torchvision=torchvision,
             numpy=(torch_facts or {}).get("numpy"), glibc=str(os_facts["glibc"]), index_url=_index_url(wheel),
-            os_family=os_facts["family"], arch=settings.arch, **os_packages,
+            os_family=os_facts["family"], arch=arch, **os_packages,
             os_release=str(os_facts.get("os_release", os_name)), package_caches=tuple(family.get("caches") or ()),
             flavor_packages=tuple((family.get("names") or {}).get(name, name)
                                   for name in flavor_facts.get("packages") or ()),
@@ -331,7 +339,8 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
             nccl_version=wheel.get("nccl"), min_driver=cuda_facts["min_driver"] if is_gpu else None,
             driver_floor=str(cuda_facts["driver_floor"]) if is_gpu else None,
             arch_list=arch_list, user=settings.user, shm_size=settings.shm_size, size_budget=settings.size_budget,
-            deprecated=settings.deprecated, aliases=tuple(settings.aliases.get(flavor, ())),
+            deprecated=settings.deprecated,
+            aliases=tuple(alias + arch_facts.get("tag_suffix", "") for alias in settings.aliases.get(flavor, ())),
             repository=repository, matrix_line=row.variant.line,
         ))
     return specs
@@ -357,7 +366,7 @@ def _base_image(compat: dict, kind: str, os_facts: dict, os_name: str, cuda: str
                 arch_facts: dict) -> tuple[str, tuple[str, ...]]:
     """The image FROM uses, and the files of it that the wheels replace."""
     if kind == "os":
-        return os_facts["image"], ()
+        return arch_facts.get("image_prefix", "") + os_facts["image"], ()
     facts = compat["bases"][kind]
     values = {"cuda": cuda, "cuda_full": cuda_facts["full"], "os": os_name, "cuda_target": arch_facts["cuda_target"]}
     return facts["image"].format(**values), tuple(path.format(**values) for path in facts.get("remove", ()))
@@ -395,13 +404,25 @@ def _os_packages(family: dict, python: str, python_from_os: bool) -> dict[str, t
     }
 
 
-def _arch(row: _Row, architectures: dict, fail) -> str:
+def _arches(row: _Row, architectures: dict, fail) -> list[str]:
+    """The machines a row is built for: `arch: aarch64`, or a list (`[x86_64, aarch64]`: one tag, a manifest list)."""
     arch = row.get("arch", "x86_64")
-    if not isinstance(arch, str) or arch not in architectures:
-        fail("arch", f"'arch' must be one of {', '.join(architectures)} (the machines compat.yaml "
-                     f"describes), got {brief(arch)}")
-        return "x86_64"
-    return arch
+    arches = arch if isinstance(arch, list) else [arch]
+    if not arches or not all(isinstance(a, str) and a in architectures for a in arches) or len(set(arches)) < len(arches):
+        fail("arch", f"'arch' must be one of {', '.join(architectures)} (the machines compat.yaml describes) or a "
+                     f"list of them, each once, e.g. [x86_64, aarch64]; got {brief(arch)}")
+        return ["x86_64"]
+    return arches
+
+
+def _arch_wheel(row: _Row, wheel: dict, arch: str, torch: str, cuda: str, needs_facts: bool, fail) -> dict:
+    """A build's facts on one machine: the x86_64 wheel's, with what that machine's own wheel says over them. A GPU
+    build not read on that machine has no arch list to trust (aarch64's differs), unless the row sets one."""
+    own = (wheel.get("by_arch") or {}).get(arch)
+    if own is None and arch != "x86_64" and needs_facts and row.get("arch_list") is None:
+        fail("arch", f"compat.yaml has no facts read from torch {torch}'s {arch} wheels for CUDA {cuda} (`by_arch:` "
+                     f"under the build): run `python build.py compat refresh {torch}`, or drop {arch} from 'arch'")
+    return {**wheel, **(own or {})}
 
 
 def _flavors(row: _Row, known: tuple[str, ...], fail) -> list[str]:

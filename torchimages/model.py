@@ -39,6 +39,9 @@ class ImageSpec:
     os_release: str = ""  # /etc/os-release's ID + VERSION_ID in the image (debian12); the os name unless compat says
     package_caches: tuple[str, ...] = ()  # the family's package caches and lists: empty in a clean image
     arch: str = "x86_64"  # the machine the image is for
+    platform: str = "linux/amd64"  # ... as an OCI platform (compat.yaml's architectures)
+    index_tag: str = ""  # the row's tag, which a manifest list over every arch's image is published under; `tag` is
+    # this arch's own (the same for x86_64, + -arm64 for aarch64)
     python_packages: tuple[str, ...] = ()  # OS packages the Python stage installs (certificates, the OS's Python)
     venv_packages: tuple[str, ...] = ()  # ... and what `python -m venv` needs from the OS
     download_packages: tuple[str, ...] = ()  # ... and what fetches python-build-standalone (when not the OS's)
@@ -97,7 +100,9 @@ class ImageSpec:
 
     def spec_hash(self) -> str:
         """Hash of what defines the image's contents (not where its matrix row sits)."""
-        content = {k: v for k, v in self.to_json().items() if k not in ("matrix_line", "aliases", "deprecated")}
+        # platform and index_tag follow from arch and tag: left out, so an x86_64 row's hash is what it always was.
+        content = {k: v for k, v in self.to_json().items()
+                   if k not in ("matrix_line", "aliases", "deprecated", "platform", "index_tag")}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -8,6 +8,7 @@ only ever name a verified digest, and promotion never rebuilds. Every registry o
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from . import attestations, engine
+from . import attestations, engine, multiarch
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
 from . import security as security_stage
@@ -151,10 +152,12 @@ def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list
     rows' own tags (dated, floating, aliases) and the tags no matrix row writes (a tag pushed by hand may name an
     old digest). Other rows' tags are not read: each row's images carry its own labels, so they never share a digest
     with another row's."""
-    own = {spec.tag: [spec.tag, *spec.aliases, *dated_tags(spec.tag, all_tags)] for spec in rows}
+    # A multi-arch row's x86_64 image floats as <tag>-amd64 (multiarch.arch_tag): one of the row's own tags too.
+    own = {spec.tag: [spec.tag, *spec.aliases, multiarch.arch_tag(spec), *dated_tags(spec.tag, all_tags)]
+           for spec in rows}
     if not any(dated_tags(spec.tag, all_tags)[retention:] for spec in rows):
         return []
-    written = {name for spec in matrix for name in (spec.tag, *spec.aliases)}
+    written = {name for spec in matrix for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
 
     def is_foreign(tag: str) -> bool:
         dated = DATED_TAG.fullmatch(tag)
@@ -246,31 +249,79 @@ class Publisher:
         except RegistryError as error:
             return [PublishResult(spec.tag, "failed", message=f"nothing published: {error}") for spec in specs]
         results: list[PublishResult] = []
+        grouped = multiarch.groups(specs)
         for spec in specs:
             if results and results[-1].status == "failed" and not self.registry.answers():
                 results.append(PublishResult(spec.tag, "failed", message="not attempted: the registry stopped answering"))
                 continue
-            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag])
+            targets = multiarch.image_tags(spec, (spec.index_tag or spec.tag) in grouped)
+            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag], targets)
             results.append(result)
             all_tags = sorted(set(all_tags) | set(result.created))
+        by_tag = {result.tag: result for result in results}
+        for tag, members in grouped.items():
+            results.append(self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog))
         return results
 
-    def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                         report: VerifyReport | None, facts: dict) -> PublishResult:
+    def _publish_index_guarded(self, tag: str, members: list[ImageSpec], published: list[PublishResult],
+                               catalog: catalog_stage.Catalog) -> PublishResult:
+        """The row's tag as an image index over its per-arch images, once every one of them is published."""
+        name = f"{tag} (manifest list)"
+        missing = [result.tag for result in published if result.status not in ("published", "unchanged")]
+        if missing:
+            return PublishResult(name, "refused", message=f"not written: {', '.join(missing)} not published, and the "
+                                                          f"tag names every architecture or none")
         try:
-            return self._publish_one(spec, catalog, all_tags, report, facts)
+            return self._publish_index(name, tag, members, published, catalog)
+        except RegistryError as error:
+            return PublishResult(name, "failed", message=f"{redact(str(error))} (nothing recorded for {tag})")
+
+    def _publish_index(self, name: str, tag: str, members: list[ImageSpec], published: list[PublishResult],
+                       catalog: catalog_stage.Catalog) -> PublishResult:
+        manifests = {spec.tag: self.registry.manifest(result.digest) for spec, result in zip(members, published, strict=True)}
+        entries = [multiarch.Member(spec.platform, multiarch.arch_tag(spec), manifest.digest, manifest.media_type,
+                                    len(manifest.body)) for spec, manifest in ((s, manifests[s.tag]) for s in members)]
+        body = multiarch.index_body(entries)
+        targets = multiarch.index_tags(members)
+        current = self.registry.tag_digests(targets)
+        result = PublishResult(name, "unchanged", "sha256:" + hashlib.sha256(body).hexdigest(),
+                               message="already published")
+        for target in targets:
+            if current.get(target) != result.digest:
+                self.registry.write_index(body, target)
+                (result.moved if target in current else result.created).append(target)
+                self.log(f"{self.options.registry.name}:{target} -> {result.digest} (manifest list: "
+                         f"{', '.join(entry.platform for entry in entries)})")
+        if result.created or result.moved:
+            result.status, result.message = "published", f"manifest list over {', '.join(e.platform for e in entries)}"
+        index = catalog_stage.ManifestList(
+            tag, self.options.registry.name, result.digest, targets,
+            {entry.platform: {**entry.to_json(), "image": spec.tag} for spec, entry in zip(members, entries, strict=True)},
+            utc_timestamp())
+        previous = catalog.manifest_lists.get(tag)
+        if previous is None or (previous.digest, previous.platforms, previous.floating) != (
+                index.digest, index.platforms, index.floating):
+            catalog.manifest_lists[tag] = index
+            catalog_stage.save(catalog, self.options.catalog_dir, self.options.images_dir)
+        return result
+
+    def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
+                         report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:
+        try:
+            return self._publish_one(spec, catalog, all_tags, report, facts, targets)
         except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
             return PublishResult(spec.tag, "failed", message=f"{redact(str(error))} (nothing recorded for {spec.tag})")
 
     def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                     report: VerifyReport | None, facts: dict) -> PublishResult:
+                     report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:
+        """Push one image under a new pinned tag (unless the registry has it), sign it, and move targets (its floating
+        tags) to it."""
         image = engine.inspect_image(self.client, local_name(spec))
         refusal = verification_refusal(spec, image, report, verify_report_path(self.options.reports_dir, spec.tag))
         if refusal:
             return PublishResult(spec.tag, "refused", message=refusal)
         assert image is not None and report is not None  # verification_refusal refuses a missing image or report
 
-        targets = [spec.tag, *spec.aliases]
         pinned_names = dated_tags(spec.tag, all_tags)
         manifests = self.registry.tag_manifests(targets + pinned_names)
         current = {name: manifest.digest for name, manifest in manifests.items()}
@@ -280,7 +331,7 @@ class Publisher:
         if pinned and all(current.get(name) == digest for name in targets):
             unchanged = PublishResult(spec.tag, "unchanged", digest, pinned, message="already published")
             unchanged.signing = self._attach(spec, image, report, facts, unchanged)
-            self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged)
+            self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged, targets)
             return unchanged
 
         # Read before anything moves on the registry, so that what can fail has failed by then.
@@ -307,7 +358,7 @@ class Publisher:
             if current.get(name) != digest:
                 self._promote(name, manifest)
                 (result.moved if name in current else result.created).append(name)
-        self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, inventory)
+        self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, targets, inventory)
         return result
 
     def _scan(self, spec: ImageSpec, inventory: sbom_stage.Inventory) -> sbom_stage.ScanResult:
@@ -403,7 +454,7 @@ class Publisher:
         self.log(f"{self.options.registry.name}:{name} -> {manifest.digest}")
 
     def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: VerifyReport, on_record: dict,
-                manifest: Manifest, scan: dict | None, result: PublishResult,
+                manifest: Manifest, scan: dict | None, result: PublishResult, floating: list[str],
                 inventory: sbom_stage.Inventory | None = None) -> None:
         """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
         folder = self.options.catalog_dir
@@ -415,7 +466,7 @@ class Publisher:
             catalog_stage.save_public_key(folder, self.options.signing_key.public)
         entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
                                          manifest.download_size, check_counts(report), pinned, previous, scan,
-                                         on_record, result.signing)
+                                         on_record, result.signing, floating)
         if previous is not None and catalog_stage.same_entry(previous, entry):
             return
         catalog.images[spec.tag] = entry

@@ -512,6 +512,22 @@ class RegistryClient:
         self._retried(lambda: self._skopeo("copy", "--quiet", "--preserve-digests", *self.access.flags("dest"),
                                            f"dir:{folder}", self.registry.reference(tag), transfer=True))
 
+    def write_index(self, body: bytes, tag: str) -> str:
+        """Put an image index (manifest list) under tag, byte for byte; the images it names are in the repository
+        already, so only the index is written (skopeo's --multi-arch index-only). Its digest, as the registry has it."""
+        with tempfile.TemporaryDirectory(prefix="torchimages-index-") as folder:
+            Path(folder, "manifest.json").write_bytes(body)
+            Path(folder, "version").write_text("Directory Transport Version: 1.1\n")
+            self._retried(lambda: self._skopeo("copy", "--quiet", "--multi-arch", "index-only", "--preserve-digests",
+                                               *self.access.flags("dest"), f"dir:{folder}",
+                                               self.registry.reference(tag), transfer=True))
+        stored = self.manifest_or_none(tag)
+        expected = "sha256:" + hashlib.sha256(body).hexdigest()
+        if stored is None or stored.digest != expected:
+            raise RegistryError(f"{self.registry.name}:{tag}: the index written is {expected}, the registry has "
+                                f"{stored.digest if stored else 'nothing'}", transient=False)
+        return expected
+
     def delete(self, digest: str) -> None:
         """Delete a manifest; the registry drops every tag naming it."""
         self._retried(lambda: self._skopeo("delete", *self.access.flags(), self.registry.reference(digest)))

@@ -82,6 +82,26 @@ def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> P
     return proposal
 
 
+def _machines_read(row_copy: dict, build: dict, torch: str, notes: list[str]) -> bool:
+    """Keep in a copied row the machines whose wheels of this build were read (x86_64's, and those under
+    `by_arch:`): a GPU row cannot name a machine without them. False when none is left: the row is not proposed."""
+    arch = row_copy.get("arch")
+    if arch is None:
+        return True
+    arches = arch if isinstance(arch, list) else [arch]
+    kept = [machine for machine in arches if machine == "x86_64" or machine in (build.get("by_arch") or {})]
+    for machine in (machine for machine in arches if machine not in kept):
+        notes.append(f"the index has no {machine} wheel of torch {torch}'s {build.get('wheel_index')} build: its "
+                     f"rows are proposed without {machine}")
+    if not kept:
+        return False
+    if kept == ["x86_64"]:
+        del row_copy["arch"]
+    else:
+        row_copy["arch"] = kept if isinstance(arch, list) else kept[0]
+    return True
+
+
 def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.ReleaseFacts, compat: dict,
                  notes: list[str], index_url: str = "the index") -> list[tuple]:
     """A copy of each row of the matrix's newest release, for the new one: its torchvision, the same CUDA where
@@ -121,6 +141,8 @@ def propose_rows(variants, newest_in_matrix: str, release: compat_refresh.Releas
         if cuda != "cpu":
             row_copy["cuda"] = compat_refresh.quoted(cuda)
             row_copy["cudnn"] = int(new_facts["cuda"][cuda]["cudnn"].split(".")[0])
+            if not _machines_read(row_copy, new_facts["cuda"][cuda], release.torch, notes):
+                continue
         if "torchvision" in row_copy:
             if release.torchvision:
                 row_copy["torchvision"] = release.torchvision
