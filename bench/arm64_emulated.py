@@ -5,9 +5,11 @@ For each row given (default: the 2.14.1 cu13.0 arm64 runtime row, the one CI is 
 `build.py wheels` (the aarch64 wheel set from PyPI), `build.py build --no-cache` from that wheelhouse (every RUN step
 under qemu), and `build.py test --gpus none` (the checks under qemu; GPU checks skipped with their reason), each timed, with the
 image's size. Needs `make engine` (which registers qemu and makes arm64v8/debian:bookworm) and `source .engine/env`.
-One arm64 CUDA build at a time: it needs about 4 GB of wheels and 10 GB of engine disk.
+One arm64 CUDA build at a time: it needs about 4 GB of wheels and 10 GB of engine disk. Not one of `make bench`'s
+`*_bench.py` scripts (a row takes about 40 minutes under qemu on 2 cores), and the row must be switched on first:
+`arch: [x86_64, aarch64]` on its variant in matrix.yaml, then `python build.py render`.
 
-    python bench/arm64_bench.py ['2.14.1-cuda13.0-cudnn9-runtime-arm64' ...] [--wheelhouse wheelhouse]
+    python bench/arm64_emulated.py ['2.14.1-cuda13.0-cudnn9-runtime-arm64' ...] [--wheelhouse wheelhouse]
 """
 from __future__ import annotations
 
