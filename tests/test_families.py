@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from torchimages.checks.suite.helpers import os_is_the_rows
 from torchimages.matrix import load_matrix
 from torchimages.render import render_files
 from torchimages.sbom import cyclonedx, parse_inventory
@@ -92,6 +93,4 @@ def test_the_sbom_reads_an_rpm_image_with_no_family_table():
 ])
 def test_the_identity_check_takes_an_os_release_pattern(found, os_name, os_release, same):
     """compat.yaml's `os_release` may be a shell pattern; without one, /etc/os-release must name the OS exactly."""
-    from torchimages.checks.suite.test_identity import os_is_the_rows
-
     assert os_is_the_rows(found, SimpleNamespace(os=os_name, os_release=os_release)) is same

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 
 from torchimages.checks.probe import decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX, ImageSpec
@@ -245,3 +246,9 @@ def pip_error(output: str) -> str:
              if line.strip() and not line.startswith("Removing intermediate container")]
     errors = [line for line in lines if re.match(r"^(ERROR:|[A-Za-z]+Error:)", line)]
     return (errors or lines or ["(no output)"])[-1]
+
+
+def os_is_the_rows(found: str, spec) -> bool:
+    """/etc/os-release's ID+VERSION_ID against the row's OS: compat.yaml's `os_release` may be a pattern (rocky9.*,
+    for a base image that floats across point releases)."""
+    return fnmatchcase(found, spec.os_release or spec.os)

@@ -1,13 +1,11 @@
 """identity: the tag tells the truth: torch, torchvision, Python, OS, CUDA, cuDNN and arch list equal the row,
 and the labels and PYTORCH_VERSION agree with what is inside."""
-from fnmatch import fnmatchcase
-
 import pytest
 
 from torchimages.checks.probe import arch_flags_for, decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX
 
-from .helpers import observed_label_values, row_label_values
+from .helpers import observed_label_values, os_is_the_rows, row_label_values
 
 pytestmark = pytest.mark.check("identity")
 
@@ -52,12 +50,6 @@ def test_python_is_the_rows(main, spec):
     assert python["major_minor"] == spec.python, (
         f"the image runs Python {python['version']} ({python['executable']}), but row {spec.tag} expects Python "
         f"{spec.python}: build it from this row, or check the image against the row for Python {python['major_minor']}")
-
-
-def os_is_the_rows(found: str, spec) -> bool:
-    """/etc/os-release's ID+VERSION_ID against the row's OS: compat.yaml's `os_release` may be a pattern (rocky9.*,
-    for a base image that floats across point releases)."""
-    return fnmatchcase(found, spec.os_release or spec.os)
 
 
 def test_os_is_the_rows(main, spec):
