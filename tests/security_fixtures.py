@@ -95,10 +95,28 @@ class Package:
     changelog: str = ""  # the .deb is written into pool/ with it, when given
 
 
+ARCHITECTURES = ("amd64", "arm64")  # as bookworm-security has them: a Grace row's image is judged by its own index
+
+
 def write_archive(root: Path, key: Key | None, packages: list[Package], packages_xz: bytes | None = None,
                   release_packages_xz: bytes | None = None) -> Path:
-    """A saved security archive below root. packages_xz replaces the index file served (a damaged one);
-    release_packages_xz is what the Release file hashes (by default what is served)."""
+    """A saved security archive below root, one index per machine. packages_xz replaces the index files served (a
+    damaged one); release_packages_xz is what the Release file hashes (by default what is served)."""
+    folder = root / "dists" / SUITE
+    release = f"Origin: Debian\nCodename: {SUITE}\nComponents: updates/main\nSHA256:\n"
+    for arch in ARCHITECTURES:
+        good = _packages_index(root, [package for package in packages if package.arch in (arch, "all")])
+        served = good if packages_xz is None else packages_xz
+        hashed = served if release_packages_xz is None else release_packages_xz
+        (folder / "main" / f"binary-{arch}").mkdir(parents=True, exist_ok=True)
+        (folder / "main" / f"binary-{arch}" / "Packages.xz").write_bytes(served)
+        release += f" {hashlib.sha256(hashed).hexdigest()} {len(hashed)} main/binary-{arch}/Packages.xz\n"
+    (folder / "InRelease").write_bytes(clearsign(key, release) if key else release.encode())
+    return root
+
+
+def _packages_index(root: Path, packages: list[Package]) -> bytes:
+    """Packages.xz listing packages, each .deb written into pool/ when it has a changelog."""
     paragraphs = []
     for package in packages:
         filename = f"pool/updates/main/{package.name[0]}/{package.name}/{package.name}_{package.version}_{package.arch}.deb"
@@ -107,16 +125,7 @@ def write_archive(root: Path, key: Key | None, packages: list[Package], packages
             (root / filename).write_bytes(make_deb(package.name, package.changelog))
         paragraphs.append(f"Package: {package.name}\nVersion: {package.version}\nArchitecture: {package.arch}\n"
                           f"Filename: {filename}\n")
-    good = lzma.compress("\n".join(paragraphs).encode(), format=lzma.FORMAT_XZ)
-    served = good if packages_xz is None else packages_xz
-    hashed = served if release_packages_xz is None else release_packages_xz
-    folder = root / "dists" / SUITE
-    (folder / "main" / "binary-amd64").mkdir(parents=True, exist_ok=True)
-    (folder / "main" / "binary-amd64" / "Packages.xz").write_bytes(served)
-    release = (f"Origin: Debian\nCodename: {SUITE}\nComponents: updates/main\nSHA256:\n"
-               f" {hashlib.sha256(hashed).hexdigest()} {len(hashed)} main/binary-amd64/Packages.xz\n")
-    (folder / "InRelease").write_bytes(clearsign(key, release) if key else release.encode())
-    return root
+    return lzma.compress("\n".join(paragraphs).encode(), format=lzma.FORMAT_XZ)
 
 
 class _Handler(SimpleHTTPRequestHandler):
