@@ -434,7 +434,7 @@ def test_bad_allowlist_exits_2_naming_file_and_line(workspace):
     allowlist.write_text("allow:\n  - cve: CVE-2024-1234\n    reason: ''\n    expires: 2026-12-31\n  - cve: nope\n")
     result = workspace.cli("publish", RUNTIME, "--registry", workspace.repository, check_exit=2)
     assert f"{allowlist}:3: CVE-2024-1234: 'reason' must say why" in result.stderr
-    assert f"{allowlist}:5: each allowlist entry needs exactly: cve, reason, expires" in result.stderr
+    assert f"{allowlist}:5: each allowlist entry needs exactly: cve (or package), reason, expires" in result.stderr
 
 
 # ------------------------------------------------------------------------------------------------- pure decisions
