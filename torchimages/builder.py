@@ -22,9 +22,11 @@ import requests
 import urllib3
 
 from . import engine
-from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .bases_lock import LOCK_NAME, read_lock
-from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, TorchImagesError
+from .build_inputs.layers import INSTALL_SCRIPT, layer_args
+from .build_inputs.server import BUILD_INPUTS_HOST, BUILD_INPUTS_URL, BuildInputsServer
+from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
+from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, Problem, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport, require_schema, utc_timestamp
 
@@ -86,15 +88,34 @@ def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}"
 
 
-def build_args(options: BuildOptions) -> dict[str, str]:
-    args = {}
-    if options.pip_index_url:
-        args["PIP_INDEX_URL"] = options.pip_index_url
-    if options.extra_index_url:
-        args["PIP_EXTRA_INDEX_URL"] = options.extra_index_url
-    # Docker keeps its predefined proxy args out of the image history.
+def build_args(options: BuildOptions, context: BuildContext) -> dict[str, str]:
+    """The layers' wheel identities, and the proxies: Docker keeps its predefined proxy args out of the image history
+    and the cache key. The build-input server is on loopback: never through a proxy."""
+    args = dict(context.layer_args)
     args.update(options.proxies)
+    if options.proxies:
+        for name in ("NO_PROXY", "no_proxy"):
+            args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, "")]))
     return args
+
+
+def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool) -> str:
+    """pip's configuration for the build steps, served to them (never a build arg: arguments of the final stage's
+    steps are written into its history). {ca_bundle} is where the install script puts the CA bundle."""
+    lines = ["[global]", f"index-url = {options.pip_index_url or spec.index_url}",
+             f"extra-index-url = {options.extra_index_url or PYPI}"]
+    if options.ca_bundle:
+        lines.append("cert = {ca_bundle}")
+    if served_wheels:
+        # Plain HTTP on loopback, to a server this build started: pip needs to be told it may trust it.
+        lines += ["no-index = true", f"find-links = {BUILD_INPUTS_URL}/wheels/", f"trusted-host = {BUILD_INPUTS_HOST}"]
+    return "\n".join(lines) + "\n"
+
+
+def index_settings(options: BuildOptions) -> dict[str, str]:
+    """The index settings as the input hash sees them: without credentials."""
+    return {name: without_credentials(url) for name, url in
+            (("PIP_INDEX_URL", options.pip_index_url), ("PIP_EXTRA_INDEX_URL", options.extra_index_url)) if url}
 
 
 def without_credentials(url: str) -> str:
@@ -109,9 +130,11 @@ class BuildContext:
     """What goes to the engine for one image, and the hash that decides whether to rebuild."""
 
     files: dict[str, Path]  # path in the context -> file on the host
-    extra: dict[str, bytes]  # generated context entries
+    wheels: dict[str, Path]  # the row's wheelhouse (file name -> file), served to the build, not sent
+    ca_bundle: str | None
     input_hash: str
     base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
+    layer_args: dict[str, str] = field(default_factory=dict)  # the venv layers' WHEELS_* build arguments
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -133,23 +156,20 @@ def base_identity(reference: str, engine_image_id: str | None, locked_image_id: 
 def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, base_image_id: str) -> BuildContext:
     folder = options.images_dir / spec.tag
     files = {path.name: path for path in sorted(folder.iterdir()) if path.is_file()}
-    wheels = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
-    if wheels and wheels.is_dir():
-        files.update({f"build-inputs/wheelhouse/{p.name}": p for p in sorted(wheels.iterdir()) if p.is_file()})
-    extra = {"build-inputs/wheelhouse/.keep": b""}
-    if options.ca_bundle:
-        extra["build-inputs/ca-bundle.pem"] = read_bytes(options.ca_bundle, CA_BUNDLE_FIX)
+    found = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
+    wheels = {p.name: p for p in sorted(found.iterdir()) if p.is_file()} if found and found.is_dir() else {}
+    ca_bundle = read_bytes(options.ca_bundle, CA_BUNDLE_FIX).decode(errors="replace") if options.ca_bundle else None
+    # Wheels are big and named by version: name + size identify them without reading gigabytes.
+    sizes = {name: path.stat().st_size for name, path in wheels.items()}
+    sources = json.dumps([index_settings(options), ca_bundle or "", _sha256(INSTALL_SCRIPT.read_bytes())]).encode()
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
-        digest.update(name.encode())
-        # Wheels are big and named by version: name + size identify them without reading gigabytes.
-        digest.update(str(path.stat().st_size).encode() if name.startswith("build-inputs/") else path.read_bytes())
-    for name, content in sorted(extra.items()):
-        digest.update(name.encode() + hashlib.sha256(content).digest())
-    visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
-    digest.update(json.dumps(visible_args, sort_keys=True).encode())
+        digest.update(name.encode() + path.read_bytes())
+    for name, size in sorted(sizes.items()):
+        digest.update(f"wheel/{name}:{size}".encode())
+    digest.update(sources)
     digest.update(base_identity.encode())
-    return BuildContext(files, extra, digest.hexdigest()[:32], base_image_id)
+    return BuildContext(files, wheels, ca_bundle, digest.hexdigest()[:32], base_image_id, layer_args(sizes, sources, spec.is_gpu))
 
 
 def context_tar(context: BuildContext) -> io.BufferedRandom:
@@ -157,13 +177,12 @@ def context_tar(context: BuildContext) -> io.BufferedRandom:
     with tarfile.open(fileobj=stream, mode="w") as archive:
         for name, path in sorted(context.files.items()):
             archive.add(str(path), arcname=name)
-        for name, content in sorted(context.extra.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            info.mode = 0o644
-            archive.addfile(info, io.BytesIO(content))
     stream.seek(0)
     return stream
+
+
+def _sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
 
 
 def runtime_labels(input_hash: str, base_image_id: str) -> dict[str, str]:
@@ -293,8 +312,10 @@ class Builder:
         api = docker.APIClient(timeout=BUILD_SILENCE_S, version=self.client.api.api_version,
                                **docker.utils.kwargs_from_env())
         try:
-            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar:
-                image_id = self._stream_build(api, spec, context, tar, log)
+            served = BuildInputsServer(context.wheels, pip_settings(spec, self.options, bool(context.wheels)),
+                                       context.ca_bundle)
+            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, served:
+                image_id = self._stream_build(api, spec, context, tar, log, served.address)
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
@@ -311,9 +332,12 @@ class Builder:
             result.error = _with_log_tail(result.error, log_path)
         return result
 
-    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
+    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
+                      inputs_address: str) -> str:
+        # The steps reach the build-input server on the engine's host network, by a name that maps to its address.
         stream = api.build(
-            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options),
+            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options, context),
+            network_mode="host", extra_hosts={BUILD_INPUTS_HOST: inputs_address},
             labels=runtime_labels(context.input_hash, context.base_image_id),
             cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
@@ -402,8 +426,8 @@ def wheel_record_path(reports_dir: Path, tag: str) -> Path:
 def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> None:
     """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
     input hash they went into: publish's build provenance names them (the image keeps no wheel's hash)."""
-    wheels = [{"name": path.name, "sha256": _file_sha256(path)} for name, path in sorted(context.files.items())
-              if name.startswith("build-inputs/wheelhouse/") and name.endswith(".whl")]
+    wheels = [{"name": name, "sha256": _file_sha256(path)} for name, path in sorted(context.wheels.items())
+              if name.endswith(".whl")]
     atomic_write_json(wheel_record_path(reports_dir, tag),
                       {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels},
                       root=reports_dir)
