@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -116,6 +117,12 @@ def index_settings(options: BuildOptions) -> dict[str, str]:
     """The index settings as the input hash sees them: without credentials."""
     return {name: without_credentials(url) for name, url in
             (("PIP_INDEX_URL", options.pip_index_url), ("PIP_EXTRA_INDEX_URL", options.extra_index_url)) if url}
+
+
+def engine_is_local() -> bool:
+    """Whether the engine shares this host's network: a socket, or TCP to a loopback address."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return not host or host.startswith(("unix://", "npipe://")) or urlsplit(host).hostname in ("localhost", "127.0.0.1", "::1")
 
 
 def without_credentials(url: str) -> str:
@@ -247,6 +254,10 @@ class Builder:
             if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
                                          input_hash=context.input_hash, log=str(self._log_path(spec)))
+        if not engine_is_local():
+            return None, BuildResult(spec.tag, "failed", error=f"DOCKER_HOST {os.environ['DOCKER_HOST']} is another "
+                                     "host: builds fetch their wheels from a server on this host's loopback, which "
+                                     "only a local engine reaches; build on the engine's host")
         return context, None
 
     def build_all(self, specs: list[ImageSpec]) -> list[BuildResult]:
@@ -379,8 +390,8 @@ class Builder:
         self._intermediate.clear()
 
     def _prune_build_stages(self) -> None:
-        """Remove what this run's build stages left behind (a CUDA row's packages stage holds the whole wheelhouse
-        and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
+        """Remove what this run's build stages left behind (the venv stage, a devel row's toolkit stage, the steps of
+        a failed build). Only after every build of the run: a later flavor takes its layers from them.
         Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
         for image_id in reversed(self._step_images):
             inspected = engine.inspect_image(self.client, image_id)

@@ -43,7 +43,7 @@ def plan(pip, requirements, env, workdir, flags=()):
     (from planner.zip, on this venv's interpreter: this venv's markers and installed distributions)."""
     report = os.path.join(workdir, "plan.json")
     planner = dict(env, PYTHONPATH=os.path.join(workdir, "planner.zip"))
-    subprocess.run(pip + ["install", *PIP_FLAGS, *flags, "--dry-run", "--quiet", "--report", report, *requirements],
+    subprocess.run(pip + ["install", *PIP_FLAGS, *flags, "--dry-run", "--report", report, *requirements],
                    env=planner, check=True)
     with open(report) as handle:
         return [(item["metadata"]["name"], item["metadata"]["version"], item.get("requested", False))
