@@ -27,7 +27,12 @@ COPY --from=python-standalone /opt/python /opt/python
 # Stage 2: the venv's own files (pyvenv.cfg, the interpreter's links, pip), made where `python -m venv` has what it
 # needs from the OS; the image does not need that. Wheels never enter a stage: the final one fetches them.
 FROM python AS venv
+# What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
+ARG WHEELS_REST
 RUN /opt/python/python3.11 -m venv --system-site-packages /opt/venv \
+ && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 0 torch==2.14.1+cu126 numpy==2.3.5 \
+ && rm /tmp/install_layer.py \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \

@@ -18,7 +18,12 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
+# What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
+ARG WHEELS_REST
 RUN python3.11 -m venv --system-site-packages /opt/venv \
+ && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 0 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
+ && rm /tmp/install_layer.py \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \

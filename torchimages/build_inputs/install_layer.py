@@ -95,6 +95,8 @@ def main(argv=None):
     parser.add_argument("--venv", required=True)
     parser.add_argument("--site", help="the venv's site-packages")
     parser.add_argument("--target", help="install the requirements alone into this folder (pip --target) instead")
+    parser.add_argument("--uninstall-replaced", action="store_true",
+                        help="only uninstall what the requirements would replace (the venv's own setuptools)")
     parser.add_argument("--dist", action="append", default=[], help="this layer's name patterns; none: all that is left")
     parser.add_argument("--owner", default="", help="UID:GID of what reaches the venv (empty: root's)")
     parser.add_argument("--time", type=int, required=True, help="every written path's modification time")
@@ -105,6 +107,11 @@ def main(argv=None):
         since_ns = os.stat(workdir).st_ctime_ns
         env = fetch_settings(args.inputs, workdir)
         pip = [os.path.join(args.venv, "bin", "python"), "-m", "pip"]
+        if args.uninstall_replaced:
+            # A later layer would replace these: uninstalled here, they are in no layer beneath it as dead weight.
+            names = [name for name, _, _ in plan(pip, args.requirements, env, workdir)]
+            subprocess.run(pip + ["uninstall", "--yes", "--quiet", *names], env=env, check=True)
+            return
         if args.target:
             pinned = plan(pip, args.requirements, env, workdir, ["--no-deps", "--ignore-installed"])
             subprocess.run(pip + ["install", *PIP_FLAGS, "--no-deps", "--target", args.target,
