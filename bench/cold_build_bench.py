@@ -191,13 +191,16 @@ def build(toolkit: Path, matrix: Path, tag: str, wheelhouse: Path, scratch: Path
 
 
 def layers(client, reference: str) -> list[tuple[str, int]]:
-    """(diff id, uncompressed bytes) per layer, bottom first."""
-    inspected = client.api.inspect_image(reference)
-    sizes = [entry["Size"] for entry in reversed(client.api.history(reference))
-             if not entry.get("CreatedBy", "").startswith("/bin/sh -c #(nop) ") or entry["Size"]]
-    diff_ids = inspected["RootFS"]["Layers"]
-    sizes = [size for size in sizes][-len(diff_ids):]
-    return list(zip(diff_ids, sizes))
+    """(diff id, uncompressed bytes) per layer, bottom first, from the engine's layer store (its size file per chain
+    id: the API's history has no field telling which entries made no layer)."""
+    import hashlib
+
+    result, chain = [], ""
+    for diff_id in client.api.inspect_image(reference)["RootFS"]["Layers"]:
+        chain = diff_id if not chain else "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
+        size = localengine.DATA_ROOT / "image" / "overlay2" / "layerdb" / "sha256" / chain.split(":", 1)[1] / "size"
+        result.append((diff_id, int(size.read_text())))
+    return result
 
 
 def torch_changed(wheelhouse: Path, scratch: Path) -> Path:
