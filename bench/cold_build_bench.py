@@ -88,7 +88,7 @@ def installed_tree(venv: Path) -> dict[str, tuple]:
     return tree
 
 
-def floors(tag: str, wheelhouse: Path, scratch: Path) -> dict:
+def floors(tag: str, wheelhouse: Path, scratch: Path, tools: tuple[str, ...] = ("pip", "uv")) -> dict:
     """pip and uv, each into an empty venv from the same wheels (page cache dropped first); their trees compared."""
     spec = spec_of(tag)
     wheels = wheel_dir(wheelhouse, spec)
@@ -106,7 +106,7 @@ def floors(tag: str, wheelhouse: Path, scratch: Path) -> dict:
                             "--link-mode", "copy", *requirements(spec)],
     }
     trees = {}
-    for name, command in commands.items():
+    for name, command in ((name, commands[name]) for name in tools):
         venv = scratch / f"floor-{name}"
         subprocess.run([f"python{spec.python}", "-m", "venv", str(venv)], check=True)
         drop_page_cache()
@@ -116,6 +116,8 @@ def floors(tag: str, wheelhouse: Path, scratch: Path) -> dict:
         trees[name] = installed_tree(venv)
         shutil.rmtree(venv)
     shutil.rmtree(tools)
+    if len(trees) < 2:
+        return results
     differ = sorted(name for name in set(trees["pip"]) | set(trees["uv"]) if trees["pip"].get(name) != trees["uv"].get(name))
     results["uv_differing_files"] = len(differ)
     results["uv_differing_examples"] = differ[:12]
@@ -135,7 +137,9 @@ class DiskSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def used(self) -> int:
-        done = subprocess.run(["du", "-s", "-B1", "-c", *self.folders], capture_output=True, text=True, check=False)
+        # -x: not into the overlay mounts of running build steps, which show every lower layer again.
+        done = subprocess.run(["du", "-x", "-s", "-B1", "-c", *self.folders], capture_output=True, text=True,
+                              check=False)
         return int(done.stdout.strip().splitlines()[-1].split()[0])
 
     def _run(self) -> None:
@@ -226,6 +230,7 @@ def main() -> None:
     parser.add_argument("--row", default=CUDA_RUNTIME)
     parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
     parser.add_argument("--baseline", default=BASELINE)
+    parser.add_argument("--cold-only", action="store_true", help="the floor (pip alone) and the cold builds only")
     args = parser.parse_args()
     client = engine.client()
     scratch = Path(tempfile.mkdtemp(prefix="cold-build-bench-", dir=ROOT / ".engine"))
@@ -234,24 +239,27 @@ def main() -> None:
     try:
         toolkits = {"today": export_baseline(args.baseline, scratch / "today"), "new": ROOT}
         log("floors: pip and uv into empty venvs")
-        results["floor"] = floors(args.row, args.wheelhouse, scratch)
+        results["floor"] = floors(args.row, args.wheelhouse, scratch, ("pip",) if args.cold_only else ("pip", "uv"))
         log(f"floor: {results['floor']}")
-        changed = torch_changed(args.wheelhouse, scratch)
+        changed = None if args.cold_only else torch_changed(args.wheelhouse, scratch)
         for layout, toolkit in toolkits.items():
             reference = f"localhost:5000/bench27/{layout}:{args.row}"
             try:
-                results[layout] = measure(layout, toolkit, reference, args, changed, scratch, client)
+                results[layout] = (cold_only(layout, toolkit, reference, args, scratch, client) if args.cold_only
+                                   else measure(layout, toolkit, reference, args, changed, scratch, client))
             finally:  # the disk is shared: each side's images go before the next side builds
                 remove(client, reference)
-        today, new = results["today"]["tree"], results["new"]["tree"]
-        results["same_venv"] = today == new
-        results["venv_differences"] = sorted(set(today) ^ set(new))[:20]
-        for layout in ("today", "new"):
-            results[layout]["tree_entries"] = len(results[layout].pop("tree"))
+        if not args.cold_only:
+            today, new = results["today"]["tree"], results["new"]["tree"]
+            results["same_venv"] = today == new
+            results["venv_differences"] = sorted(set(today) ^ set(new))[:20]
+            for layout in ("today", "new"):
+                results[layout]["tree_entries"] = len(results[layout].pop("tree"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(results, indent=1))
-    print(markdown(results))
+    if not args.cold_only:
+        print(markdown(results))
 
 
 def measure(layout: str, toolkit: Path, reference: str, args, changed: Path, scratch: Path, client) -> dict:
@@ -269,6 +277,16 @@ def measure(layout: str, toolkit: Path, reference: str, args, changed: Path, scr
     side["republish_bytes"] = sum(changed_layers)
     side["republish_share"] = round(sum(changed_layers) / client.api.inspect_image(reference)["Size"], 4)
     log(f"{layout}: rebuild {side['rebuild']}, changed layers {changed_layers}")
+    return side
+
+
+def cold_only(layout: str, toolkit: Path, reference: str, args, scratch: Path, client) -> dict:
+    matrix = bench_matrix(toolkit, scratch, layout)
+    log(f"{layout}: cold build")
+    side = {"cold": build(toolkit, matrix, args.row, args.wheelhouse, scratch, cold=True)}
+    side["size"] = client.api.inspect_image(reference)["Size"]
+    side["peak_ratio"] = round(side["cold"]["disk_peak"] / side["size"], 3)
+    log(f"{layout}: {side}")
     return side
 
 
