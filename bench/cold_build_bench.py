@@ -231,6 +231,7 @@ def main() -> None:
     parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--cold-only", action="store_true", help="the floor (pip alone) and the cold builds only")
+    parser.add_argument("--layouts", default="today,new", help="which sides to measure (comma-separated)")
     args = parser.parse_args()
     client = engine.client()
     scratch = Path(tempfile.mkdtemp(prefix="cold-build-bench-", dir=ROOT / ".engine"))
@@ -238,8 +239,9 @@ def main() -> None:
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"}
     try:
         toolkits = {"today": export_baseline(args.baseline, scratch / "today"), "new": ROOT}
+        toolkits = {layout: toolkits[layout] for layout in args.layouts.split(",")}
         log("floors: pip and uv into empty venvs")
-        results["floor"] = floors(args.row, args.wheelhouse, scratch, ("pip",) if args.cold_only else ("pip", "uv"))
+        results["floor"] = floors(args.row, args.wheelhouse, scratch, ("pip",) if args.cold_only or "," not in args.layouts else ("pip", "uv"))
         log(f"floor: {results['floor']}")
         changed = None if args.cold_only else torch_changed(args.wheelhouse, scratch)
         for layout, toolkit in toolkits.items():
@@ -249,7 +251,7 @@ def main() -> None:
                                    else measure(layout, toolkit, reference, args, changed, scratch, client))
             finally:  # the disk is shared: each side's images go before the next side builds
                 remove(client, reference)
-        if not args.cold_only:
+        if not args.cold_only and len(toolkits) == 2:
             today, new = results["today"]["tree"], results["new"]["tree"]
             results["same_venv"] = today == new
             results["venv_differences"] = sorted(set(today) ^ set(new))[:20]
@@ -258,7 +260,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(results, indent=1))
-    if not args.cold_only:
+    if not args.cold_only and len(toolkits) == 2:
         print(markdown(results))
 
 

@@ -168,13 +168,16 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
     ca_bundle = read_bytes(options.ca_bundle, CA_BUNDLE_FIX).decode(errors="replace") if options.ca_bundle else None
     # Wheels are big and named by version: name + size identify them without reading gigabytes.
     sizes = {name: path.stat().st_size for name, path in wheels.items()}
-    sources = json.dumps([index_settings(options), ca_bundle or "", _sha256(INSTALL_SCRIPT.read_bytes())]).encode()
+    # Served wheels make pip ignore the indexes (no-index): then they are no input of the layers, and a changed
+    # mirror URL rebuilds nothing but the labels.
+    indexes = {} if wheels else index_settings(options)
+    sources = json.dumps([indexes, ca_bundle or "", _sha256(INSTALL_SCRIPT.read_bytes())]).encode()
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         digest.update(name.encode() + path.read_bytes())
     for name, size in sorted(sizes.items()):
         digest.update(f"wheel/{name}:{size}".encode())
-    digest.update(sources)
+    digest.update(sources + json.dumps(index_settings(options)).encode())
     digest.update(base_identity.encode())
     return BuildContext(files, wheels, ca_bundle, digest.hexdigest()[:32], base_image_id, layer_args(sizes, sources, spec.is_gpu))
 

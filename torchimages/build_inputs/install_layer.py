@@ -35,7 +35,8 @@ def fetch_settings(url, workdir):
     config = os.path.join(workdir, "pip.conf")
     with open(config, "w") as handle:
         handle.write(inputs["pip_conf"].replace("{ca_bundle}", ca_path))
-    return dict(os.environ, PIP_CONFIG_FILE=config)
+    # pip's own bytecode would land in the layer (the image ships none): not written.
+    return dict(os.environ, PIP_CONFIG_FILE=config, PYTHONDONTWRITEBYTECODE="1")
 
 
 def plan(pip, requirements, env, workdir, flags=()):
@@ -80,6 +81,9 @@ def normalise_new(root, since_ns, owner, file_time):
 def _fix(path, since_ns, uid, gid, file_time):
     status = os.lstat(path)
     if status.st_ctime_ns <= since_ns:
+        return
+    if os.path.basename(path) == "__pycache__":
+        shutil.rmtree(path)  # bytecode a package's install compiled: the image ships none
         return
     if uid is not None:
         os.lchown(path, uid, gid)
