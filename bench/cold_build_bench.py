@@ -88,7 +88,7 @@ def installed_tree(venv: Path) -> dict[str, tuple]:
     return tree
 
 
-def floors(tag: str, wheelhouse: Path, scratch: Path, tools: tuple[str, ...] = ("pip", "uv")) -> dict:
+def floors(tag: str, wheelhouse: Path, scratch: Path, installers: tuple[str, ...] = ("pip", "uv")) -> dict:
     """pip and uv, each into an empty venv from the same wheels (page cache dropped first); their trees compared."""
     spec = spec_of(tag)
     wheels = wheel_dir(wheelhouse, spec)
@@ -106,7 +106,7 @@ def floors(tag: str, wheelhouse: Path, scratch: Path, tools: tuple[str, ...] = (
                             "--link-mode", "copy", *requirements(spec)],
     }
     trees = {}
-    for name, command in ((name, commands[name]) for name in tools):
+    for name, command in ((name, commands[name]) for name in installers):
         venv = scratch / f"floor-{name}"
         subprocess.run([f"python{spec.python}", "-m", "venv", str(venv)], check=True)
         drop_page_cache()
