@@ -22,8 +22,7 @@ RUN apt-get update \
 ARG WHEELS_REST
 RUN python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 0 torch==2.13.0+cpu numpy==2.3.5 \
- && rm /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.13.0+cpu numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \
@@ -44,13 +43,11 @@ COPY --from=venv /opt/venv-tree/ /
 # torch and torchvision: change with every torch build
 ARG WHEELS_TORCH
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --time 946684800 torch==2.13.0+cpu numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --time 946684800 torch==2.13.0+cpu numpy==2.3.5
 # the rest: NumPy and the other dependencies, their scripts
 ARG WHEELS_REST
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.13.0+cpu numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.13.0+cpu numpy==2.3.5
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.13.0 \

@@ -31,8 +31,7 @@ FROM python AS venv
 ARG WHEELS_REST
 RUN /opt/python/python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 0 torch==2.14.1+cu126 numpy==2.3.5 \
- && rm /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.14.1+cu126 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \
@@ -55,23 +54,19 @@ COPY --from=venv /opt/venv-tree/ /
 # the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
 ARG WHEELS_CUDA
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
 # Triton: changes with the torch minor
 ARG WHEELS_TRITON
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'triton' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'triton' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
 # torch and torchvision: change with every torch build
 ARG WHEELS_TORCH
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
 # the rest: NumPy and the other dependencies, their scripts
 ARG WHEELS_REST
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.14.1+cu126 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.14.1 \

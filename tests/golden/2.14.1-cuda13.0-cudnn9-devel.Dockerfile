@@ -22,8 +22,7 @@ RUN apt-get update \
 ARG WHEELS_REST
 RUN python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 0 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
- && rm /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
  && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \
@@ -38,7 +37,6 @@ FROM venv AS cuda-toolkit
 ARG WHEELS_REST
 RUN /opt/venv-tree/opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv-tree/opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv-tree/opt/venv --target /opt/cuda-toolkit/opt/venv/lib/python3.11/site-packages --time 946684800 nvidia-cuda-nvcc==13.0.88.* nvidia-cuda-crt==13.0.88.* nvidia-nvvm==13.0.88.* nvidia-cuda-cccl==13.0.85.* \
- && rm /tmp/install_layer.py \
  && mkdir -p /opt/cuda-toolkit/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib \
  && ln -s lib /opt/cuda-toolkit/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 \
  && ln -s libcudart.so.13 /opt/cuda-toolkit/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so \
@@ -71,23 +69,19 @@ COPY --from=venv /opt/venv-tree/ /
 # the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
 ARG WHEELS_CUDA
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # Triton: changes with the torch minor
 ARG WHEELS_TRITON
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'triton' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'triton' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # torch and torchvision: change with every torch build
 ARG WHEELS_TORCH
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # the rest: NumPy and the other dependencies, their scripts
 ARG WHEELS_REST
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
- && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
- && rm /tmp/install_layer.py
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.14.1 \

@@ -69,11 +69,15 @@ def forget_request(site, names):
 
 def normalise_new(root, since_ns, owner, file_time):
     """Owner, mode g=u and one modification time for what this step wrote (its status changed after since_ns):
-    files of earlier layers are not touched, so they are not copied up into this one."""
+    files of earlier layers are not touched, so they are not copied up into this one. Bytecode a package's install
+    compiled goes first (the image ships none; removing it would change its folder's time again)."""
+    for folder, dirs, _ in os.walk(root):
+        if "__pycache__" in dirs and os.lstat(os.path.join(folder, "__pycache__")).st_ctime_ns > since_ns:
+            shutil.rmtree(os.path.join(folder, "__pycache__"))
+            dirs.remove("__pycache__")
     uid, gid = owner
+    _fix(root, since_ns, uid, gid, file_time)
     for folder, dirs, files in os.walk(root):
-        for path in [folder] if folder == root else []:
-            _fix(path, since_ns, uid, gid, file_time)
         for name in dirs + files:
             _fix(os.path.join(folder, name), since_ns, uid, gid, file_time)
 
@@ -81,9 +85,6 @@ def normalise_new(root, since_ns, owner, file_time):
 def _fix(path, since_ns, uid, gid, file_time):
     status = os.lstat(path)
     if status.st_ctime_ns <= since_ns:
-        return
-    if os.path.basename(path) == "__pycache__":
-        shutil.rmtree(path)  # bytecode a package's install compiled: the image ships none
         return
     if uid is not None:
         os.lchown(path, uid, gid)
@@ -132,6 +133,10 @@ def main(argv=None):
         normalise_new(args.venv, since_ns, owner, args.time)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        # This script, pip's downloads and the work folder were in the temporary folder, whose time the layer would
+        # keep: the fixed time instead, so the same wheels give the same layer.
+        os.remove(__file__)
+        os.utime(tempfile.gettempdir(), (args.time, args.time))
 
 
 if __name__ == "__main__":
