@@ -23,6 +23,14 @@ def normalise(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def interpreter(venv):
+    """The interpreter the venv's own pip script names (python3.11): pip writes it into the scripts it installs,
+    as a plain `pip install` would. The venv's python where the venv was moved (the toolkit stage)."""
+    with open(os.path.join(venv, "bin", "pip")) as handle:
+        named = handle.readline()[2:].strip()
+    return named if os.path.exists(named) else os.path.join(venv, "bin", "python")
+
+
 def fetch_settings(url, workdir):
     """pip's configuration as the builder serves it; its CA bundle, when there is one, next to it; the planner."""
     urllib.request.urlretrieve(url + "/planner.zip", os.path.join(workdir, "planner.zip"))
@@ -111,7 +119,7 @@ def main(argv=None):
     try:
         since_ns = os.stat(workdir).st_ctime_ns
         env = fetch_settings(args.inputs, workdir)
-        pip = [os.path.join(args.venv, "bin", "python"), "-m", "pip"]
+        pip = [interpreter(args.venv), "-m", "pip"]
         if args.uninstall_replaced:
             # A later layer would replace these: uninstalled here, they are in no layer beneath it as dead weight.
             names = [name for name, _, _ in plan(pip, args.requirements, env, workdir)]
