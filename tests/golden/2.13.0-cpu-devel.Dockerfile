@@ -39,6 +39,7 @@ RUN apt-get update \
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
 # the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
 # straight from the builder's build-input server (nothing of it stays in a layer).
+# pip's index: https://download.pytorch.org/whl/cpu (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
 # torch and torchvision: change with every torch build
 ARG WHEELS_TORCH

@@ -50,6 +50,7 @@ RUN rm -f /usr/local/cuda-12.6/targets/x86_64-linux/lib/libcudart.so* && ldconfi
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
 # the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
 # straight from the builder's build-input server (nothing of it stays in a layer).
+# pip's index: https://download.pytorch.org/whl/cu126 (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
 # the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
 ARG WHEELS_CUDA

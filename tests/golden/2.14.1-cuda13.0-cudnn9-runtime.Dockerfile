@@ -51,6 +51,7 @@ ENV HOME=/home/torch
 # the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
 # straight from the builder's build-input server (nothing of it stays in a layer).
 # Owned by the image's user and writable by group 0: derived images and arbitrary uids can pip install.
+# pip's index: https://pypi.org/simple (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
 # the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
 ARG WHEELS_CUDA
