@@ -94,7 +94,7 @@ def test_each_row_agrees_with_the_compat_data(spec, compat):
         assert label(dockerfile, "io.torchimages.arch-list") == ";".join(facts["arch_list"])
         assert label(dockerfile, "io.torchimages.cudnn") == facts["cudnn"].split(".")[0]
         index = "https://pypi.org/simple" if facts.get("pypi") else f"https://download.pytorch.org/whl/{facts['wheel_index']}"
-        assert f"ARG PIP_INDEX_URL={index}\n" in dockerfile
+        assert f"# pip's index: {index} " in dockerfile
         assert "NVIDIA_VISIBLE_DEVICES=all" in dockerfile and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in dockerfile
         assert "NVIDIA_REQUIRE_CUDA" not in dockerfile, "never overwrite a base's requirement with a narrower one"
         if spec.flavor == "devel":

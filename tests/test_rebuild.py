@@ -13,8 +13,8 @@ from torchimages.rebuild import RowState, build_reasons, decision, explain, inpu
 
 TAG = "2.14.1-cpu-runtime"
 DIGEST = "sha256:" + "a" * 64
-BUILT = {"file Dockerfile": "1" * 64, "file build-inputs/wheelhouse/torch-2.14.1-cp311-none-linux_x86_64.whl":
-         "190000000 bytes", "build arg PIP_INDEX_URL": "https://pypi.org/simple", "base": "sha256:" + "b" * 64}
+BUILT = {"file Dockerfile": "1" * 64, "wheel torch-2.14.1-cp311-none-linux_x86_64.whl":
+         "190000000 bytes", "index PIP_INDEX_URL": "https://pypi.org/simple", "base": "sha256:" + "b" * 64}
 
 
 def entry(**changes) -> CatalogEntry:
@@ -73,14 +73,14 @@ def test_an_entry_without_an_input_hash_is_never_taken_as_current():
 
 
 def test_changed_inputs_are_named_one_by_one():
-    wheel = "file build-inputs/wheelhouse/torch-2.14.1-cp311-none-linux_x86_64.whl"
-    changed = with_inputs(**{"file Dockerfile": "2" * 64, wheel: "190000001 bytes", "build arg PIP_INDEX_URL":
+    wheel = "wheel torch-2.14.1-cp311-none-linux_x86_64.whl"
+    changed = with_inputs(**{"file Dockerfile": "2" * 64, wheel: "190000001 bytes", "index PIP_INDEX_URL":
                              "https://mirror.example/simple"})
     [reason] = publish_reasons(changed)
-    assert reason.endswith(f": build arg PIP_INDEX_URL: https://pypi.org/simple -> https://mirror.example/simple; "
-                           f"changed file Dockerfile; {wheel}: 190000000 bytes -> 190000001 bytes")
+    assert reason.endswith(f": changed file Dockerfile; index PIP_INDEX_URL: https://pypi.org/simple -> "
+                           f"https://mirror.example/simple; {wheel}: 190000000 bytes -> 190000001 bytes")
     assert decision(changed) == "build, verify, publish"
-    assert build_reasons(changed)[0].startswith("the engine's image was built from other inputs: build arg")
+    assert build_reasons(changed)[0].startswith("the engine's image was built from other inputs: changed file")
 
 
 def test_inputs_are_compared_only_with_the_build_the_catalog_published():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -23,8 +24,10 @@ import urllib3
 
 from . import engine
 from .bases_lock import LOCK_NAME, read_lock
+from .build_inputs.layers import INSTALL_SCRIPT, layer_args
+from .build_inputs.server import BUILD_INPUTS_HOST, BUILD_INPUTS_URL, BuildInputsServer
 from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
-from .model import LABEL_PREFIX, ImageSpec, InputError, Problem, TorchImagesError
+from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, Problem, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport, require_schema, utc_timestamp
 
@@ -93,17 +96,43 @@ def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}{machine}"
 
 
-def build_args(options: BuildOptions, tag: str = "") -> dict[str, str]:
-    args = {}
+def build_args(options: BuildOptions, context: BuildContext, tag: str = "") -> dict[str, str]:
+    """The layers' wheel identities, the OS security refresh the nightly asked for, and the proxies: Docker keeps its
+    predefined proxy args out of the image history and the cache key. The build-input server is on loopback: never
+    through a proxy."""
+    args = dict(context.layer_args)
     if tag in options.security_refresh:
         args[SECURITY_REFRESH_ARG] = options.security_refresh[tag]
-    if options.pip_index_url:
-        args["PIP_INDEX_URL"] = options.pip_index_url
-    if options.extra_index_url:
-        args["PIP_EXTRA_INDEX_URL"] = options.extra_index_url
-    # Docker keeps its predefined proxy args out of the image history.
     args.update(options.proxies)
+    if options.proxies:
+        for name in ("NO_PROXY", "no_proxy"):
+            args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, "")]))
     return args
+
+
+def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool) -> str:
+    """pip's configuration for the build steps, served to them (never a build arg: arguments of the final stage's
+    steps are written into its history). {ca_bundle} is where the install script puts the CA bundle."""
+    lines = ["[global]", f"index-url = {options.pip_index_url or spec.index_url}",
+             f"extra-index-url = {options.extra_index_url or PYPI}"]
+    if options.ca_bundle:
+        lines.append("cert = {ca_bundle}")
+    if served_wheels:
+        # Plain HTTP on loopback, to a server this build started: pip needs to be told it may trust it.
+        lines += ["no-index = true", f"find-links = {BUILD_INPUTS_URL}/wheels/", f"trusted-host = {BUILD_INPUTS_HOST}"]
+    return "\n".join(lines) + "\n"
+
+
+def index_settings(options: BuildOptions) -> dict[str, str]:
+    """The index settings as the input hash sees them: without credentials."""
+    return {name: without_credentials(url) for name, url in
+            (("PIP_INDEX_URL", options.pip_index_url), ("PIP_EXTRA_INDEX_URL", options.extra_index_url)) if url}
+
+
+def engine_is_local() -> bool:
+    """Whether the engine shares this host's network: a socket, or TCP to a loopback address."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return not host or host.startswith(("unix://", "npipe://")) or urlsplit(host).hostname in ("localhost", "127.0.0.1", "::1")
 
 
 def without_credentials(url: str) -> str:
@@ -118,10 +147,12 @@ class BuildContext:
     """What goes to the engine for one image, and the hash that decides whether to rebuild."""
 
     files: dict[str, Path]  # path in the context -> file on the host
-    extra: dict[str, bytes]  # generated context entries
+    wheels: dict[str, Path]  # the row's wheelhouse (file name -> file), served to the build, not sent
+    ca_bundle: str | None
     inputs: dict[str, str]  # each input by name -> what identifies it: the input hash is made of exactly these
     input_hash: str
     base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
+    layer_args: dict[str, str] = field(default_factory=dict)  # the venv layers' WHEELS_* build arguments
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -143,27 +174,31 @@ def base_identity(reference: str, engine_image_id: str | None, locked_image_id: 
 def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, base_image_id: str) -> BuildContext:
     folder = options.images_dir / spec.tag
     files = {path.name: path for path in sorted(folder.iterdir()) if path.is_file()}
-    wheels = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
-    if wheels and wheels.is_dir():
-        files.update({f"build-inputs/wheelhouse/{p.name}": p for p in sorted(wheels.iterdir()) if p.is_file()})
-    extra = {"build-inputs/wheelhouse/.keep": b""}
-    if options.ca_bundle:
-        extra["build-inputs/ca-bundle.pem"] = read_bytes(options.ca_bundle, CA_BUNDLE_FIX)
-    visible_args = {k: without_credentials(v) for k, v in build_args(options).items() if k not in PROXY_ARGS}
-    inputs = build_inputs(files, extra, visible_args, base_identity)
-    return BuildContext(files, extra, inputs, input_hash(inputs), base_image_id)
+    found = wheel_dir(options.wheelhouse, spec) if options.wheelhouse else None
+    wheels = {p.name: p for p in sorted(found.iterdir()) if p.is_file()} if found and found.is_dir() else {}
+    ca_bundle = read_bytes(options.ca_bundle, CA_BUNDLE_FIX).decode(errors="replace") if options.ca_bundle else None
+    # Wheels are big and named by version: name + size identify them without reading gigabytes.
+    sizes = {name: path.stat().st_size for name, path in wheels.items()}
+    # Served wheels make pip ignore the indexes (no-index): then they are no input of the layers, and a changed
+    # mirror URL rebuilds nothing but the labels.
+    indexes = {} if wheels else index_settings(options)
+    sources = json.dumps([indexes, ca_bundle or "", _sha256(INSTALL_SCRIPT.read_bytes())]).encode()
+    inputs = build_inputs(files, sizes, index_settings(options), ca_bundle, base_identity)
+    return BuildContext(files, wheels, ca_bundle, inputs, input_hash(inputs), base_image_id,
+                        layer_args(sizes, sources, spec.is_gpu))
 
 
-def build_inputs(files: dict[str, Path], extra: dict[str, bytes], visible_args: dict[str, str],
+def build_inputs(files: dict[str, Path], wheel_sizes: dict[str, int], indexes: dict[str, str], ca_bundle: str | None,
                  base_identity: str) -> dict[str, str]:
-    """Every input of a build by name, with what identifies it: a file's sha256 (a wheel's size: wheels are big and
-    named by version, so name + size identify them without reading gigabytes), a build argument's value (logins
-    removed), the base's identity. Kept with the build, so that `why` can name the inputs that changed."""
-    inputs = {f"file {name}": (f"{path.stat().st_size} bytes" if name.startswith("build-inputs/")
-                               else hashlib.sha256(path.read_bytes()).hexdigest())
-              for name, path in files.items()}
-    inputs.update({f"file {name}": hashlib.sha256(content).hexdigest() for name, content in extra.items()})
-    inputs.update({f"build arg {name}": value for name, value in visible_args.items()})
+    """Every input of a build by name, with what identifies it: a context file's sha256, a served wheel's size, the
+    index settings (logins removed), the CA bundle's and the install script's sha256, the base's identity. Kept with
+    the build, so that `why` can name the inputs that changed."""
+    inputs = {f"file {name}": _sha256(path.read_bytes()) for name, path in files.items()}
+    inputs.update({f"wheel {name}": f"{size} bytes" for name, size in wheel_sizes.items()})
+    inputs.update({f"index {name}": url for name, url in indexes.items()})
+    if ca_bundle is not None:
+        inputs["CA bundle"] = _sha256(ca_bundle.encode())
+    inputs["install script"] = _sha256(INSTALL_SCRIPT.read_bytes())
     inputs["base"] = base_identity
     return inputs
 
@@ -177,13 +212,12 @@ def context_tar(context: BuildContext) -> io.BufferedRandom:
     with tarfile.open(fileobj=stream, mode="w") as archive:
         for name, path in sorted(context.files.items()):
             archive.add(str(path), arcname=name)
-        for name, content in sorted(context.extra.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            info.mode = 0o644
-            archive.addfile(info, io.BytesIO(content))
     stream.seek(0)
     return stream
+
+
+def _sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
 
 
 def runtime_labels(input_hash: str, base_image_id: str) -> dict[str, str]:
@@ -258,6 +292,10 @@ class Builder:
             if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
                                          input_hash=context.input_hash, log=str(self._log_path(spec)))
+        if not engine_is_local():
+            return None, BuildResult(spec.tag, "failed", error=f"DOCKER_HOST {os.environ['DOCKER_HOST']} is another "
+                                     "host: builds fetch their wheels from a server on this host's loopback, which "
+                                     "only a local engine reaches; build on the engine's host")
         return context, None
 
     def build_all(self, specs: list[ImageSpec]) -> list[BuildResult]:
@@ -323,8 +361,10 @@ class Builder:
         api = docker.APIClient(timeout=BUILD_SILENCE_S, version=self.client.api.api_version,
                                **docker.utils.kwargs_from_env())
         try:
-            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar:
-                image_id = self._stream_build(api, spec, context, tar, log)
+            served = BuildInputsServer(context.wheels, pip_settings(spec, self.options, bool(context.wheels)),
+                                       context.ca_bundle)
+            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, served:
+                image_id = self._stream_build(api, spec, context, tar, log, served.address)
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
@@ -341,9 +381,13 @@ class Builder:
             result.error = _with_log_tail(result.error, log_path)
         return result
 
-    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log) -> str:
+    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
+                      inputs_address: str) -> str:
+        # The steps reach the build-input server on the engine's host network, by a name that maps to its address.
         stream = api.build(
-            fileobj=tar, custom_context=True, tag=local_name(spec), buildargs=build_args(self.options, spec.tag),
+            fileobj=tar, custom_context=True, tag=local_name(spec),
+            buildargs=build_args(self.options, context, spec.tag),
+            network_mode="host", extra_hosts={BUILD_INPUTS_HOST: inputs_address},
             labels=runtime_labels(context.input_hash, context.base_image_id),
             cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
@@ -385,8 +429,8 @@ class Builder:
         self._intermediate.clear()
 
     def _prune_build_stages(self) -> None:
-        """Remove what this run's build stages left behind (a CUDA row's packages stage holds the whole wheelhouse
-        and the venv: gigabytes). Only after every build of the run: a later flavor takes its layers from them.
+        """Remove what this run's build stages left behind (the venv stage, a devel row's toolkit stage, the steps of
+        a failed build). Only after every build of the run: a later flavor takes its layers from them.
         Removing an image some tagged image is built on fails, so only the stages' leftovers go."""
         for image_id in reversed(self._step_images):
             inspected = engine.inspect_image(self.client, image_id)
@@ -433,8 +477,8 @@ def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> No
     """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
     input hash they went into (publish's build provenance names them: the image keeps no wheel's hash), and every
     input the hash was made of (`why` compares them with today's)."""
-    wheels = [{"name": path.name, "sha256": _file_sha256(path)} for name, path in sorted(context.files.items())
-              if name.startswith("build-inputs/wheelhouse/") and name.endswith(".whl")]
+    wheels = [{"name": name, "sha256": _file_sha256(path)} for name, path in sorted(context.wheels.items())
+              if name.endswith(".whl")]
     atomic_write_json(wheel_record_path(reports_dir, tag),
                       {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels,
                        "inputs": context.inputs},

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import jinja2
 
+from .build_inputs.layers import VENV_LAYERS
+from .build_inputs.server import BUILD_INPUTS_URL
 from .files import atomic_write, brief, check_destinations, read_replaceable, remove_file
 from .model import ImageSpec, InputError, Problem
 
@@ -30,8 +32,9 @@ def render_files(specs: list[ImageSpec], templates_dir: Path, matrix_file: str, 
     context_files = _context_files(templates_dir)
     rendered: dict[str, bytes] = {MARKER: MARKER_TEXT}
     for spec in specs:
-        values = dict(spec=spec, matrix_file=matrix_file, repository=repository,
-                      base_reference=pinned_bases.get(spec.base_image, spec.base_image))
+        values = {"spec": spec, "matrix_file": matrix_file, "repository": repository,
+                  "base_reference": pinned_bases.get(spec.base_image, spec.base_image),
+                  "venv_layers": VENV_LAYERS, "build_inputs_url": BUILD_INPUTS_URL}
         _refuse_line_breaks(spec.tag, values)
         text = _render_template(environment, templates_dir, **values)
         rendered[f"{spec.tag}/Dockerfile"] = _tidy(text).encode()

@@ -11,32 +11,24 @@ RUN apt-get update \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
-# Stage 2: install the wheels into a venv. Build inputs (wheelhouse, CA bundle) and index
-# credentials stay in this stage: only /opt/venv reaches the final image, split into the trees of its layers.
-FROM python AS packages
+# Stage 2: the venv's own files (pyvenv.cfg, the interpreter's links, pip), made where `python -m venv` has what it
+# needs from the OS; the image does not need that. Wheels never enter a stage: the final one fetches them.
+FROM python AS venv
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_EXTRA_INDEX_URL=https://pypi.org/simple
-COPY build-inputs/ /build-inputs/
-RUN if [ -s /build-inputs/ca-bundle.pem ]; then export PIP_CERT=/build-inputs/ca-bundle.pem; fi \
- && if [ -n "$(find /build-inputs/wheelhouse -name '*.whl' -print -quit)" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build-inputs/wheelhouse; fi \
- && python3.11 -m venv --system-site-packages /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
+# What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
+ARG WHEELS_REST
+RUN python3.11 -m venv --system-site-packages /opt/venv \
+ && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
- && mkdir -p /opt/venv-layers/cuda/opt/venv/lib/python3.11/site-packages \
- && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'nvidia' -o -name 'nvidia_*' -o -name 'cuda' -o -name 'cuda_*' \) -exec mv -t /opt/venv-layers/cuda/opt/venv/lib/python3.11/site-packages {} + \
- && mkdir -p /opt/venv-layers/triton/opt/venv/lib/python3.11/site-packages \
- && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'triton' -o -name 'triton-*' \) -exec mv -t /opt/venv-layers/triton/opt/venv/lib/python3.11/site-packages {} + \
- && mkdir -p /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages \
- && find /opt/venv/lib/python3.11/site-packages -mindepth 1 -maxdepth 1 \( -name 'torch' -o -name 'torch-*' -o -name 'torchgen' -o -name 'functorch' -o -name 'torchvision' -o -name 'torchvision-*' -o -name 'torchvision.libs' \) -exec mv -t /opt/venv-layers/torch/opt/venv/lib/python3.11/site-packages {} + \
- && mkdir -p /opt/venv-layers/rest/opt \
- && cp -al /opt/venv /opt/venv-layers/rest/opt/venv \
- && chown -R 1000:0 /opt/venv-layers/*/opt/venv \
- && chmod -R g=u /opt/venv-layers/*/opt/venv \
- && find /opt/venv-layers -exec touch -h -d @946684800 {} +
+ && mkdir -p /opt/venv-tree/opt \
+ && mv /opt/venv /opt/venv-tree/opt/venv \
+ && chown -R 1000:0 /opt/venv-tree/opt/venv \
+ && chmod -R g=u /opt/venv-tree/opt/venv \
+ && find /opt/venv-tree -exec touch -h -d @946684800 {} +
 
 # Stage 3: the image users pull. Layers every flavor of this row shares come first, so that a devel build
 # reuses the runtime image's layers from the build cache.
@@ -55,17 +47,28 @@ RUN existing="$(getent passwd 1000 || true)" \
  && chown 1000:0 /workspace \
  && chmod -R g=u /home/torch /workspace
 ENV HOME=/home/torch
-# /opt/venv, one tree on disk in layers ordered by how rarely they change (a republish uploads the layers that did).
-# Owned by the image's user and writable by group 0 (owner and mode g=u set in the packages stage, which COPY keeps):
-# derived images and arbitrary uids can pip install.
+# /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
+# the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
+# straight from the builder's build-input server (nothing of it stays in a layer).
+# Owned by the image's user and writable by group 0: derived images and arbitrary uids can pip install.
+# pip's index: https://pypi.org/simple (the builder serves it, or --pip-index-url's, or the wheelhouse)
+COPY --from=venv /opt/venv-tree/ /
 # the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
-COPY --from=packages /opt/venv-layers/cuda/ /
+ARG WHEELS_CUDA
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # Triton: changes with the torch minor
-COPY --from=packages /opt/venv-layers/triton/ /
+ARG WHEELS_TRITON
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'triton' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # torch and torchvision: change with every torch build
-COPY --from=packages /opt/venv-layers/torch/ /
-# the rest: pip, NumPy and the other dependencies, the scripts
-COPY --from=packages /opt/venv-layers/rest/ /
+ARG WHEELS_TORCH
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'torch' --dist 'torchvision' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
+# the rest: NumPy and the other dependencies, their scripts
+ARG WHEELS_REST
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.14.1 \

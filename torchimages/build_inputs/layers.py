@@ -1,0 +1,67 @@
+"""The final image's venv in layers, ordered by how rarely they change; templates/macros.j2 writes one RUN per row.
+
+A layer holds the distributions whose normalised names match its patterns, among those the row's requirements resolve
+to; the last layer, "rest", holds whatever is left (pip's own venv files come from the venv stage before them).
+A new layer is a new row here."""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class VenvLayer:
+    name: str
+    gpu: bool  # only GPU rows install it
+    what: str  # the comment above its RUN
+    distributions: tuple[str, ...]  # fnmatch patterns over normalised names; () for the rest
+
+    @property
+    def arg(self) -> str:
+        """The build argument that carries this layer's wheel identity into the engine's cache key."""
+        return f"WHEELS_{self.name.upper()}"
+
+
+VENV_LAYERS = (
+    VenvLayer("cuda", True, "the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version",
+              ("nvidia-*", "cuda-*")),
+    VenvLayer("triton", True, "Triton: changes with the torch minor", ("triton",)),
+    VenvLayer("torch", False, "torch and torchvision: change with every torch build", ("torch", "torchvision")),
+    VenvLayer("rest", False, "the rest: NumPy and the other dependencies, their scripts", ()),
+)
+
+
+def normalise(name: str) -> str:
+    """PEP 503's normal form of a distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_name(filename: str) -> str:
+    return normalise(filename.split("-", 1)[0])
+
+
+def layer_of(name: str, layers=VENV_LAYERS) -> VenvLayer:
+    for layer in layers:
+        if any(fnmatch.fnmatchcase(normalise(name), pattern) for pattern in layer.distributions):
+            return layer
+    return layers[-1]
+
+
+def layer_args(wheels: dict[str, int], sources: bytes, gpu: bool) -> dict[str, str]:
+    """Build arguments naming each layer's inputs (wheel names and sizes, the index settings without credentials, the
+    install script): the classic builder's cache key has no other view of wheels it fetches over HTTP, so a changed
+    torch wheel must change WHEELS_TORCH and leave WHEELS_CUDA as it was. The rest layer sees every wheel."""
+    args = {}
+    for layer in (layer for layer in VENV_LAYERS if gpu or not layer.gpu):
+        digest = hashlib.sha256(sources)
+        for filename, size in sorted(wheels.items()):
+            if layer is VENV_LAYERS[-1] or layer_of(wheel_name(filename)) is layer:
+                digest.update(f"{filename}:{size}\n".encode())
+        args[layer.arg] = digest.hexdigest()[:16]
+    return args
+
+
+INSTALL_SCRIPT = Path(__file__).with_name("install_layer.py")

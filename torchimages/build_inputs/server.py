@@ -1,0 +1,142 @@
+"""The build-input server: what one build fetches over HTTP instead of receiving it in its context.
+
+It serves the row's wheelhouse as a find-links page (with PEP 658 metadata, so that pip's dry runs read no wheel),
+pip's settings (index URLs with their credentials, the CA bundle) and the layer install script, on a loopback address
+of its own: the build runs with the host's network (`network_mode="host"`) and reaches it by the host name
+BUILD_INPUTS_HOST, which the builder maps to that address. The name and port never change, so the rendered Dockerfile
+and the engine's cache key do not either; builds running side by side each get another 127.x.y.z."""
+from __future__ import annotations
+
+import functools
+import html
+import io
+import json
+import random
+import socket
+import threading
+import zipfile
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Self
+from urllib.parse import quote, unquote
+
+import pip
+
+from .layers import INSTALL_SCRIPT
+
+BUILD_INPUTS_HOST = "torchimages-build-inputs"
+BUILD_INPUTS_PORT = 8679
+BUILD_INPUTS_URL = f"http://{BUILD_INPUTS_HOST}:{BUILD_INPUTS_PORT}"
+BIND_TRIES = 50
+
+
+class BuildInputsServer:
+    """A context manager: started on entry, always stopped (and its socket closed) on exit."""
+
+    def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None):
+        self.wheels = wheels
+        self.metadata = {name: _metadata(path) for name, path in wheels.items() if name.endswith(".whl")}
+        self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle}).encode()
+        self.address = ""
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        server = self._server = _bind(self)
+        self.address = str(server.server_address[0])
+        self._thread = threading.Thread(target=server.serve_forever, name="build-inputs", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server and self._thread:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join()
+            self._server = None
+
+    def page(self) -> bytes:
+        meta = ' data-dist-info-metadata="true" data-core-metadata="true"'
+        links = "".join(f'<a href="{html.escape(quote(name))}"{meta if name in self.metadata else ""}>'
+                        f"{html.escape(name)}</a>\n" for name in sorted(self.wheels))
+        return f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+
+
+def _bind(owner: BuildInputsServer) -> ThreadingHTTPServer:
+    """A free 127.x.y.z on the fixed port: other builds (this run's, other checkouts') hold theirs."""
+    rng = random.SystemRandom()
+    for _ in range(BIND_TRIES):
+        address = f"127.{rng.randrange(1, 255)}.{rng.randrange(0, 256)}.{rng.randrange(1, 255)}"
+        try:
+            server = ThreadingHTTPServer((address, BUILD_INPUTS_PORT), _handler(owner))
+        except OSError:
+            continue
+        server.daemon_threads = True
+        return server
+    raise OSError(f"no free loopback address for the build-input server on port {BUILD_INPUTS_PORT}")
+
+
+def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = unquote(self.path.split("?", 1)[0])
+            if path == "/inputs.json":
+                self._send(owner.inputs, "application/json")
+            elif path == "/planner.zip":
+                self._send(planner_zip(), "application/zip")
+            elif path == "/install_layer.py":
+                self._send(INSTALL_SCRIPT.read_bytes(), "text/x-python")
+            elif path in ("/wheels", "/wheels/"):
+                self._send(owner.page(), "text/html")
+            elif path.startswith("/wheels/") and path.endswith(".metadata") and path[8:-9] in owner.metadata:
+                self._send(owner.metadata[path[8:-9]], "text/plain")
+            elif path.startswith("/wheels/") and path[8:] in owner.wheels:
+                self._send_file(owner.wheels[path[8:]])
+            else:
+                self.send_error(HTTPStatus.NOT_FOUND)
+
+        def _send(self, body: bytes, content_type: str) -> None:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _send_file(self, path: Path) -> None:
+            with path.open("rb") as handle:
+                self.send_response(HTTPStatus.OK)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(path.stat().st_size))
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    socket.socket.sendfile(self.connection, handle)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the build step went away (cancelled): nothing to serve it
+
+        def log_message(self, *args) -> None:
+            pass  # the build log shows what pip fetched
+
+    return Handler
+
+
+def _metadata(wheel: Path) -> bytes:
+    """A wheel's METADATA file (PEP 658), read from its zip directory: a few kilobytes of a large file."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return archive.read(name)
+
+
+@functools.cache
+def planner_zip() -> bytes:
+    """The builder's own pip as a zip the build steps put on PYTHONPATH to plan a layer: `pip install --dry-run
+    --report` with it reads only the served metadata, where an image's older pip (Debian 12's 23.0) downloads every
+    wheel to plan and compares names unnormalised. The image's own pip then installs the plan (the same files)."""
+    root = Path(pip.__file__).parent
+    stream = io.BytesIO()
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, str(path.relative_to(root.parent)))
+    return stream.getvalue()
