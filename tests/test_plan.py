@@ -1,9 +1,11 @@
 """Sharding the matrix for CI (`plan`), and joining the shards' results (`report merge`)."""
 import hashlib
 import json
+import subprocess
 from dataclasses import asdict
 
 import pytest
+import yaml
 
 from torchimages.base_pins import BaseChange
 from torchimages.bases_lock import LockedBase, write_lock
@@ -11,10 +13,10 @@ from torchimages.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.sharding import balance, parse_shard
+from torchimages.sharding import balance, make_plan, parse_shard, together
 from torchimages.summary import Published, Summary, merge_summaries
 
-from .conftest import FIXTURE_MATRIX, copy_fixture_project, run_cli
+from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli
 
 TAGS = [spec.tag for spec in load_matrix(FIXTURE_MATRIX).specs]
 FIXTURE = ("--matrix", str(FIXTURE_MATRIX))  # planning reads the matrix only: the fixture project's, in place
@@ -54,6 +56,44 @@ def test_rows_without_history_weigh_the_mean_and_order_is_stable():
     assert [shard.tags for shard in unknown] == [("a", "c"), ("b", "d")]
     assert [shard.estimated_seconds for shard in unknown] == [None, None]
     assert [shard.tags for shard in balance(["a"], {}, 3)] == [("a",), (), ()]
+
+
+def test_a_multi_arch_rows_images_share_one_shard(tmp_path):
+    """publish writes the row's tag as an index over both machines' images, only in a run that has them both."""
+    specs = load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs  # four rows, each for x86_64 and aarch64
+    grace = [spec.tag for spec in specs]
+    assert together(specs)[0] == ("2.15.0-cuda13.2-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime-arm64")
+    for count in range(1, 5):
+        shards = make_plan(specs, tmp_path, count)
+        assert sorted(tag for shard in shards for tag in shard.tags) == sorted(grace)
+        for shard in shards:
+            assert {tag.removesuffix("-arm64") for tag in shard.tags} == {
+                tag for tag in shard.tags if not tag.endswith("-arm64")}, shard
+    assert [len(shard.tags) for shard in make_plan(specs, tmp_path, 4)] == [2, 2, 2, 2]
+    with pytest.raises(InputError, match="at most 4 shards"):
+        make_plan(specs, tmp_path, 5)  # eight images, but four rows: a fifth shard could only be empty
+    # Weighed by past builds (the emulated arm64 image far heavier), tag by tag would split the row; by rows it does not.
+    tags, durations = ["a", "a-arm64", "b", "c"], {"a": 10.0, "a-arm64": 100.0, "b": 50.0, "c": 40.0}
+    assert [shard.tags for shard in balance(tags, durations, 2)] == [("a-arm64",), ("a", "b", "c")]
+    paired = balance(tags, durations, 2, [("a", "a-arm64"), ("b",), ("c",)])
+    assert [(shard.tags, shard.estimated_seconds) for shard in paired] == [(("a", "a-arm64"), 110.0), (("b", "c"), 90.0)]
+
+
+def test_the_nightly_builds_each_shards_arm64_images_natively_and_hands_them_to_that_shard(tmp_path):
+    jobs = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())["jobs"]
+    arm64, shard = jobs["arm64"], jobs["shard"]
+    assert arm64["runs-on"] == "ubuntu-24.04-arm", "a native arm64 runner: no emulation"
+    assert arm64["strategy"]["matrix"] == shard["strategy"]["matrix"], "job-index pairs each lane with its shard"
+    assert "arm64" in shard["needs"] and "always()" in shard["if"]
+    picking = next(step["run"] for step in arm64["steps"] if step.get("name") == "The shard's arm64 images")
+    output = tmp_path / "output"
+    tags = "2.15.0-cuda13.2-cudnn9-runtime 2.15.0-cuda13.2-cudnn9-runtime-arm64 2.14.1-cuda13.0-cudnn9-devel-arm64"
+    for given, picked in ((tags, "2.15.0-cuda13.2-cudnn9-runtime-arm64 2.14.1-cuda13.0-cudnn9-devel-arm64"),
+                          ("2.13.0-cpu-runtime", "")):
+        output.write_text("")
+        subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", picking], check=True, timeout=30,
+                       env={"TAGS": given, "GITHUB_OUTPUT": str(output), "PATH": "/usr/bin:/bin"})
+        assert output.read_text() == f"tags={picked}\n"
 
 
 @pytest.mark.parametrize("text", ["0/3", "4/3", "1", "a/b", ""])

@@ -1,6 +1,7 @@
 """Scale-out: split the rows into N shards of about equal build time, for a CI matrix of runners.
 
-Each row lands in exactly one shard. Rows are weighed by their last real build time in reports/build-report.json
+Each row lands in exactly one shard, a row built for several machines with all its per-arch images: publish writes
+the row's tag as an OCI index over every machine's image, and only in a run that has them all. Rows are weighed by their last real build time in reports/build-report.json
 (rows never built weigh the mean of those that were, or 1 when none were), then dealt heaviest first to the lightest
 shard. The same rows and report always give the same plan, and `plan --format json` can be handed to
 `nightly --shard i/n --plan FILE` so that every runner uses the plan the planning job made.
@@ -61,25 +62,38 @@ def past_durations(reports_dir: Path) -> dict[str, float]:
     return {tag: seconds for tag, seconds in durations.items() if seconds > 0}
 
 
-def balance(tags: list[str], durations: dict[str, float], count: int) -> list[Shard]:
-    """Longest-processing-time-first: heaviest row to the least loaded shard (ties: lower shard, matrix order)."""
+def together(specs: list[ImageSpec]) -> list[tuple[str, ...]]:
+    """The tags that must share a shard, in matrix order: a multi-arch row's per-arch images (one index is written
+    from all of them, by one publish run), and every other row on its own."""
+    by_row: dict[str, list[str]] = {}
+    for spec in specs:
+        by_row.setdefault(spec.index_tag or spec.tag, []).append(spec.tag)
+    return [tuple(tags) for tags in by_row.values()]
+
+
+def balance(tags: list[str], durations: dict[str, float], count: int,
+            units: list[tuple[str, ...]] | None = None) -> list[Shard]:
+    """Longest-processing-time-first: heaviest unit (a row, or a multi-arch row's images together; default: each tag)
+    to the least loaded shard (ties: lower shard, matrix order)."""
+    units = units or [(tag,) for tag in tags]
     known = [durations[tag] for tag in tags if tag in durations]
     default = sum(known) / len(known) if known else 1.0
-    weight = {tag: durations.get(tag, default) for tag in tags}
+    weight = {unit: sum(durations.get(tag, default) for tag in unit) for unit in units}
     order = {tag: position for position, tag in enumerate(tags)}
     loads = [0.0] * count
     members: list[list[str]] = [[] for _ in range(count)]
-    for tag in sorted(tags, key=lambda t: (-weight[t], order[t])):
+    for unit in sorted(units, key=lambda u: (-weight[u], order[u[0]])):
         lightest = min(range(count), key=lambda index: (loads[index], index))
-        loads[lightest] += weight[tag]
-        members[lightest].append(tag)
+        loads[lightest] += weight[unit]
+        members[lightest].extend(unit)
     return [Shard(index + 1, count, tuple(sorted(members[index], key=lambda tag: order[tag])), round(loads[index], 1) if known else None)
             for index in range(count)]
 
 
 def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Shard]:
-    check_shard_count(count, len(specs))
-    return balance([spec.tag for spec in specs], past_durations(reports_dir), count)
+    units = together(specs)
+    check_shard_count(count, len(units))  # a multi-arch row is one row: more shards than rows could only be empty
+    return balance([spec.tag for spec in specs], past_durations(reports_dir), count, units)
 
 
 PLAN_SCHEMA = 1

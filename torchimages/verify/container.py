@@ -8,6 +8,7 @@ import secrets
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -16,6 +17,7 @@ from .. import engine
 from ..checks import downstream
 from ..checks.probe import PROBE_VERSION
 from ..model import ImageSpec
+from . import emulation
 from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
 
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
@@ -35,7 +37,9 @@ def container_name(spec: ImageSpec) -> str:
 def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, reports: str):
     """Created apart from started: a container that fails to start still exists and must be removed.
 
-    Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are."""
+    Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are. An arm64
+    image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder."""
+    mounts = emulation.cpu_mounts(plan.standin_cpus, Path(reports) / plan.spec.tag, Path(reports))
     return docker_client.containers.create(
         plan.image_id, name=name,
         # Keep the container alive without the image's entrypoint; removal with force kills it at once.
@@ -43,7 +47,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(plan.gpu_path), network_mode="none", detach=True,
         environment={} if plan.gpus.wanted else engine.NO_GPUS,
-        hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"},
+        hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"}, mounts=mounts,
     )
 
 
@@ -129,6 +133,7 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
         # derived image's build finishes in its thread, which the interpreter joins at exit, and removes its image.
         pool.shutdown(wait=False, cancel_futures=True)
     facts["image"] = image_facts(docker_client, plan.image_id)
+    facts["cpu_identity"] = emulation.cpu_identity_note(plan.standin_cpus)  # the probe's CPU facts came from it
     return facts
 
 

@@ -102,6 +102,7 @@ class VerifyResult:
     report_dir: Path
     duration: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    cpu_standin: str = ""  # why the CPU identity the image saw was a stand-in (emulation.py); "" for the engine's own
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,10 @@ class Plan:
     shm_size: str
     timeout: int
     gpu_path: str = "runtime"  # how the engine gives GPUs (engine.GpuAccess): the NVIDIA runtime's --gpus, or CDI
+    image_architecture: str = ""  # the image's machine as its config names it (amd64, arm64)
+    # The CPUs a stand-in CPU identity describes where the engine emulates the image's arm64 machine (emulation.py);
+    # 0 where the engine runs the image's machine itself.
+    standin_cpus: int = 0
 
 
 class Progress:
@@ -156,15 +161,16 @@ def _plan(docker_client: docker.DockerClient, spec: ImageSpec, options: VerifyOp
     if options.timeout is not None and options.timeout < 1:
         raise InputError([Problem("--timeout", 0, "--timeout must be at least 1 second")])
     image = options.image or local_name(spec)
-    image_id = _image_id(docker_client, image, pull=bool(options.image), progress=progress, tag=spec.tag)
+    inspected = _inspect_image(docker_client, image, pull=bool(options.image), progress=progress, tag=spec.tag)
     timeout = options.timeout or ((DEVEL_TIMEOUT_S if spec.builds_extensions else RUNTIME_TIMEOUT_S)
                                   + (GPU_EXTRA_S if gpus.wanted else 0))
-    return Plan(spec, image, image_id, gpus, shm_size, timeout)
+    return Plan(spec, image, inspected["Id"], gpus, shm_size, timeout,
+                image_architecture=str(inspected.get("Architecture") or ""))
 
 
-def _image_id(docker_client: docker.DockerClient, image: str, pull: bool, progress: Progress, tag: str) -> str:
+def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, progress: Progress, tag: str) -> dict:
     try:
-        return docker_client.api.inspect_image(image)["Id"]
+        return docker_client.api.inspect_image(image)
     except docker.errors.ImageNotFound:
         if not pull:
             raise InputError([Problem(image, 0, f"image {image} is not on the engine: build it with "
@@ -172,7 +178,7 @@ def _image_id(docker_client: docker.DockerClient, image: str, pull: bool, progre
     progress.stage(tag, f"pulling {image}")
     try:
         docker_client.images.pull(image)
-        return docker_client.api.inspect_image(image)["Id"]
+        return docker_client.api.inspect_image(image)
     except docker.errors.APIError as error:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine and could not be pulled "
                                             f"({engine.explain_start_error(error)})")]) from None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..files import read_json_document
 from ..reporting import DIGEST, DIGEST_RULE, Shape, known_fields, markdown_cell, require_schema, utc_timestamp
+from . import emulation
 from .plan import CHECKS, Plan, VerifyResult
 
 REPORT_SCHEMA = 1
@@ -33,7 +34,7 @@ class VerifyReport:
     tag: str = ""
     image: str = ""
     spec_hash: str = ""
-    run: dict = field(default_factory=dict)  # gpus, shm_size, probe_timeout_s
+    run: dict = field(default_factory=dict)  # gpus, shm_size, probe_timeout_s, cpu_identity
     started_at: str = ""
     finished_at: str = ""
     duration_s: float = 0.0
@@ -62,7 +63,8 @@ def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> Ver
         passed=result.passed,
         checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []), check.get("warnings", []))
                 for name, check in result.checks.items()},
-        run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout},
+        run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout,
+             "cpu_identity": emulation.cpu_identity_note(plan.standin_cpus)},
         started_at=utc_timestamp(started_at), finished_at=utc_timestamp(), duration_s=result.duration,
         stage_seconds=result.stage_seconds,
     )
@@ -104,6 +106,7 @@ def summary_markdown(results: list[VerifyResult]) -> str:
                  for name, check in result.checks.items() if check["status"] != "passed"]
         notes += [f"- **{name}** passed with a warning: {markdown_cell(warning)}"
                   for name, check in result.checks.items() for warning in check.get("warnings", [])]
+        notes += [f"- **CPU identity** was a stand-in: {markdown_cell(result.cpu_standin)}"] if result.cpu_standin else []
         if notes:
             lines += [f"## `{result.tag}`", "", *notes, ""]
     return "\n".join(lines) + "\n"

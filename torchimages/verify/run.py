@@ -12,6 +12,7 @@ import docker.errors
 from .. import engine
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec
+from . import emulation
 from .container import container_name, copy_probe, create_container, gather_facts, remove_container
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from .reports import REPORT_NAME, summary_markdown, verify_report
@@ -62,7 +63,8 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
             remove_container(docker_client, name)
         clock.stop()
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
-                          checks, report_dir, round(time.monotonic() - started, 2), clock.seconds)
+                          checks, report_dir, round(time.monotonic() - started, 2), clock.seconds,
+                          emulation.cpu_identity_note(plan.standin_cpus).get("why", ""))
     atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json(),
                       root=options.reports_dir)
     progress.finished(result)
@@ -108,14 +110,19 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
     return run_suite(plan, options, container.id, report_dir, expect_path, facts_path)
 
 
+def for_this_engine(plan: Plan, access: engine.GpuAccess, engine_info: dict) -> Plan:
+    """GPUs through CDI where that is the path the engine offers, --gpus otherwise (its start error says what is
+    wrong); a stand-in CPU identity where the engine emulates the image's arm64 machine."""
+    return dataclasses.replace(plan, gpu_path=access.path or "runtime",
+                               standin_cpus=emulation.standin_cpus(plan.image_architecture, engine_info))
+
+
 def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], options: VerifyOptions,
                   progress: Progress | None = None) -> list[VerifyResult]:
     """Verify each spec's image (or options.image against the one spec); writes every report. InputError on bad input."""
     progress = progress or Progress()
-    access = engine.gpu_access(docker_client)
-    # GPUs through CDI where that is the path the engine offers; --gpus otherwise (its start error says what is wrong).
-    plans = [dataclasses.replace(plan, gpu_path=access.path or "runtime")
-             for plan in plan_all(docker_client, specs, options, progress)]
+    access, info = engine.gpu_access(docker_client), engine.daemon_info(docker_client)
+    plans = [for_this_engine(plan, access, info) for plan in plan_all(docker_client, specs, options, progress)]
     check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
     results = [verify_one(docker_client, plan, options, bool(access.path), progress) for plan in plans]
     atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))
