@@ -236,8 +236,21 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         patches.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
     try:
-        with CudaOnCpu():
+        with CudaOnCpu(), one_cpu_thread(torch):
             yield
     finally:
         for owner, name, value in reversed(patches):
             setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def one_cpu_thread(torch):
+    """The probe's GPU work on tensors this small, on one CPU thread: torch's other intra-op threads spin while they
+    wait for work, which costs several times the work itself where the test workers already keep every core busy
+    (ten times the CPU on two cores). What the probe computes does not depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
