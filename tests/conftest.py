@@ -32,15 +32,21 @@ def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -
     """Run build.py as a user would; returns the finished process (stdout/stderr as text)."""
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True,
                             env=env, timeout=timeout, check=False)
+    return exited_as(result, check_exit)
+
+
+def exited_as(result: subprocess.CompletedProcess, check_exit: int | None) -> subprocess.CompletedProcess:
     if check_exit is not None:
         assert result.returncode == check_exit, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return result
 
 
-def run_cli_in_process(*args: str, env: dict | None = None, **_subprocess_only) -> subprocess.CompletedProcess:
+def run_cli_in_process(*args: str, check_exit: int | None = None, env: dict | None = None,
+                       **_subprocess_only) -> subprocess.CompletedProcess:
     """build.py's main() in this process, for the many fast input tests (an interpreter start costs more than the
     command). Output and exit code as run_cli gives them; an exception that escapes main() is printed as the
-    traceback a user would see, so `"Traceback" not in stderr` means the same here."""
+    traceback a user would see, so `"Traceback" not in stderr` means the same here. env is added to this process's
+    environment (run_cli's replaces it)."""
     import io
     import os
     import traceback
@@ -58,7 +64,8 @@ def run_cli_in_process(*args: str, env: dict | None = None, **_subprocess_only) 
         except Exception:  # noqa: BLE001 - shown as the traceback a user would see
             traceback.print_exc(file=stderr)
             code = 1
-    return subprocess.CompletedProcess(["build.py", *args], code, stdout.getvalue(), stderr.getvalue())
+    return exited_as(subprocess.CompletedProcess(["build.py", *args], code, stdout.getvalue(), stderr.getvalue()),
+                     check_exit)
 
 
 def wait_until(condition, what: str, timeout_s: float = 120):

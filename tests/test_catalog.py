@@ -28,7 +28,7 @@ from torchimages.sbom import (
     scan_image,
 )
 
-from .conftest import FIXTURE_MATRIX, ROOT, run_cli
+from .conftest import FIXTURE_MATRIX, ROOT, run_cli_in_process
 
 REPOSITORY = "registry.example.com/ml/pytorch"
 DIGEST_NEW, DIGEST_OLD = "sha256:" + "b" * 64, "sha256:" + "a" * 64
@@ -91,17 +91,17 @@ def test_catalog_command_prints_the_page_writes_it_and_checks_it(tmp_path):
     save(Catalog({"2.13.0-cpu-runtime": entry("2.13.0-cpu-runtime")}), tmp_path / "catalog", tmp_path / "images")
     (tmp_path / "images" / "README.md").write_text("edited by hand\n")
     args = ("--images", str(tmp_path / "images"), "catalog")
-    assert run_cli(*args, "--check", check_exit=1).stderr.count("is stale") == 1
-    shown = run_cli(*args, check_exit=0)
+    assert run_cli_in_process(*args, "--check", check_exit=1).stderr.count("is stale") == 1
+    shown = run_cli_in_process(*args, check_exit=0)
     assert f"docker pull {REPOSITORY}:2.13.0-cpu-runtime-20260102" in shown.stdout
     assert (tmp_path / "images" / "README.md").read_text() == shown.stdout
-    run_cli(*args, "--check", check_exit=0)
-    as_json = json.loads(run_cli(*args, "--format", "json", check_exit=0).stdout)
+    run_cli_in_process(*args, "--check", check_exit=0)
+    as_json = json.loads(run_cli_in_process(*args, "--format", "json", check_exit=0).stdout)
     assert as_json["images"]["2.13.0-cpu-runtime"]["digest"] == DIGEST_NEW
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "catalog.json").write_text("[")
-    assert "not valid JSON" in run_cli(*args, "--catalog", str(broken), check_exit=2).stderr
+    assert "not valid JSON" in run_cli_in_process(*args, "--catalog", str(broken), check_exit=2).stderr
 
 
 @pytest.mark.engine
@@ -109,7 +109,7 @@ def test_check_registry_reports_tags_the_registry_does_not_have(tmp_path, engine
     stale = entry("2.13.0-cpu-runtime")
     stale.repository = f"{engine_env.registry}/never-published/pytorch"
     save(Catalog({stale.tag: stale}), tmp_path / "catalog", tmp_path / "images")
-    result = run_cli("--images", str(tmp_path / "images"), "catalog", "--check-registry", check_exit=1)
+    result = run_cli_in_process("--images", str(tmp_path / "images"), "catalog", "--check-registry", check_exit=1)
     assert f"{stale.repository}:latest is missing, the catalog says {DIGEST_NEW}" in result.stderr
 
 

@@ -86,7 +86,8 @@ def test_the_summary_names_a_check_that_passed_with_a_warning():
     report = VerifyReport.from_json({"schema": REPORT_SCHEMA, "image_id": "sha256:" + "a" * 64, "passed": True,
                                      "checks": checks})
     assert report.checks["driver"].warnings == ["the host driver 580.95.05 is older than CUDA 13.2's own"]
-    result = type("Result", (), {"tag": CU132, "image_id": report.image_id, "passed": True, "checks": checks})
+    result = type("Result", (), {"tag": CU132, "image_id": report.image_id, "passed": True, "checks": checks,
+                               "cpu_standin": ""})
     summary = summary_markdown([result])
     assert "| driver | ⚠️ passed |" in summary
     assert "- **driver** passed with a warning: the host driver 580.95.05 is older than CUDA 13.2's own" in summary

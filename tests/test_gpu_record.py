@@ -136,7 +136,7 @@ def test_a_record_replays_as_a_lane_host_with_the_verdicts_the_host_gave(host, r
                          if line.split(": ")[0] in run["expect"]}
     assert {name: v.replace("passed-with-warning", "passed") for name, v in run["expect"].items()} == recorded_verdicts
 
-    replayed.update(name="replayed", path=str(written))
+    replayed["name"] = "replayed"
     for name, value in gpu_hosts.stand_in_nvidia_smi(replayed, tmp_path / "bin").items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(replayed, tmp_path / "proc"))

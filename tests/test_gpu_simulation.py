@@ -71,8 +71,9 @@ def verdict_of(check: dict) -> str:
 @pytest.mark.parametrize(("host", "run_index"), RUNS, indirect=["host"], ids=[f"{n}-{i}" for n, i in RUNS])
 def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_path, monkeypatch):
     run = host["runs"][run_index]
-    host = gpu_hosts.as_run(host, run, tmp_path / "run")
-    monkeypatch.setenv("TORCHIMAGES_GPU_HOST", host["path"])
+    host = gpu_hosts.as_run(host, run)
+    for name, value in gpu_hosts.stand_in_nvidia_smi(host, tmp_path / "run-bin").items():
+        monkeypatch.setenv(name, value)
     gpu_hosts.cuda_visible_devices(run, monkeypatch)
     spec = BY_TAG[run["row"]]
     flags = run.get("arch_flags") or arch_flags_for(list(spec.arch_list))

@@ -8,8 +8,17 @@ import yaml
 
 from torchimages.matrix import load_matrix
 
+from .conftest import run_cli_in_process
+
 # Matrices written into tmp_path are checked against the compatibility data beside them.
 pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
+
+
+@pytest.fixture
+def cli():
+    """The matrix commands here read files and print: in this process (an interpreter start costs more than the command)."""
+    return run_cli_in_process
+
 
 GOOD_VARIANT = """
   - torch: 2.14.0

@@ -16,7 +16,7 @@ from torchimages.model import InputError
 from torchimages.sharding import balance, make_plan, parse_shard, together
 from torchimages.summary import Published, Summary, merge_summaries
 
-from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli
+from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli_in_process
 
 TAGS = [spec.tag for spec in load_matrix(FIXTURE_MATRIX).specs]
 FIXTURE = ("--matrix", str(FIXTURE_MATRIX))  # planning reads the matrix only: the fixture project's, in place
@@ -24,7 +24,7 @@ FIXTURE = ("--matrix", str(FIXTURE_MATRIX))  # planning reads the matrix only: t
 
 def test_plan_for_3_shards_covers_every_row_exactly_once():
     for output_format in ("json", "github"):
-        document = json.loads(run_cli(*FIXTURE, "plan", "--shards", "3", "--format", output_format, check_exit=0).stdout)
+        document = json.loads(run_cli_in_process(*FIXTURE, "plan", "--shards", "3", "--format", output_format, check_exit=0).stdout)
         shards = document["shards"] if output_format == "json" else document["include"]
         planned = [tag for shard in shards for tag in (shard["tags"] if output_format == "json" else shard["tags"].split())]
         assert sorted(planned) == sorted(TAGS) and len(planned) == len(set(planned))
@@ -32,7 +32,7 @@ def test_plan_for_3_shards_covers_every_row_exactly_once():
 
 
 def test_github_format_is_one_line_for_github_output():
-    output = run_cli(*FIXTURE, "plan", "--shards", "2", "--format", "github", check_exit=0).stdout
+    output = run_cli_in_process(*FIXTURE, "plan", "--shards", "2", "--format", "github", check_exit=0).stdout
     assert output.count("\n") == 1 and output.startswith('{"include":[')
 
 
@@ -40,7 +40,7 @@ def test_plan_balances_by_past_build_durations(tmp_path):
     durations = {tag: (1200.0 if "devel" in tag else 400.0 if "cuda" in tag else 100.0) for tag in TAGS}
     BUILD_REPORT.write(tmp_path, {tag: asdict(BuildReportEntry(tag, "built", last_build_duration=seconds))
                                   for tag, seconds in durations.items()})
-    plan = json.loads(run_cli(*FIXTURE, "--reports", str(tmp_path), "plan", "--shards", "3", check_exit=0).stdout)["shards"]
+    plan = json.loads(run_cli_in_process(*FIXTURE, "--reports", str(tmp_path), "plan", "--shards", "3", check_exit=0).stdout)["shards"]
     loads = [sum(durations[tag] for tag in shard["tags"]) for shard in plan]
     assert [shard["estimated_seconds"] for shard in plan] == loads
     assert max(loads) - min(loads) <= max(durations.values())
@@ -105,14 +105,14 @@ def test_bad_shard_is_an_input_error(text):
 def test_bad_plan_inputs_exit_2_naming_the_flag(tmp_path):
     project = ("--matrix", str(copy_fixture_project(tmp_path / "project")), "--images", str(tmp_path / "images"),
                "--reports", str(tmp_path / "reports"))
-    assert "--shards must be at least 1" in run_cli(*project, "plan", "--shards", "0", check_exit=2).stderr
+    assert "--shards must be at least 1" in run_cli_in_process(*project, "plan", "--shards", "0", check_exit=2).stderr
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(run_cli(*project, "plan", "--shards", "3", check_exit=0).stdout)
-    result = run_cli(*project, "nightly", "--shard", "1/2", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    plan_file.write_text(run_cli_in_process(*project, "plan", "--shards", "3", check_exit=0).stdout)
+    result = run_cli_in_process(*project, "nightly", "--shard", "1/2", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
     assert "was made for other rows or another shard count" in result.stderr and "plan --shards 2" in result.stderr
-    result = run_cli(*project, "nightly", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    result = run_cli_in_process(*project, "nightly", "--plan", str(plan_file), "--registry", "127.0.0.1:5000/x/y", check_exit=2)
     assert "use it with --shard i/n" in result.stderr
-    result = run_cli(*project, "nightly", "--shard", "3/2", "--registry", "127.0.0.1:5000/x/y", check_exit=2)
+    result = run_cli_in_process(*project, "nightly", "--shard", "3/2", "--registry", "127.0.0.1:5000/x/y", check_exit=2)
     assert "--shard '3/2' must be i/n" in result.stderr
 
 
@@ -158,7 +158,7 @@ def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
     write_lock(first / "bases.lock.json", {"debian:bookworm": LockedBase(
         "debian:bookworm", None, "sha256:" + "d" * 64, "local-only", "", "2026-01-02T00:00:00Z")})
     base = ("--matrix", str(merged / "matrix.yaml"), "--images", str(merged / "images"), "--reports", str(merged / "reports"))
-    result = run_cli(*base, "report", "merge", str(first), str(second), "--catalog", str(merged / "catalog"))
+    result = run_cli_in_process(*base, "report", "merge", str(first), str(second), "--catalog", str(merged / "catalog"))
     assert result.returncode == 1  # a shard had a failure
 
     summary = json.loads((merged / "reports" / "nightly-summary.json").read_text())
@@ -179,12 +179,12 @@ def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
 def test_report_merge_refuses_overlapping_or_foreign_folders(tmp_path):
     write_shard(tmp_path / "a", ["2.13.0-cpu-runtime"])
     write_shard(tmp_path / "b", ["2.13.0-cpu-runtime"])
-    overlap = run_cli("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "a"), str(tmp_path / "b"),
+    overlap = run_cli_in_process("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "a"), str(tmp_path / "b"),
                       check_exit=2)
     assert not (tmp_path / "out").exists()
     assert "row 2.13.0-cpu-runtime was also run by" in overlap.stderr
     (tmp_path / "empty").mkdir()
-    foreign = run_cli("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "empty"), check_exit=2)
+    foreign = run_cli_in_process("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "empty"), check_exit=2)
     assert "not a shard's results" in foreign.stderr
 
 

@@ -14,11 +14,18 @@ from torchimages.bases_lock import LockedBase, write_lock
 from torchimages.matrix import load_matrix
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
-from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli_in_process
 from .wheels_fixtures import make_wheel
 
 # Matrices written into tmp_path are checked against the compatibility data beside them.
 pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
+
+
+@pytest.fixture
+def cli():
+    """render reads and writes files only: in this process (an interpreter start costs more than the command)."""
+    return run_cli_in_process
+
 
 GOLDEN_MATRIX = FIXTURE_PROJECT / "golden-matrix.yaml"
 GOLDEN_DIR = Path(__file__).parent / "golden"

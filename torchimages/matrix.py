@@ -1,17 +1,19 @@
 """Stage 1: matrix.yaml + compatibility data -> validated ImageSpecs (all problems reported at once)."""
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import itertools
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from .files import brief
+from .files import brief, read_text
 from .model import PYPI, ImageSpec, InputError, Problem, User, parse_size
 from .registry import parse_registry
-from .yamlsource import LineDict, LineList, load_yaml
+from .yamlsource import LineDict, LineList, load_yaml, parse_yaml
 
 # The compatibility facts are the project's data, as its matrix is: read from beside the matrix unless named.
 COMPAT_NAME = "compat.yaml"
@@ -61,10 +63,18 @@ def load_matrix(path: Path, compat_path: Path | None = None) -> Matrix:
 
 
 def load_compat(path: Path) -> dict:
-    """compat.yaml, checked for the sections and shapes the matrix validation reads."""
-    compat = load_yaml(path, "fix it or restore it with `git checkout`, or name the project's facts with "
-                            "`--compat PATH` (default: compat.yaml beside the matrix)")
-    problems = [Problem(str(path), line, message) for line, message in compat_shape_problems(compat)]
+    """compat.yaml, checked for the sections and shapes the matrix validation reads. Read each time (it may have
+    changed), parsed once per content: every matrix load reads it, and its parse costs more than the rest of a
+    matrix load. A copy, so no caller can change what the next one gets."""
+    text = read_text(path, "fix it or restore it with `git checkout`, or name the project's facts with "
+                           "`--compat PATH` (default: compat.yaml beside the matrix)")
+    return copy.deepcopy(_checked_compat(text, str(path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _checked_compat(text: str, path: str) -> dict:
+    compat = parse_yaml(text, Path(path))
+    problems = [Problem(path, line, message) for line, message in compat_shape_problems(compat)]
     if problems:
         raise InputError(problems)
     return compat

@@ -113,7 +113,11 @@ def expanded_size(node, sizes: dict | None = None) -> int:
 def load_yaml(path: Path, fix: str = "fix the file"):
     """Parse a YAML file; a file that is not a readable UTF-8 regular file, a syntax error, a bound exceeded or a
     duplicate key becomes an InputError naming the line."""
-    text = read_text(path, fix)
+    return parse_yaml(read_text(path, fix), path)
+
+
+def parse_yaml(text: str, path: Path):
+    """Parse YAML text read from path (which the problems name), as load_yaml does."""
     loader = None
     try:
         loader = _LineLoader(text)  # refuses characters YAML forbids (NUL, other control characters) right here
