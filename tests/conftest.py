@@ -35,6 +35,16 @@ def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -
     return exited_as(result, check_exit)
 
 
+def run_cli_side_by_side(runs: dict[str, tuple[str, ...]], at_once: int = 2) -> dict[str, subprocess.CompletedProcess]:
+    """Several build.py runs, two at a time: a verification's container keeps about one core busy, so two side by
+    side take about 0.6 of their time one after the other (measured here: 70 s against 53 s + 69 s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        futures = {name: pool.submit(run_cli, *args) for name, args in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 def exited_as(result: subprocess.CompletedProcess, check_exit: int | None) -> subprocess.CompletedProcess:
     if check_exit is not None:
         assert result.returncode == check_exit, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"

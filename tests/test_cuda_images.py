@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conftest import CUDA_DEVEL, CUDA_RUNTIME, ROOT, run_cli
+from .conftest import CUDA_DEVEL, CUDA_RUNTIME, ROOT, run_cli, run_cli_side_by_side
 from .test_verify import GPU_CHECKS, assert_only_check_failed, containers_left, report_of
 
 pytestmark = pytest.mark.engine
@@ -87,9 +87,18 @@ def broken_cuda_images(cuda_images, wheelhouse, docker_client, tmp_path_factory)
             docker_client.images.remove(image, force=True)
 
 
+@pytest.fixture(scope="module")
+def broken_cuda_verdicts(broken_cuda_images, tmp_path_factory) -> dict[str, tuple]:
+    """Each broken image verified once by `build.py test --image`, two runs at a time."""
+    reports = {case.name: tmp_path_factory.mktemp(case.name) for case in BROKEN_CUDA}
+    processes = run_cli_side_by_side({case.name: ("--reports", str(reports[case.name]), "test", case.row, "--image",
+                                                  case.image, "--gpus", "none") for case in BROKEN_CUDA})
+    return {name: (process, reports[name]) for name, process in processes.items()}
+
+
 @pytest.mark.parametrize("case", BROKEN_CUDA, ids=lambda case: case.name)
-def test_a_broken_cuda_image_fails_exactly_its_check(case, broken_cuda_images, cuda_baseline, tmp_path, docker_client):
-    result = run_cli("--reports", str(tmp_path), "test", case.row, "--image", case.image, "--gpus", "none")
+def test_a_broken_cuda_image_fails_exactly_its_check(case, broken_cuda_verdicts, cuda_baseline, docker_client):
+    result, reports = broken_cuda_verdicts[case.name]
     assert result.returncode == 1, result.stdout + result.stderr
-    assert_only_check_failed(report_of(tmp_path, case.row), cuda_baseline["by_tag"][case.row], case.check, case.says)
-    assert not containers_left(docker_client, tmp_path)
+    assert_only_check_failed(report_of(reports, case.row), cuda_baseline["by_tag"][case.row], case.check, case.says)
+    assert not containers_left(docker_client, reports)

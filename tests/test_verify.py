@@ -52,7 +52,7 @@ from torchimages.verify import (
     verify_images,
 )
 
-from .conftest import ROOT, interruptible, run_cli, wait_until
+from .conftest import ROOT, interruptible, run_cli, run_cli_side_by_side, wait_until
 
 BROKEN = ROOT / "tests" / "data" / "broken"
 RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
@@ -397,15 +397,24 @@ def test_real_cpu_images_pass_with_gpu_checks_skipped(baseline, images, docker_c
     assert not containers_left(docker_client, reports)
 
 
+@pytest.fixture(scope="module")
+def broken_verdicts(broken_images, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Each broken image verified once by `build.py test --image`, as a user would, two runs at a time."""
+    reports = {case.name: tmp_path_factory.mktemp(case.name) for case in BROKEN_IMAGES}
+    processes = run_cli_side_by_side({case.name: ("--reports", str(reports[case.name]), "test", case.row, "--image",
+                                                  case.image, "--gpus", "none") for case in BROKEN_IMAGES})
+    return {name: (process, reports[name]) for name, process in processes.items()}
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("case", BROKEN_IMAGES, ids=lambda case: case.name)
-def test_a_broken_image_fails_exactly_its_check(case, broken_images, baseline, tmp_path, docker_client):
-    result = run_cli("--reports", str(tmp_path), "test", case.row, "--image", case.image, "--gpus", "none")
-    report = report_of(tmp_path, case.row)
+def test_a_broken_image_fails_exactly_its_check(case, broken_images, broken_verdicts, baseline, docker_client):
+    result, reports = broken_verdicts[case.name]
+    report = report_of(reports, case.row)
     assert result.returncode == 1, result.stdout + result.stderr
     assert report["image_id"] == broken_images[case.name] and report["passed"] is False
     assert_only_check_failed(report, baseline.by_tag[case.row], case.check, case.says)
-    assert not containers_left(docker_client, tmp_path)
+    assert not containers_left(docker_client, reports)
 
 
 def failed_checks(report: dict) -> set[str]:
@@ -458,17 +467,31 @@ def test_gpus_all_without_nvidia_runtime_fails_at_once(images, tmp_path, engine_
 
 
 @pytest.mark.engine
-def test_ctrl_c_removes_the_container(images, tmp_path, docker_client):
-    # The devel image: its probe compiles a torch extension, so the run is surely still going at Ctrl-C.
-    process = interruptible([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", DEVEL],
+@pytest.mark.parametrize("selector, running", [(DEVEL, 1), ("2.13.0-cpu-*", 2)], ids=["one image", "two at once"])
+def test_ctrl_c_removes_the_container(selector, running, images, tmp_path, docker_client):
+    # The devel image: its probe compiles a torch extension, so the run is surely still going at Ctrl-C. Two images
+    # (no GPUs: verified side by side) stop together, their two containers removed.
+    process = interruptible([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", selector],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: process.poll() is not None or containers_left(docker_client, tmp_path),
-               "the verification starting its container")
-    assert process.poll() is None, "the verification ended before its container ran"
-    name = containers_left(docker_client, tmp_path)[0]
-    wait_until(lambda: "torchimages-probe" in str(docker_client.api.top(name)), "the probe running in the container")
+    wait_until(lambda: process.poll() is not None or len(containers_left(docker_client, tmp_path)) == running,
+               "the verification starting its containers")
+    assert process.poll() is None, "the verification ended before its containers ran"
+    for name in containers_left(docker_client, tmp_path):
+        wait_until(lambda name=name: "torchimages-probe" in str(docker_client.api.top(name)), "the probe running in the container")
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert not containers_left(docker_client, tmp_path)
-    assert not (tmp_path / DEVEL / "verify.json").exists()
+    assert not (tmp_path / DEVEL / "verify.json").exists() and not (tmp_path / RUNTIME / "verify.json").exists()
+
+
+def test_images_are_verified_side_by_side_only_where_no_gpu_is_given():
+    """Two images on the same GPUs would halve each other's throughput figures: with GPUs, one at a time."""
+    from types import SimpleNamespace
+
+    from torchimages.verify.run import verification_jobs
+
+    without, with_gpus = (SimpleNamespace(gpus=SimpleNamespace(wanted=wanted)) for wanted in (False, True))
+    assert verification_jobs([without, without, without], 2) == 2
+    assert verification_jobs([without], 2) == 1 and verification_jobs([without, without], 1) == 1
+    assert verification_jobs([without, with_gpus], 2) == 1

@@ -224,7 +224,7 @@ class Nightly:
     def verify(self, client, specs: list[ImageSpec]) -> list[ImageSpec]:
         """Verify the images whose last verification was not a pass for their exact id; return those that passed."""
         options = verify_stage.VerifyOptions(reports_dir=self.project.reports, gpus=self.options.gpus,
-                                             matrix_specs=tuple(self.matrix.specs))
+                                             matrix_specs=tuple(self.matrix.specs), jobs=self.options.build.jobs)
         passed, to_verify = [], []
         for spec in specs:
             if self.passed_already(client, spec):

@@ -92,7 +92,7 @@ def cmd_build(project: Project, args) -> int:
 def cmd_test(project: Project, args) -> int:
     specs = project.select(args.selectors)
     options = verify.VerifyOptions(reports_dir=project.reports, gpus=args.gpus, shm_size=args.shm_size, image=args.image,
-                            timeout=args.timeout, matrix_specs=tuple(project.load().specs))
+                            timeout=args.timeout, matrix_specs=tuple(project.load().specs), jobs=args.jobs)
     docker_client = engine.client()
     with ConsoleProgress(errors()) as progress:
         results = verify.verify_images(docker_client, specs, options, progress)
@@ -130,7 +130,7 @@ def cmd_images(project: Project, args) -> int:
     build_stage.write_report(project.reports, results)
     show_build_results(results)
     ready = [spec for spec, result in zip(specs, results, strict=False) if result.status in ("built", "skipped")]
-    options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs))
+    options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs), jobs=args.jobs)
     with ConsoleProgress(errors()) as progress:
         verified = verify.verify_images(docker_client, ready, options, progress) if ready else []
     for outcome in verified:
@@ -286,6 +286,9 @@ def register(commands) -> None:
     testing.add_argument("--gpus", metavar="all|none|N|device=0,1",
                          help="GPUs for the container (default: all for GPU rows, none for CPU rows)")
     testing.add_argument("--shm-size", metavar="SIZE", help="the container's /dev/shm (default: the row's shm_size)")
+    testing.add_argument("--jobs", "-j", type=integer, default=2,
+                         help="images verified at once where no GPU is given; with GPUs one at a time, since the GPU "
+                              "checks measure them (default: %(default)s)")
     testing.add_argument("--timeout", type=integer, metavar="S",
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
     testing.set_defaults(handler=cmd_test, writes=writes_reports)

@@ -1,6 +1,7 @@
 """Verification, step 2: one container per image, the probe copied in and run once per identity, facts out."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -147,6 +148,14 @@ def image_facts(docker_client: docker.DockerClient, image_id: str) -> dict:
         "entrypoint": config.get("Entrypoint") or [], "cmd": config.get("Cmd") or [],
         "history": [entry.get("CreatedBy", "") for entry in history],
     }
+
+
+def remove_containers_of(docker_client: docker.DockerClient, reports: str) -> None:
+    """Every verification container of the run that writes to `reports` (found by the labels they are made with)."""
+    labels = [f"{VERIFY_LABEL}=1", f"{VERIFY_LABEL}.reports={reports}"]
+    for container in docker_client.api.containers(all=True, filters={"label": labels}):
+        with contextlib.suppress(docker.errors.APIError):  # its own verification may be removing it right now
+            remove_container(docker_client, container["Id"])
 
 
 def remove_container(docker_client: docker.DockerClient, name: str) -> None:

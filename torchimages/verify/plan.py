@@ -90,6 +90,7 @@ class VerifyOptions:
     timeout: int | None = None  # seconds for the main probe; None: by flavor
     matrix_specs: tuple[ImageSpec, ...] = ()  # every row, to name the ones covering a GPU that is not covered
     suite: Path = SUITE
+    jobs: int = 1  # images verified at once where no GPU is given (verification.jobs says why not with GPUs)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,22 +15,36 @@ from .. import engine
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec
 from . import emulation
-from .container import container_name, copy_probe, create_container, gather_facts, remove_container
+from .container import (
+    container_name,
+    copy_probe,
+    create_container,
+    gather_facts,
+    remove_container,
+    remove_containers_of,
+)
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from .reports import REPORT_NAME, summary_markdown, verify_report
 from .suite import expectations, failed_start_checks, gpu_start_failure, run_suite, with_gpu_start_failure
 
 
-class StageClock:
-    """Tells progress which stage an image is in, and keeps the seconds each stage took (for reports, benchmarks)."""
+class Cancelled(Exception):
+    """Another image's verification was interrupted (Ctrl-C): this one stops at its next stage."""
 
-    def __init__(self, tag: str, progress: Progress):
-        self.tag, self.progress = tag, progress
+
+class StageClock:
+    """Tells progress which stage an image is in, and keeps the seconds each stage took (for reports, benchmarks);
+    a cancelled run stops at the next stage (its container is removed on the way out)."""
+
+    def __init__(self, tag: str, progress: Progress, cancelled: threading.Event | None = None):
+        self.tag, self.progress, self.cancelled = tag, progress, cancelled
         self.seconds: dict[str, float] = {}
         self.current, self.since = "", time.monotonic()
 
     def enter(self, stage: str) -> None:
         self.stop()
+        if self.cancelled and self.cancelled.is_set() and stage != "removing container":
+            raise Cancelled(self.tag)
         self.current, self.since = stage, time.monotonic()
         self.progress.stage(self.tag, stage)
 
@@ -39,14 +55,43 @@ class StageClock:
         return self.seconds
 
 
+def verification_jobs(plans: list[Plan], jobs: int) -> int:
+    """How many images are verified at once: one where a GPU is given, since the GPU checks measure the GPUs
+    (throughput against the datasheet, memory, NCCL) and two images on them would halve each other's figures."""
+    if any(plan.gpus.wanted for plan in plans):
+        return 1
+    return max(1, min(jobs, len(plans)))
+
+
+def verify_all(docker_client: docker.DockerClient, plans: list[Plan], options: VerifyOptions,
+               host_gpu_runtime: bool, progress: Progress) -> list[VerifyResult]:
+    """Each plan verified, `verification_jobs` at a time; on Ctrl-C every container of this run is removed at once
+    (the probes in them end) and the other verifications stop at their next stage."""
+    jobs = verification_jobs(plans, options.jobs)
+    if jobs == 1:
+        return [verify_one(docker_client, plan, options, host_gpu_runtime, progress) for plan in plans]
+    cancelled = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(verify_one, docker_client, plan, options, host_gpu_runtime, progress, cancelled)
+                   for plan in plans]
+        return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        cancelled.set()
+        remove_containers_of(docker_client, str(options.reports_dir.resolve()))
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOptions, host_gpu_runtime: bool,
-               progress: Progress) -> VerifyResult:
+               progress: Progress, cancelled: threading.Event | None = None) -> VerifyResult:
     tag, started_at, started = plan.spec.tag, datetime.now(timezone.utc), time.monotonic()
     report_dir = options.reports_dir / tag
     make_folder(report_dir, options.reports_dir)
     # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current.
     remove_file(report_dir / REPORT_NAME, options.reports_dir)
-    clock = StageClock(tag, progress)
+    clock = StageClock(tag, progress, cancelled)
     names: list[str] = []
     try:
         clock.enter("starting container")
@@ -124,6 +169,6 @@ def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], op
     access, info = engine.gpu_access(docker_client), engine.daemon_info(docker_client)
     plans = [for_this_engine(plan, access, info) for plan in plan_all(docker_client, specs, options, progress)]
     check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
-    results = [verify_one(docker_client, plan, options, bool(access.path), progress) for plan in plans]
+    results = verify_all(docker_client, plans, options, bool(access.path), progress)
     atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))
     return results
