@@ -6,6 +6,7 @@ engine's arm64v8/debian:bookworm with a RUN step under qemu (devtools/localengin
 import dataclasses
 import io
 import json
+import os
 import subprocess
 import uuid
 
@@ -17,8 +18,10 @@ from torchimages.catalog import ManifestList, load_catalog
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.publish import SPEC_HASH_LABEL
+from torchimages.signatures import signature_tag
 
 from .conftest import FIXTURE_PROJECT
+from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, cosign_accepts, key
 from .test_publish import Workspace, clean_up
 
 GRACE = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
@@ -129,6 +132,33 @@ def test_publish_pushes_both_architectures_and_one_manifest_list_that_each_machi
     space.cli("catalog", "--check-registry", "--catalog", str(space.catalog), check_exit=0)
 
 
+@pytest.mark.engine
+def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(grace_workspace, docker_client, cosign):
+    """`cosign verify REPO:TAG` and admission controllers resolve a multi-arch tag to its index digest and look for
+    that digest's signature, not the per-arch ones'."""
+    space = grace_workspace
+    for tag in (RUNTIME, RUNTIME_ARM):
+        build_stand_in(space, docker_client, tag)
+    signed = {**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD}
+    result = space.publish(extra=["--signing-key", str(FIRST)], env=signed)
+    assert "3 published" in result.stdout, result.stdout
+    catalog = space.catalog_json()
+    index = catalog["manifest_lists"][RUNTIME]
+    public = KEYS / "first.pub"
+    assert cosign_accepts(cosign, f"{space.repository}@{index['digest']}", public)
+    assert cosign_accepts(cosign, f"{space.repository}:{RUNTIME}", public)
+    assert cosign_accepts(cosign, f"{space.repository}:latest", public)
+    assert not cosign_accepts(cosign, f"{space.repository}@{index['digest']}", KEYS / "second.pub")
+    assert index["signing"] == {"keys": [key().public.fingerprint], "signature": signature_tag(index["digest"])}
+
+    # A republish by the same key writes nothing: the signature tag and the catalog stay as they are.
+    signature_digest = space.digest_of(signature_tag(index["digest"]))
+    again = space.publish(extra=["--signing-key", str(FIRST)], env=signed)
+    assert "3 unchanged" in again.stdout and again.stdout.count("signature present") == 3, again.stdout
+    assert space.digest_of(signature_tag(index["digest"])) == signature_digest
+    assert space.catalog_json() == catalog
+
+
 def test_the_catalog_refuses_a_damaged_manifest_list_naming_it(tmp_path):
     path = tmp_path / "catalog.json"
     index = {"tag": X86, "repository": "localhost:5000/ml/pytorch", "digest": "sha256:" + "a" * 64,
@@ -143,3 +173,17 @@ def test_the_catalog_refuses_a_damaged_manifest_list_naming_it(tmp_path):
     path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {},
                                 "manifest_lists": {X86: dataclasses.asdict(good)}}))
     assert load_catalog(path).manifest_lists[X86] == good
+
+
+def test_the_catalog_refuses_a_manifest_list_signing_record_that_names_no_signature_tag(tmp_path):
+    path = tmp_path / "catalog.json"
+    index = {"tag": X86, "repository": "localhost:5000/ml/pytorch", "digest": "sha256:" + "a" * 64, "floating": [X86],
+             "platforms": {"linux/arm64": {"tag": ARM, "digest": "sha256:" + "b" * 64, "image": ARM}}, "updated_at": "",
+             "signing": {"keys": ["sha256:" + "c" * 64], "signature": "latest"}}
+    path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {}, "manifest_lists": {X86: index}}))
+    with pytest.raises(InputError) as raised:
+        load_catalog(path)
+    assert "signing" in str(raised.value) and "sha256-<hex>.sig" in str(raised.value)
+    index["signing"]["signature"] = signature_tag(index["digest"])
+    path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {}, "manifest_lists": {X86: index}}))
+    assert load_catalog(path).manifest_lists[X86].signing == index["signing"]

@@ -115,6 +115,9 @@ class ManifestList:
     floating: list[str]  # the row's tag and its aliases
     platforms: dict[str, dict]  # os/architecture -> {"tag": the per-arch tag, "digest": its image, "image": its entry}
     updated_at: str
+    # Who signed `digest` ({} when published unsigned): the keys' fingerprints and the signature tag. `cosign verify`
+    # and admission controllers resolve the row's tag to this digest; the attestations are its images'.
+    signing: dict = field(default_factory=dict)
 
     def pull_digest(self) -> str:
         return f"{self.repository}@{self.digest}"
@@ -184,6 +187,7 @@ def check_manifest_list(shape: Shape, tag: str, entry: dict) -> None:
     if len(digests) != 1 + len(entry["platforms"]) or not all(isinstance(d, str) and DIGEST.fullmatch(d)
                                                               for d in digests):
         shape.wrong((*keys, "platforms"), "must map os/architecture to {tag:, digest: sha256:..., image:}")
+    check_signed_by(shape, keys, entry.get("signing", {}))
 
 
 def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
@@ -217,19 +221,26 @@ def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
 
 
 def check_signing(shape: Shape, keys: tuple, signing: dict) -> None:
-    """What goes from an entry's signing record into images/README.md's commands: fingerprints and tags."""
+    """What goes from an image entry's signing record into images/README.md's commands: fingerprints and tags."""
+    if not signing:
+        return
+    check_signed_by(shape, keys, signing, ("signature", "attestation"))
+    types = signing.get("predicate_types")
+    if not isinstance(types, list) or not all(isinstance(kind, str) and PREDICATE_TYPE.fullmatch(kind) for kind in types):
+        shape.wrong((*keys, "signing", "predicate_types"), "must list predicate type URLs")
+
+
+def check_signed_by(shape: Shape, keys: tuple, signing: dict, artifacts: tuple[str, ...] = ("signature",)) -> None:
+    """The keys' fingerprints and the artifact tags of a signing record (a manifest list's has a signature only)."""
     if not signing:
         return
     fingerprints = signing.get("keys")
     if not isinstance(fingerprints, list) or not fingerprints or not all(
             isinstance(key, str) and DIGEST.fullmatch(key) for key in fingerprints):
         shape.wrong((*keys, "signing", "keys"), "must list the signing keys' fingerprints, sha256: and 64 hex digits")
-    for name in ("signature", "attestation"):
+    for name in artifacts:
         if not isinstance(signing.get(name), str) or not SIGNATURE_TAG.fullmatch(signing[name]):
             shape.wrong((*keys, "signing", name), f"must be a tag sha256-<hex>.sig/.att, not {brief(signing.get(name))}")
-    types = signing.get("predicate_types")
-    if not isinstance(types, list) or not all(isinstance(kind, str) and PREDICATE_TYPE.fullmatch(kind) for kind in types):
-        shape.wrong((*keys, "signing", "predicate_types"), "must list predicate type URLs")
 
 
 def is_sbom_path(folder: Path, relative: str) -> bool:
@@ -291,8 +302,9 @@ def signing_record(signed: dict, before: dict) -> dict:
     if not signed:
         return before
     keys = sorted(set(before.get("keys", [])) | {signed["key"]})
-    return {"keys": keys, "signature": signed["signature"], "attestation": signed["attestation"],
-            "predicate_types": signed["predicate_types"]}
+    # A manifest list's record has no attestation: its images carry them.
+    return {"keys": keys, **{name: signed[name] for name in ("signature", "attestation", "predicate_types")
+                             if name in signed}}
 
 
 def public_key_path(catalog_dir: Path, fingerprint: str) -> Path:

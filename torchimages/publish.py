@@ -286,6 +286,8 @@ class Publisher:
         current = self.registry.tag_digests(targets)
         result = PublishResult(name, "unchanged", "sha256:" + hashlib.sha256(body).hexdigest(),
                                message="already published")
+        # Signed before any tag names it, as an image is: a cluster resolves the row's tag to this very digest.
+        result.signing = self._sign_index(tag, result.digest)
         for target in targets:
             if current.get(target) != result.digest:
                 self.registry.write_index(body, target)
@@ -294,16 +296,27 @@ class Publisher:
                          f"{', '.join(entry.platform for entry in entries)})")
         if result.created or result.moved:
             result.status, result.message = "published", f"manifest list over {', '.join(e.platform for e in entries)}"
+        previous = catalog.manifest_lists.get(tag)
+        signed_before = previous.signing if previous and previous.digest == result.digest else {}
         index = catalog_stage.ManifestList(
             tag, self.options.registry.name, result.digest, targets,
             {entry.platform: {**entry.to_json(), "image": spec.tag} for spec, entry in zip(members, entries, strict=True)},
-            utc_timestamp())
-        previous = catalog.manifest_lists.get(tag)
-        if previous is None or (previous.digest, previous.platforms, previous.floating) != (
-                index.digest, index.platforms, index.floating):
+            utc_timestamp(), catalog_stage.signing_record(result.signing, signed_before))
+        if previous is None or (previous.digest, previous.platforms, previous.floating, previous.signing) != (
+                index.digest, index.platforms, index.floating, index.signing):
             catalog.manifest_lists[tag] = index
             catalog_stage.save(catalog, self.options.catalog_dir, self.options.images_dir)
         return result
+
+    def _sign_index(self, tag: str, digest: str) -> dict:
+        """Sign an index digest as an image's is signed (what is there by this key stays); {} when publishing unsigned.
+        No attestations: an index is no build of its own, its images carry theirs."""
+        key = self.options.signing_key
+        if key is None:
+            return {}
+        status = SignatureStore(self.registry).sign(key, digest)
+        self.log(f"{tag} (manifest list): signature {status} ({key.public.fingerprint})")
+        return {"key": key.public.fingerprint, "signature": signature_tag(digest), "signature_status": status}
 
     def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
                          report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:

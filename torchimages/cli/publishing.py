@@ -76,11 +76,17 @@ def print_results(results: list[publish_stage.PublishResult], repository: str) -
         if result.status in ("published", "unchanged"):
             written = result.created + result.moved
             tags = f"; tags written: {', '.join(written)}" if written else ""
-            signed = (f"; signed by {result.signing['key'][:19]}... (signature {result.signing['signature_status']}, "
-                      f"attestations {result.signing['attestation_status']})" if result.signing else "")
+            signed = f"; signed by {result.signing['key'][:19]}... ({signing_statuses(result.signing)})" \
+                if result.signing else ""
             print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}")
         else:
             print(f"{result.status:9} {result.tag}: {result.message}")
+
+
+def signing_statuses(signing: dict) -> str:
+    """'signature present, attestations added'; a manifest list has a signature only (its images are attested)."""
+    statuses = {"signature": signing["signature_status"], "attestations": signing.get("attestation_status")}
+    return ", ".join(f"{name} {status}" for name, status in statuses.items() if status)
 
 
 def cmd_prune(project: Project, args) -> int:
