@@ -473,10 +473,13 @@ def test_ctrl_c_removes_the_container(selector, running, images, tmp_path, docke
     # (no GPUs: verified side by side) stop together, their two containers removed.
     process = interruptible([sys.executable, str(ROOT / "build.py"), "--reports", str(tmp_path), "test", selector],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: process.poll() is not None or len(containers_left(docker_client, tmp_path)) == running,
+    def verifying() -> list[str]:  # the images' own containers (not those of a derived image's build)
+        return [name for name in containers_left(docker_client, tmp_path) if name.startswith("torchimages-verify-")]
+
+    wait_until(lambda: process.poll() is not None or len(verifying()) == running,
                "the verification starting its containers")
     assert process.poll() is None, "the verification ended before its containers ran"
-    for name in containers_left(docker_client, tmp_path):
+    for name in verifying():
         wait_until(lambda name=name: "torchimages-probe" in str(docker_client.api.top(name)), "the probe running in the container")
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)

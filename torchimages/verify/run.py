@@ -13,7 +13,7 @@ import docker.errors
 
 from .. import engine
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
-from ..model import ImageSpec
+from ..model import ImageSpec, TorchImagesError
 from . import emulation
 from .container import (
     container_name,
@@ -28,7 +28,7 @@ from .reports import REPORT_NAME, summary_markdown, verify_report
 from .suite import expectations, failed_start_checks, gpu_start_failure, run_suite, with_gpu_start_failure
 
 
-class Cancelled(Exception):
+class Cancelled(TorchImagesError):
     """Another image's verification was interrupted (Ctrl-C): this one stops at its next stage."""
 
 
