@@ -46,6 +46,11 @@ def test_a_row_published_with_todays_inputs_is_left_alone():
     assert "its tags on the registry name the catalog's digest" in explain(current)
 
 
+def test_a_multi_arch_row_whose_index_this_key_signed_is_left_alone():
+    """The index is signed apart from its images (cosign resolves the row's tag to it); signed by this key: done."""
+    assert publish_reasons(state(index_keys=["0123456789abcdef"])) == []
+
+
 def test_the_registry_not_asked_is_said_so_and_decides_nothing():
     offline = state(registry_digests=None)
     assert decision(offline) == "nothing" and "--offline" in explain(offline)
@@ -57,6 +62,7 @@ def test_the_registry_not_asked_is_said_so_and_decides_nothing():
      "published to 127.0.0.1:5000/ml/pytorch; this run publishes to registry.example.com/ml/pytorch"),
     ({"entry_matches_row": False}, "the catalog's tags, versions or deprecation differ from the matrix row's"),
     ({"signing_key": "fedcba9876543210"}, "not signed yet by this run's key fedcba9876543210"),
+    ({"index_keys": []}, "its manifest list is not signed yet by this run's key 0123456789abcdef"),
     ({"inputs": None, "input_hash": None}, "nothing identifies its base: not on the engine and not in bases.lock.json"),
     ({"registry_digests": {TAG: DIGEST, "latest-cpu": "sha256:" + "d" * 64}},
      f"the registry's latest-cpu names sha256:{'d' * 64}, the catalog {DIGEST}"),

@@ -134,7 +134,7 @@ class Nightly:
         current = []
         for spec in self.specs:
             try:
-                state = rebuild.read_row_state(builder, spec, catalog.images.get(spec.tag), self.publishing.registry.name,
+                state = rebuild.read_row_state(builder, spec, catalog, self.publishing.registry.name,
                                                key.public.fingerprint if key else None, self.registry)
             except (InputError, RegistryError) as error:
                 self.log(f"{spec.tag}: not taken as published ({error}); running it")

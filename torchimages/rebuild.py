@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .builder import Builder, input_hash, read_wheel_record, wheel_record_path
-from .catalog import CatalogEntry, matches_spec
+from .catalog import Catalog, CatalogEntry, matches_spec
 from .model import ImageSpec
 from .registry import RegistryClient
 
@@ -36,6 +36,7 @@ class RowState:
     forced: bool  # --force or --no-cache
     security_fixes: str = ""  # what the OS's security pocket fixed that the published digest lacks ("": none, or not asked)
     security_unknown: str = ""  # why the security pocket could not say (the nightly then leaves the row as it is)
+    index_keys: list[str] | None = None  # who signed the manifest list over the row's machines (None: it has none)
 
 
 def input_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -63,6 +64,9 @@ def publish_reasons(state: RowState) -> list[str]:
         reasons.append("the catalog's tags, versions or deprecation differ from the matrix row's")
     if state.signing_key and state.signing_key not in entry.signing.get("keys", []):
         reasons.append(f"not signed yet by this run's key {state.signing_key}")
+    elif state.signing_key and state.index_keys is not None and state.signing_key not in state.index_keys:
+        # `cosign verify TAG` and admission controllers resolve a multi-arch tag to the index: it is signed on its own.
+        reasons.append(f"its manifest list is not signed yet by this run's key {state.signing_key}")
     if state.input_hash is None:
         reasons.append("nothing identifies its base: not on the engine and not in bases.lock.json")
     elif state.input_hash != entry.input_hash:
@@ -95,19 +99,21 @@ def _changes_after(built: dict[str, str], now: dict[str, str] | None, published_
 
 # ------------------------------------------------------------------------------------------ reading the row's state
 
-def read_row_state(builder: Builder, spec: ImageSpec, entry: CatalogEntry | None, repository: str,
+def read_row_state(builder: Builder, spec: ImageSpec, catalog: Catalog, repository: str,
                    signing_key: str | None, registry: RegistryClient | None = None,
                    security: SecurityLookup | None = None) -> RowState:
     """The row as the engine, the reports folder and the catalog see it now; the registry is asked for the entry's
     tags, and security for the published digest's missing OS fixes, only when given and nothing else already decides
     that the row runs (a question per row saved)."""
+    entry, index = catalog.images.get(spec.tag), catalog.manifest_lists.get(spec.index_tag or spec.tag)
     inputs = builder.current_inputs(spec)
     record = read_wheel_record(wheel_record_path(builder.options.reports_dir, spec.tag))
     state = RowState(
         tag=spec.tag, inputs=inputs, input_hash=input_hash(inputs) if inputs is not None else None,
         built_inputs=record.get("inputs", {}), engine_hash=builder.engine_input_hash(spec), entry=entry,
         entry_matches_row=entry is not None and matches_spec(entry, spec), repository=repository,
-        signing_key=signing_key, registry_digests=None, forced=builder.options.force or builder.options.no_cache)
+        signing_key=signing_key, registry_digests=None, forced=builder.options.force or builder.options.no_cache,
+        index_keys=index.signing.get("keys", []) if index else None)
     if entry is None or publish_reasons(state):
         return state
     if registry is not None:

@@ -84,7 +84,7 @@ def cmd_why(project: Project, args) -> int:
         row = checker.check_published(spec.tag, spec.os, publishing.catalog_dir / entry.sbom)
         return (fixes_line(row) if row.fixable and not row.error else ""), row.error
 
-    states = [rebuild.read_row_state(builder, spec, catalog.images.get(spec.tag), publishing.registry.name, key,
+    states = [rebuild.read_row_state(builder, spec, catalog, publishing.registry.name, key,
                                      registry, security_fixes if checker and not args.offline else None)
               for spec in project.select(args.selectors)]
     if args.format == "json":
