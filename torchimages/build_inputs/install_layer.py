@@ -1,10 +1,13 @@
 """Install one layer of /opt/venv inside a build step (stdlib only: it runs on the image's own Python).
 
 The build fetches this file from the builder's build-input server, then runs it in the final stage, once per venv
-layer (torchimages.build_inputs.layers): it reads pip's settings from the server, resolves the row's requirements
-(a dry run: metadata only), installs the distributions of its layer without their dependencies, and gives what it
-wrote one owner, mode g=u and one file time, so that the same wheels give byte-identical layers. Everything it
-fetched (settings, CA bundle) is deleted before the step ends: none of it reaches a layer."""
+layer (torchimages.build_inputs.layers): it reads pip's settings from the server and resolves the row's requirements
+with pip (a dry run: metadata only, with this image's markers and installed distributions). The distributions of its
+layer are then written without their dependencies: from a wheelhouse, the server unpacks the planned wheels as pip
+would (unpack.py, natively, also for an emulated machine) and the image's tar extracts the stream, owned and timed
+as it comes; from an index, the image's own pip installs them and this script gives what it wrote one owner, mode
+g=u and one file time. Either way the same wheels give byte-identical layers. Everything it fetched (settings, CA
+bundle) is deleted before the step ends: none of it reaches a layer."""
 import argparse
 import json
 import os
