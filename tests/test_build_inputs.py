@@ -19,7 +19,7 @@ import pytest
 from torchimages.build_inputs import install_layer
 from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
-from torchimages.build_inputs.unpack import LayerWheel, Venv, record_hash, unpack
+from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 from torchimages.builder import engine_is_local
 
 
@@ -155,7 +155,7 @@ def test_a_layer_unpacked_on_the_host_holds_what_pip_writes(tmp_path):
     layer = Venv(str(venv), str(site), python, "{}.{}".format(*sys.version_info[:2]), template, os.getuid(),
                  os.getgid(), 946684800)
     stream = io.BytesIO()
-    unpack([LayerWheel(wheel, requested=True)], layer, stream)
+    unpack(read_wheels([LayerWheel(wheel, requested=True)], layer), layer, stream)
     stream.seek(0)
     with tarfile.open(fileobj=stream) as tar:
         members = tar.getmembers()
@@ -187,7 +187,8 @@ def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
     venv = {"root": "/opt/venv", "site": "/opt/venv/lib/python3.11/site-packages", "interpreter": "/opt/venv/bin/python3",
             "python": "3.11", "script_template": "from %(module)s import %(import_name)s\n%(func)s()\n", "uid": 1000,
             "gid": 0, "time": 946684800}
-    with BuildInputsServer({wheel.name: wheel}, "", None) as served:
+    not_a_wheel = make_wheel(tmp_path / "wheels", "not_a_wheel", "1.0")  # METADATA, but no WHEEL file nor RECORD
+    with BuildInputsServer({wheel.name: wheel, not_a_wheel.name: not_a_wheel}, "", None) as served:
         base = f"http://{served.address}:{BUILD_INPUTS_PORT}"
 
         def post(wheels) -> bytes:
@@ -199,7 +200,8 @@ def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
             names = tar.getnames()
         assert "opt/venv/bin/demo" in names and "opt/venv/lib/python3.11/site-packages/demo_pkg/__init__.py" in names
         assert not any(name.endswith("REQUESTED") for name in names), "a dependency is not marked REQUESTED"
-        for refused in ([["../../etc/passwd", True]], [["other-1.0-py3-none-any.whl", True]], "not a list"):
+        for refused in ([["../../etc/passwd", True]], [["other-1.0-py3-none-any.whl", True]], "not a list",
+                        [[not_a_wheel.name, True]]):
             with pytest.raises(urllib.error.HTTPError) as error:
                 post(refused)
-            assert error.value.code == 400
+            assert error.value.code == 400 and error.value.read().startswith(b"no layer: ")

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 from fnmatch import fnmatchcase
@@ -98,6 +99,8 @@ def extract_layer(url, names, chosen, venv, site, owner, file_time):
     try:
         with urllib.request.urlopen(post, timeout=600) as response:
             shutil.copyfileobj(response, tar.stdin, 1 << 20)
+    except urllib.error.HTTPError as error:
+        sys.exit("install_layer: the build-input server wrote no layer: " + error.read().decode(errors="replace"))
     finally:
         tar.stdin.close()
         if tar.wait() != 0:

@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote
 import pip
 
 from .layers import INSTALL_SCRIPT
-from .unpack import LayerWheel, Venv, unpack
+from .unpack import LayerWheel, Venv, read_wheels, unpack
 
 BUILD_INPUTS_HOST = "torchimages-build-inputs"
 BUILD_INPUTS_PORT = 8679
@@ -105,8 +105,9 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             try:
                 wheels, venv = layer_request(json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
                                              owner.wheels)
-            except (KeyError, TypeError, ValueError) as error:
-                self.send_error(HTTPStatus.BAD_REQUEST, f"not a layer request: {error}")
+                layer = read_wheels(wheels, venv)
+            except (KeyError, TypeError, ValueError) as error:  # WheelError is a ValueError
+                self._send(f"no layer: {error}\n".encode(), "text/plain", HTTPStatus.BAD_REQUEST)
                 return
             # No length: the stream is unpacked as it is sent, and its end is the connection's.
             self.send_response(HTTPStatus.OK)
@@ -114,12 +115,12 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.close_connection = True
             try:
-                unpack(wheels, venv, cast(IO[bytes], self.wfile))
+                unpack(layer, venv, cast(IO[bytes], self.wfile))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the build step went away (cancelled)
 
-        def _send(self, body: bytes, content_type: str) -> None:
-            self.send_response(HTTPStatus.OK)
+        def _send(self, body: bytes, content_type: str, status: HTTPStatus = HTTPStatus.OK) -> None:
+            self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

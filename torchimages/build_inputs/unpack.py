@@ -16,7 +16,6 @@ import csv
 import hashlib
 import io
 import posixpath
-import re
 import stat
 import tarfile
 import zipfile
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import IO
 
 COPY_CHUNK = 1 << 20
-ENTRY_POINT = re.compile(r"^(?P<module>[\w.]+)\s*(:\s*(?P<attr>[\w.]+))?\s*(\[.*\])?\s*$")
 
 
 @dataclass(frozen=True)
@@ -96,54 +94,81 @@ class LayerTar:
         self.tar.addfile(self._info(path, tarfile.REGTYPE, 0o775 if executable else 0o664, size), stream)
 
 
-def unpack(wheels: Iterable[LayerWheel], venv: Venv, out: IO[bytes]) -> None:
+class WheelError(ValueError):
+    """A wheel the layer cannot be written from (named, with why): refused before any byte is sent."""
+
+
+@dataclass(frozen=True)
+class ReadWheel:
+    """What a wheel's own files say, read before the stream starts, so that a bad wheel is refused, not cut short."""
+
+    wheel: LayerWheel
+    dist_info: str
+    distribution: str
+    rows: dict[str, list[str]]  # its RECORD, by path
+    scripts: tuple[tuple[str, bytes], ...]  # the console and GUI scripts pip would write
+
+
+def read_wheels(wheels: Iterable[LayerWheel], venv: Venv) -> list[ReadWheel]:
+    return [_read(wheel, venv) for wheel in wheels]
+
+
+def _read(wheel: LayerWheel, venv: Venv) -> ReadWheel:
+    try:
+        with zipfile.ZipFile(wheel.path) as archive:
+            dist_info = next(name.split("/")[0] for name in archive.namelist()
+                             if name.count("/") == 1 and name.endswith(".dist-info/WHEEL"))
+            distribution = _metadata_name(archive.read(posixpath.join(dist_info, "METADATA")))
+            record = archive.read(posixpath.join(dist_info, "RECORD")).decode()
+            rows = {row[0]: row for row in csv.reader(io.StringIO(record)) if row}
+            return ReadWheel(wheel, dist_info, distribution, rows, tuple(_scripts(archive, dist_info, venv)))
+    except (OSError, zipfile.BadZipFile, StopIteration, KeyError, UnicodeDecodeError, csv.Error,
+            configparser.Error) as error:
+        raise WheelError(f"{wheel.path.name}: not a wheel pip could install ({type(error).__name__}: {error})") from None
+
+
+def unpack(wheels: Iterable[ReadWheel], venv: Venv, out: IO[bytes]) -> None:
     """Write the layer of these wheels to out, in the order given."""
     layer = LayerTar(out, venv)
     try:
         for wheel in wheels:
-            with zipfile.ZipFile(wheel.path) as archive:
-                _install(archive, wheel.requested, venv, layer)
+            with zipfile.ZipFile(wheel.wheel.path) as archive:
+                _install(archive, wheel, venv, layer)
     finally:
         layer.close()
 
 
-def _install(archive: zipfile.ZipFile, requested: bool, venv: Venv, layer: LayerTar) -> None:
-    names = archive.namelist()
-    dist_info = next(name.split("/")[0] for name in names if name.count("/") == 1 and name.endswith(".dist-info/WHEEL"))
-    distribution = _metadata_name(archive.read(posixpath.join(dist_info, "METADATA")))
-    data = dist_info[: -len(".dist-info")] + ".data/"
-    old_record = posixpath.join(dist_info, "RECORD")
-    rows = {row[0]: row for row in csv.reader(io.StringIO(archive.read(old_record).decode())) if row}
+def _install(archive: zipfile.ZipFile, wheel: ReadWheel, venv: Venv, layer: LayerTar) -> None:
+    data = wheel.dist_info[: -len(".dist-info")] + ".data/"
+    old_record = posixpath.join(wheel.dist_info, "RECORD")
     record: list[tuple[str, str, str]] = []
 
     def installed(path: str) -> str:
         return posixpath.relpath(path, venv.site)
 
+    def add(path: str, body: bytes, executable: bool) -> None:
+        layer.add(path, io.BytesIO(body), len(body), executable)
+        record.append((installed(path), record_hash(body), str(len(body))))
+
     for member in archive.infolist():
         if member.is_dir() or member.filename == old_record:
             continue
-        target = _target(member.filename, data, distribution, venv)
+        target = _target(member.filename, data, wheel.distribution, venv)
         mode = member.external_attr >> 16
         executable = bool(mode and stat.S_ISREG(mode) and mode & 0o111)  # pip's rule
-        old = rows.get(member.filename)
         if posixpath.dirname(target) == venv.scheme_folder("scripts", "") and _names_python(archive, member):
-            body = _shebang(venv, archive.read(member))  # pip names the venv's interpreter in a wheel's own scripts
-            layer.add(target, io.BytesIO(body), len(body), executable)
-            record.append((installed(target), record_hash(body), str(len(body))))
+            add(target, _shebang(venv, archive.read(member)), executable)  # pip names the venv's interpreter
             continue
         if "__pycache__" not in member.filename.split("/")[:-1]:  # bytecode a wheel ships: the image has none
             with archive.open(member) as stream:
                 layer.add(target, stream, member.file_size, executable)
+        old = wheel.rows.get(member.filename)
         record.append((installed(target), *(old[1:3] if old else ("", ""))))
-    scripts = posixpath.join(venv.root, "bin")
-    for name, body in _scripts(archive, dist_info, venv):
-        layer.add(posixpath.join(scripts, name), io.BytesIO(body), len(body), True)
-        record.append((installed(posixpath.join(scripts, name)), record_hash(body), str(len(body))))
-    generated = {"INSTALLER": b"pip\n", **({"REQUESTED": b""} if requested else {})}
-    for name, body in generated.items():
-        path = posixpath.join(venv.site, dist_info, name)
-        layer.add(path, io.BytesIO(body), len(body), False)
-        record.append((installed(path), record_hash(body), str(len(body))))
+    for name, body in wheel.scripts:
+        add(posixpath.join(venv.scheme_folder("scripts", ""), name), body, True)
+    add(posixpath.join(venv.site, wheel.dist_info, "INSTALLER"), b"pip\n", False)
+    if wheel.wheel.requested:
+        add(posixpath.join(venv.site, wheel.dist_info, "REQUESTED"), b"", False)
     record.append((installed(posixpath.join(venv.site, old_record)), "", ""))
     text = io.StringIO()
     csv.writer(text).writerows(sorted(record))  # pip's RECORD: sorted rows, the csv module's CRLF
@@ -175,18 +200,17 @@ def _shebang(venv: Venv, script: bytes) -> bytes:
 
 def _scripts(archive: zipfile.ZipFile, dist_info: str, venv: Venv) -> Iterator[tuple[str, bytes]]:
     """The console and GUI scripts of entry_points.txt, as pip's ScriptMaker writes them."""
-    try:
-        text = archive.read(posixpath.join(dist_info, "entry_points.txt")).decode()
-    except KeyError:
+    if posixpath.join(dist_info, "entry_points.txt") not in archive.namelist():
         return
+    text = archive.read(posixpath.join(dist_info, "entry_points.txt")).decode()
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # names are case-sensitive
     parser.read_string(text)
     for section in ("console_scripts", "gui_scripts"):
         for name, value in (parser.items(section) if parser.has_section(section) else []):
-            match = ENTRY_POINT.match(value)
-            if not match or not match["attr"]:
-                raise ValueError(f"{dist_info}/entry_points.txt: {name} = {value} is no module:function")
-            body = venv.script_template % {"module": match["module"], "import_name": match["attr"].split(".")[0],
-                                           "func": match["attr"]}
+            module, _, attr = value.split("[", 1)[0].partition(":")  # module:attr [extras]
+            module, attr = module.strip(), attr.strip()
+            if not all(part.isidentifier() for part in (*module.split("."), *attr.split("."))):
+                raise WheelError(f"{dist_info}/entry_points.txt: {name} = {value} is no module:function")
+            body = venv.script_template % {"module": module, "import_name": attr.split(".")[0], "func": attr}
             yield name, b"#!" + venv.interpreter.encode() + b"\n" + body.encode()
