@@ -282,9 +282,8 @@ class Publisher:
             all_tags = sorted(set(all_tags) | set(result.created))
         by_tag = {result.tag: result for result in results}
         for tag, members in grouped.items():
-            index = self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog, all_tags)
-            results.append(index)
-            all_tags = sorted(set(all_tags) | set(index.created))
+            results.append(self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog,
+                                                       all_tags))
         return results
 
     def _publish_index_guarded(self, tag: str, members: list[ImageSpec], published: list[PublishResult],
