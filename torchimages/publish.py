@@ -41,6 +41,7 @@ from .reporting import RowReport, utc_timestamp
 from .signatures import SignatureStore, attestation_tag, signature_tag
 from .signing import SigningKey
 from .verify.reports import VerifyReport, read_verify_report, verify_report_path
+from .verify.selection import as_flags
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
@@ -50,7 +51,8 @@ ALLOWLIST_NAME = "scanner-allowlist.yaml"
 
 def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyReport | None,
                          report_path: Path) -> str | None:
-    """Why this image may not be published, or None when its last verification passed for this exact image id."""
+    """Why this image may not be published, or None when its last verification ran every check and passed for this
+    exact image id."""
     if image is None:
         return f"no image {local_name(spec)} on the engine: build it first (`python build.py build {spec.tag}`)"
     if report is None:
@@ -60,6 +62,9 @@ def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyRepo
                 f"it was rebuilt since: run `python build.py test {spec.tag}` again")
     if not report.passed:
         return f"its verification failed ({', '.join(report.with_status('failed')) or 'see the report'}): see {report_path}"
+    if report.selection:  # the checks left out were never run on these bytes
+        return (f"it was verified with only some checks ({as_flags(report.selection)}): publishing needs every check; "
+                f"run the full `python build.py test {spec.tag}`")
     gpu_check = report.checks.get("gpu")
     if spec.is_gpu and (gpu_check is None or gpu_check.status != "passed"):
         return (f"its GPU checks did not run ({gpu_check.message if gpu_check else 'no gpu check in the report'}): "
