@@ -420,11 +420,11 @@ def selection_for(check: str) -> tuple[str, ...]:
 
 def containers_left(docker_client, reports: Path) -> list[str]:
     """Verification containers and derived images of the run writing to reports (others may verify on the same
-    engine meanwhile)."""
-    owner = f"{VERIFY_LABEL}.reports={reports.resolve()}"
-    containers = [c.name for c in docker_client.containers.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
-    images = [i.id for i in docker_client.images.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
-    return containers + images
+    engine meanwhile). Listed without inspecting each, as the SDK's containers.list() does: a derived image's build
+    container may be gone between the list and the inspect."""
+    labels = {"label": [VERIFY_LABEL, f"{VERIFY_LABEL}.reports={reports.resolve()}"]}
+    containers = [entry["Names"][0].lstrip("/") for entry in docker_client.api.containers(all=True, filters=labels)]
+    return containers + docker_client.api.images(all=True, filters=labels, quiet=True)
 
 
 def report_of(reports: Path, tag: str) -> dict:
