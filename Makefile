@@ -44,7 +44,7 @@ images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
-# The engine-free tests run beside the engine tests, in a process of their own (devtools/test_lanes.sh).
+# The engine-free tests on both cores, then the engine tests in order (devtools/test_lanes.sh).
 test: render-check lint engine cosign
 	source $(ENGINE_ENV) && devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
