@@ -205,8 +205,8 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
     images = tmp_path / "images"
     token = f"torchimages-ctrl-c-test-{os.getpid()}"  # finds this test's containers, whatever else the engine runs
 
-    def sleepers():
-        return [c for c in docker_client.containers.list(all=True) if token in " ".join(c.attrs["Config"]["Cmd"] or [])]
+    def sleepers():  # listed without inspecting each: another run's container may go in between (a 404)
+        return [c for c in docker_client.api.containers(all=True) if token in c["Command"]]
 
     for tag in ("2.13.0-cpu-runtime", "2.12.0-cpu-runtime"):
         (images / tag).mkdir(parents=True)
@@ -220,7 +220,7 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
         line = process.stderr.readline()
         running += ": step 2/" in line
     assert running == 2, "both builds should have reached their RUN step"
-    wait_until(lambda: len([c for c in sleepers() if c.status == "running"]) == 2, "both RUN containers running")
+    wait_until(lambda: len([c for c in sleepers() if c["State"] == "running"]) == 2, "both RUN containers running")
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=120)
