@@ -5,6 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tarfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -15,6 +19,7 @@ import pytest
 from torchimages.build_inputs import install_layer
 from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
+from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 from torchimages.builder import engine_is_local
 
 
@@ -94,3 +99,109 @@ def test_only_what_the_step_wrote_gets_the_fixed_time(tmp_path):
 def test_builds_need_an_engine_on_this_host(monkeypatch, host, local):
     monkeypatch.setenv("DOCKER_HOST", host)
     assert engine_is_local() is local
+
+
+def make_full_wheel(folder: Path) -> Path:
+    """A wheel with every part pip treats apart: console and GUI scripts, a `#!python` script of its own, headers,
+    data, an executable file, shipped bytecode."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "demo_pkg-1.0-py3-none-any.whl"
+    files = {
+        "demo_pkg/__init__.py": b"def main():\n    return 0\n",
+        "demo_pkg/tool.sh": b"#!/bin/sh\necho tool\n",
+        "demo_pkg/__pycache__/__init__.cpython-311.pyc": b"\x00bytecode",
+        "demo_pkg-1.0.data/scripts/demo-own": b"#!python\nprint('own script')\n",
+        "demo_pkg-1.0.data/headers/demo.h": b"int demo;\n",
+        "demo_pkg-1.0.data/data/share/man/man1/demo.1": b".TH DEMO 1\n",
+        "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo_pkg\nVersion: 1.0\n",
+        "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "demo_pkg-1.0.dist-info/entry_points.txt": b"[console_scripts]\ndemo = demo_pkg:main\n"
+                                                   b"demo-sub = demo_pkg.sub.cli:run.go [extra]\n"
+                                                   b"[gui_scripts]\ndemo-gui = demo_pkg:main\n",
+    }
+    record = "".join(f"{name},{record_hash(body)},{len(body)}\n" for name, body in files.items())
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, body in files.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o755 if name.endswith((".sh", "demo-own")) else 0o644) << 16
+            archive.writestr(info, body)
+        archive.writestr("demo_pkg-1.0.dist-info/RECORD", record + "demo_pkg-1.0.dist-info/RECORD,,\n")
+    return path
+
+
+def test_a_layer_unpacked_on_the_host_holds_what_pip_writes(tmp_path):
+    """The same wheel installed from a find-links folder by a real venv's own pip (--no-deps --no-compile), and unpacked
+    into a tar stream for that venv (with that pip's script template, as the build step reads it) and extracted into
+    it afresh: the same files, bytes (RECORD included) and modes (pip's, with the build's g=u), but the bytecode a
+    wheel ships (the image has none; RECORD lists it as pip's does); every entry at the layer's owner and time;
+    folders only where the layer adds to them."""
+    wheel = make_full_wheel(tmp_path / "wheels")
+    venv = tmp_path / "opt" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    own = set(tree(venv))  # the venv's own files (pip, setuptools): no part of the layer
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-compile", "--no-index", "--find-links",
+                    str(wheel.parent), "--disable-pip-version-check", "--quiet", "demo_pkg==1.0"], check=True,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    by_pip = {path: entry for path, entry in tree(venv, group_like_user=True).items() if path not in own}
+    template = install_layer.script_template(python)
+    for installed in venv.glob("lib/python3*/site-packages/demo_pkg*"):
+        shutil.rmtree(installed)
+    for script in ("demo", "demo-gui", "demo-own", "demo-sub"):
+        (venv / "bin" / script).unlink()
+    shutil.rmtree(venv / "include" / "site")
+    shutil.rmtree(venv / "share")
+    site = next(venv.glob("lib/python3*/site-packages"))
+    layer = Venv(str(venv), str(site), python, "{}.{}".format(*sys.version_info[:2]), template, os.getuid(),
+                 os.getgid(), 946684800)
+    stream = io.BytesIO()
+    unpack(read_wheels([LayerWheel(wheel, requested=True)], layer), layer, stream)
+    stream.seek(0)
+    with tarfile.open(fileobj=stream) as tar:
+        members = tar.getmembers()
+        tar.extractall("/", filter="fully_trusted")  # the members are the venv's absolute paths, here in tmp_path
+    ours = {path: entry for path, entry in tree(venv).items() if path not in own}
+    assert ours == {path: entry for path, entry in by_pip.items() if "__pycache__" not in path}
+    assert {(member.uid, member.gid, member.mtime) for member in members} == {(os.getuid(), os.getgid(), 946684800)}
+    folders = {"/" + member.name for member in members if member.isdir()}
+    assert str(site) in folders and str(venv / "bin") in folders, "the folders it adds to take the layer's time"
+    assert str(site.parent) not in folders and str(venv / "lib") not in folders, "folders passed through are left alone"
+    assert not any("__pycache__" in member.name for member in members), "no bytecode, as the image has none"
+
+
+def tree(root: Path, group_like_user: bool = False) -> dict[str, tuple]:
+    """Each file below root: its mode (with group_like_user, the group's bits set as the user's, as the build does)
+    and its bytes."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or path.is_dir():
+            continue
+        mode = path.stat().st_mode & 0o7777
+        found[str(path.relative_to(root))] = ((mode & ~0o070) | ((mode & 0o700) >> 3) if group_like_user else mode,
+                                              path.read_bytes())
+    return found
+
+
+def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
+    wheel = make_full_wheel(tmp_path / "wheels")
+    venv = {"root": "/opt/venv", "site": "/opt/venv/lib/python3.11/site-packages", "interpreter": "/opt/venv/bin/python3",
+            "python": "3.11", "script_template": "from %(module)s import %(import_name)s\n%(func)s()\n", "uid": 1000,
+            "gid": 0, "time": 946684800}
+    not_a_wheel = make_wheel(tmp_path / "wheels", "not_a_wheel", "1.0")  # METADATA, but no WHEEL file nor RECORD
+    with BuildInputsServer({wheel.name: wheel, not_a_wheel.name: not_a_wheel}, "", None) as served:
+        base = f"http://{served.address}:{BUILD_INPUTS_PORT}"
+
+        def post(wheels) -> bytes:
+            request = urllib.request.Request(f"{base}/layer.tar", json.dumps({"wheels": wheels, "venv": venv}).encode())
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.read()
+
+        with tarfile.open(fileobj=io.BytesIO(post([[wheel.name, False]]))) as tar:
+            names = tar.getnames()
+        assert "opt/venv/bin/demo" in names and "opt/venv/lib/python3.11/site-packages/demo_pkg/__init__.py" in names
+        assert not any(name.endswith("REQUESTED") for name in names), "a dependency is not marked REQUESTED"
+        for refused in ([["../../etc/passwd", True]], [["other-1.0-py3-none-any.whl", True]], "not a list",
+                        [[not_a_wheel.name, True]]):
+            with pytest.raises(urllib.error.HTTPError) as error:
+                post(refused)
+            assert error.value.code == 400 and error.value.read().startswith(b"no layer: ")

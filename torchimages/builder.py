@@ -24,7 +24,7 @@ import urllib3
 
 from . import engine
 from .bases_lock import LOCK_NAME, read_lock
-from .build_inputs.layers import INSTALL_SCRIPT, layer_args
+from .build_inputs.layers import install_code_digest, layer_args
 from .build_inputs.server import BUILD_INPUTS_HOST, BUILD_INPUTS_URL, BuildInputsServer
 from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, Problem, TorchImagesError
@@ -182,7 +182,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
     # Served wheels make pip ignore the indexes (no-index): then they are no input of the layers, and a changed
     # mirror URL rebuilds nothing but the labels.
     indexes = {} if wheels else index_settings(options)
-    sources = json.dumps([indexes, ca_bundle or "", _sha256(INSTALL_SCRIPT.read_bytes())]).encode()
+    sources = json.dumps([indexes, ca_bundle or "", install_code_digest()]).encode()
     inputs = build_inputs(files, sizes, index_settings(options), ca_bundle, base_identity)
     return BuildContext(files, wheels, ca_bundle, inputs, input_hash(inputs), base_image_id,
                         layer_args(sizes, sources, spec.is_gpu))
@@ -191,14 +191,14 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
 def build_inputs(files: dict[str, Path], wheel_sizes: dict[str, int], indexes: dict[str, str], ca_bundle: str | None,
                  base_identity: str) -> dict[str, str]:
     """Every input of a build by name, with what identifies it: a context file's sha256, a served wheel's size, the
-    index settings (logins removed), the CA bundle's and the install script's sha256, the base's identity. Kept with
+    index settings (logins removed), the CA bundle's and the install code's sha256, the base's identity. Kept with
     the build, so that `why` can name the inputs that changed."""
     inputs = {f"file {name}": _sha256(path.read_bytes()) for name, path in files.items()}
     inputs.update({f"wheel {name}": f"{size} bytes" for name, size in wheel_sizes.items()})
     inputs.update({f"index {name}": url for name, url in indexes.items()})
     if ca_bundle is not None:
         inputs["CA bundle"] = _sha256(ca_bundle.encode())
-    inputs["install script"] = _sha256(INSTALL_SCRIPT.read_bytes())
+    inputs["install script"] = install_code_digest()
     inputs["base"] = base_identity
     return inputs
 

@@ -1,10 +1,13 @@
 """Install one layer of /opt/venv inside a build step (stdlib only: it runs on the image's own Python).
 
 The build fetches this file from the builder's build-input server, then runs it in the final stage, once per venv
-layer (torchimages.build_inputs.layers): it reads pip's settings from the server, resolves the row's requirements
-(a dry run: metadata only), installs the distributions of its layer without their dependencies, and gives what it
-wrote one owner, mode g=u and one file time, so that the same wheels give byte-identical layers. Everything it
-fetched (settings, CA bundle) is deleted before the step ends: none of it reaches a layer."""
+layer (torchimages.build_inputs.layers): it reads pip's settings from the server and resolves the row's requirements
+with pip (a dry run: metadata only, with this image's markers and installed distributions). The distributions of its
+layer are then written without their dependencies: from a wheelhouse, the server unpacks the planned wheels as pip
+would (unpack.py, natively, also for an emulated machine) and the image's tar extracts the stream, owned and timed
+as it comes; from an index, the image's own pip installs them and this script gives what it wrote one owner, mode
+g=u and one file time. Either way the same wheels give byte-identical layers. Everything it fetched (settings, CA
+bundle) is deleted before the step ends: none of it reaches a layer."""
 import argparse
 import json
 import os
@@ -13,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.parse
 import urllib.request
 from fnmatch import fnmatchcase
 
@@ -48,15 +53,58 @@ def fetch_settings(url, workdir):
 
 
 def plan(pip, requirements, env, workdir, flags=()):
-    """What pip would install now: [(name as its metadata spells it, version, requested)]. The builder's pip plans
-    (from planner.zip, on this venv's interpreter: this venv's markers and installed distributions)."""
+    """What pip would install now: [(name as its metadata spells it, version, requested, the wheel's URL)]. The
+    builder's pip plans (from planner.zip, on this venv's interpreter: this venv's markers and installed
+    distributions)."""
     report = os.path.join(workdir, "plan.json")
     planner = dict(env, PYTHONPATH=os.path.join(workdir, "planner.zip"))
     subprocess.run(pip + ["install", *PIP_FLAGS, *flags, "--dry-run", "--report", report, *requirements],
                    env=planner, check=True)
     with open(report) as handle:
-        return [(item["metadata"]["name"], item["metadata"]["version"], item.get("requested", False))
-                for item in json.load(handle)["install"]]
+        return [(item["metadata"]["name"], item["metadata"]["version"], item.get("requested", False),
+                 item["download_info"]["url"]) for item in json.load(handle)["install"]]
+
+
+def served_names(url, chosen):
+    """The file names of the chosen wheels when the build-input server serves every one of them (a wheelhouse
+    build), else None (an index build: the image's pip fetches and installs them)."""
+    prefix = url + "/wheels/"
+    if not all(wheel_url.startswith(prefix) for _, _, _, wheel_url in chosen):
+        return None
+    return [urllib.parse.unquote(wheel_url[len(prefix):]) for _, _, _, wheel_url in chosen]
+
+
+def script_template(python):
+    """The console-script template of the venv's own pip (distlib's): the scripts are what it would write."""
+    return subprocess.run([python, "-B", "-c", "import sys; from pip._vendor.distlib.scripts import ScriptMaker; "
+                                         "sys.stdout.write(ScriptMaker.script_template)"],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def extract_layer(url, names, chosen, venv, site, owner, file_time):
+    """The server unpacks the planned wheels (what pip would write, owned, g=u, at file_time) into a tar stream;
+    the image's tar extracts it as it arrives."""
+    uid, gid = owner if owner[0] is not None else (0, 0)
+    python = interpreter(venv)
+    request = {"wheels": [[name, requested] for name, (_, _, requested, _) in zip(names, chosen, strict=True)],
+               "venv": {"root": venv, "site": site, "interpreter": python, "uid": uid, "gid": gid,
+                        "python": "{}.{}".format(*sys.version_info[:2]), "time": file_time,
+                        "script_template": script_template(python)}}
+    print("unpacking " + " ".join(f"{name}=={version}" for name, version, _, _ in chosen)
+          + " from the build-input server, as pip would install them", flush=True)
+    post = urllib.request.Request(url + "/layer.tar", data=json.dumps(request).encode(),
+                                  headers={"Content-Type": "application/json"})
+    tar = subprocess.Popen(["tar", "--extract", "--file=-", "--directory=/", "--numeric-owner", "--same-owner",
+                            "--same-permissions", "--delay-directory-restore"], stdin=subprocess.PIPE)
+    try:
+        with urllib.request.urlopen(post, timeout=600) as response:
+            shutil.copyfileobj(response, tar.stdin, 1 << 20)
+    except urllib.error.HTTPError as error:
+        sys.exit("install_layer: the build-input server wrote no layer: " + error.read().decode(errors="replace"))
+    finally:
+        tar.stdin.close()
+        if tar.wait() != 0:
+            raise subprocess.CalledProcessError(tar.returncode, ["tar", "--extract", "(the layer from the server)"])
 
 
 def forget_request(site, names):
@@ -69,9 +117,9 @@ def forget_request(site, names):
         if os.path.exists(marker):
             os.remove(marker)
             record = os.path.join(site, entry, "RECORD")
-            with open(record) as handle:
+            with open(record, newline="") as handle:  # pip's RECORD lines end in CRLF: kept
                 lines = [line for line in handle if not line.startswith(entry + "/REQUESTED,")]
-            with open(record, "w") as handle:
+            with open(record, "w", newline="") as handle:
                 handle.writelines(lines)
 
 
@@ -122,22 +170,26 @@ def main(argv=None):
         pip = [interpreter(args.venv), "-m", "pip"]
         if args.uninstall_replaced:
             # A later layer would replace these: uninstalled here, they are in no layer beneath it as dead weight.
-            names = [name for name, _, _ in plan(pip, args.requirements, env, workdir)]
+            names = [name for name, _, _, _ in plan(pip, args.requirements, env, workdir)]
             subprocess.run(pip + ["uninstall", "--yes", "--quiet", *names], env=env, check=True)
             return
         if args.target:
             pinned = plan(pip, args.requirements, env, workdir, ["--no-deps", "--ignore-installed"])
             subprocess.run(pip + ["install", *PIP_FLAGS, "--no-deps", "--target", args.target,
-                                  *[f"{name}=={version}" for name, version, _ in pinned]], env=env, check=True)
+                                  *[f"{name}=={version}" for name, version, _, _ in pinned]], env=env, check=True)
             return
-        chosen = [(name, version, requested) for name, version, requested in plan(pip, args.requirements, env, workdir)
-                  if not args.dist or any(fnmatchcase(normalise(name), pattern) for pattern in args.dist)]
-        if chosen:
-            # The image's own pip installs (its files are what a whole install writes), each pinned, in one run.
-            subprocess.run(pip + ["install", *PIP_FLAGS, "--no-deps", *[f"{name}=={version}" for name, version, _ in chosen]],
-                           env=env, check=True)
-            forget_request(args.site, {normalise(name) for name, _, requested in chosen if not requested})
+        chosen = [item for item in plan(pip, args.requirements, env, workdir)
+                  if not args.dist or any(fnmatchcase(normalise(item[0]), pattern) for pattern in args.dist)]
         owner = tuple(int(part) for part in args.owner.split(":")) if args.owner else (None, None)
+        names = served_names(args.inputs, chosen)
+        if chosen and names is not None:
+            extract_layer(args.inputs, names, chosen, args.venv, args.site, owner, args.time)
+            return
+        if chosen:
+            # The image's own pip installs from the index (its files are what a whole install writes), each pinned.
+            subprocess.run(pip + ["install", *PIP_FLAGS, "--no-deps", *[f"{name}=={version}" for name, version, _, _ in chosen]],
+                           env=env, check=True)
+            forget_request(args.site, {normalise(name) for name, _, requested, _ in chosen if not requested})
         normalise_new(args.venv, since_ns, owner, args.time)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

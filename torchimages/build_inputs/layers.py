@@ -65,3 +65,12 @@ def layer_args(wheels: dict[str, int], sources: bytes, gpu: bool) -> dict[str, s
 
 
 INSTALL_SCRIPT = Path(__file__).with_name("install_layer.py")
+# What writes a layer's files: the step's script and, for served wheels, the server's unpacker.
+INSTALL_CODE = (INSTALL_SCRIPT, Path(__file__).with_name("unpack.py"))
+
+
+def install_code_digest() -> str:
+    digest = hashlib.sha256()
+    for path in INSTALL_CODE:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

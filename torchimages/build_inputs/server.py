@@ -1,7 +1,8 @@
 """The build-input server: what one build fetches over HTTP instead of receiving it in its context.
 
 It serves the row's wheelhouse as a find-links page (with PEP 658 metadata, so that pip's dry runs read no wheel),
-pip's settings (index URLs with their credentials, the CA bundle) and the layer install script, on a loopback address
+pip's settings (index URLs with their credentials, the CA bundle), the layer install script, and each venv layer a
+step planned, unpacked here as a tar stream (unpack.py), on a loopback address
 of its own: the build runs with the host's network (`network_mode="host"`) and reaches it by the host name
 BUILD_INPUTS_HOST, which the builder maps to that address. The name and port never change, so the rendered Dockerfile
 and the engine's cache key do not either; builds running side by side each get another 127.x.y.z."""
@@ -18,12 +19,13 @@ import zipfile
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Self
+from typing import IO, Self, cast
 from urllib.parse import quote, unquote
 
 import pip
 
 from .layers import INSTALL_SCRIPT
+from .unpack import LayerWheel, Venv, read_wheels, unpack
 
 BUILD_INPUTS_HOST = "torchimages-build-inputs"
 BUILD_INPUTS_PORT = 8679
@@ -96,8 +98,29 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_error(HTTPStatus.NOT_FOUND)
 
-        def _send(self, body: bytes, content_type: str) -> None:
+        def do_POST(self) -> None:
+            if unquote(self.path) != "/layer.tar":
+                self.send_error(HTTPStatus.NOT_FOUND)
+                return
+            try:
+                wheels, venv = layer_request(json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
+                                             owner.wheels)
+                layer = read_wheels(wheels, venv)
+            except (KeyError, TypeError, ValueError) as error:  # WheelError is a ValueError
+                self._send(f"no layer: {error}\n".encode(), "text/plain", HTTPStatus.BAD_REQUEST)
+                return
+            # No length: the stream is unpacked as it is sent, and its end is the connection's.
             self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/x-tar")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                unpack(layer, venv, cast(IO[bytes], self.wfile))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the build step went away (cancelled)
+
+        def _send(self, body: bytes, content_type: str, status: HTTPStatus = HTTPStatus.OK) -> None:
+            self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -119,6 +142,14 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             pass  # the build log shows what pip fetched
 
     return Handler
+
+
+def layer_request(request: dict, wheels: dict[str, Path]) -> tuple[list[LayerWheel], Venv]:
+    """The wheels (served ones only, by file name) and the venv a build step asked a layer for."""
+    chosen = [LayerWheel(wheels[name], bool(requested)) for name, requested in request["wheels"]]
+    venv = request["venv"]
+    return chosen, Venv(str(venv["root"]), str(venv["site"]), str(venv["interpreter"]), str(venv["python"]),
+                        str(venv["script_template"]), int(venv["uid"]), int(venv["gid"]), int(venv["time"]))
 
 
 def _metadata(wheel: Path) -> bytes:

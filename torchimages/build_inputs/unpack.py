@@ -1,0 +1,216 @@
+"""One venv layer as a tar stream, unpacked on the host from the wheels a build step planned: what pip would write.
+
+The build step (install_layer.py) plans with pip inside the image, as before; the build-input server then unpacks the
+planned wheels here, natively, and the step extracts the stream with the image's own `tar`. On an emulated machine
+(an arm64 image built on x86_64) only tar's copying runs under qemu, not pip. The files are those pip 23 writes for
+`pip install --no-deps --no-compile` into the venv: the wheel's files by its scheme (`.data/` folders included),
+console and GUI scripts with the image's pip's own template and the venv's interpreter, `#!python` scripts rewritten, INSTALLER,
+REQUESTED for what was asked for by name, and RECORD as pip writes it (the wheel's rows kept, new files hashed,
+sorted, CSV with CRLF). Every entry has the layer's owner, mode g=u and one file time; directories are written only
+where the layer adds to them, so that a folder an earlier layer made and this one leaves alone is not copied up."""
+from __future__ import annotations
+
+import base64
+import configparser
+import csv
+import hashlib
+import io
+import posixpath
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+COPY_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Venv:
+    """Where one layer's wheels go in the image, and with what owner and file time."""
+
+    root: str  # /opt/venv
+    site: str  # its site-packages
+    interpreter: str  # the scripts' shebang, as the venv's pip names it
+    python: str  # "3.11": headers go to include/site/pythonX.Y/<name>
+    script_template: str  # the image's own pip's (distlib's ScriptMaker.script_template): it changed across versions
+    uid: int
+    gid: int
+    time: int
+
+    def scheme_folder(self, scheme: str, distribution: str) -> str:
+        return {"purelib": self.site, "platlib": self.site, "scripts": posixpath.join(self.root, "bin"),
+                "data": self.root,
+                "headers": posixpath.join(self.root, "include", "site", f"python{self.python}", distribution)}[scheme]
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """The folders that exist before any layer: above them nothing is written, they themselves only if added to."""
+        return self.site, posixpath.join(self.root, "bin"), posixpath.join(self.root, "include"), self.root
+
+
+@dataclass(frozen=True)
+class LayerWheel:
+    path: Path
+    requested: bool  # asked for by name: pip marks it REQUESTED
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+class LayerTar:
+    """A tar stream of one layer's entries; each file's folders are written before it, once, up to the venv's roots."""
+
+    def __init__(self, out: IO[bytes], venv: Venv):
+        self.venv = venv
+        # copybufsize is TarFile's own argument, which typeshed's stream-mode overloads leave out.
+        self.tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
+                                bufsize=COPY_CHUNK, copybufsize=COPY_CHUNK)
+        self.folders: set[str] = set()
+
+    def close(self) -> None:
+        self.tar.close()
+
+    def _info(self, path: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.type, info.mode, info.size = kind, mode, size
+        info.uid, info.gid, info.uname, info.gname, info.mtime = self.venv.uid, self.venv.gid, "", "", self.venv.time
+        return info
+
+    def _folders_of(self, path: str) -> None:
+        parent = posixpath.dirname(path)
+        if parent in self.folders or parent in ("", "/"):
+            return
+        if parent not in self.venv.roots:
+            self._folders_of(parent)
+        self.folders.add(parent)
+        self.tar.addfile(self._info(parent, tarfile.DIRTYPE, 0o775))
+
+    def add(self, path: str, stream: IO[bytes], size: int, executable: bool) -> None:
+        self._folders_of(path)
+        self.tar.addfile(self._info(path, tarfile.REGTYPE, 0o775 if executable else 0o664, size), stream)
+
+
+class WheelError(ValueError):
+    """A wheel the layer cannot be written from (named, with why): refused before any byte is sent."""
+
+
+@dataclass(frozen=True)
+class ReadWheel:
+    """What a wheel's own files say, read before the stream starts, so that a bad wheel is refused, not cut short."""
+
+    wheel: LayerWheel
+    dist_info: str
+    distribution: str
+    rows: dict[str, list[str]]  # its RECORD, by path
+    scripts: tuple[tuple[str, bytes], ...]  # the console and GUI scripts pip would write
+
+
+def read_wheels(wheels: Iterable[LayerWheel], venv: Venv) -> list[ReadWheel]:
+    return [_read(wheel, venv) for wheel in wheels]
+
+
+def _read(wheel: LayerWheel, venv: Venv) -> ReadWheel:
+    try:
+        with zipfile.ZipFile(wheel.path) as archive:
+            dist_info = next(name.split("/")[0] for name in archive.namelist()
+                             if name.count("/") == 1 and name.endswith(".dist-info/WHEEL"))
+            distribution = _metadata_name(archive.read(posixpath.join(dist_info, "METADATA")))
+            record = archive.read(posixpath.join(dist_info, "RECORD")).decode()
+            rows = {row[0]: row for row in csv.reader(io.StringIO(record)) if row}
+            return ReadWheel(wheel, dist_info, distribution, rows, tuple(_scripts(archive, dist_info, venv)))
+    except (OSError, zipfile.BadZipFile, StopIteration, KeyError, UnicodeDecodeError, csv.Error,
+            configparser.Error) as error:
+        raise WheelError(f"{wheel.path.name}: not a wheel pip could install ({type(error).__name__}: {error})") from None
+
+
+def unpack(wheels: Iterable[ReadWheel], venv: Venv, out: IO[bytes]) -> None:
+    """Write the layer of these wheels to out, in the order given."""
+    layer = LayerTar(out, venv)
+    try:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel.wheel.path) as archive:
+                _install(archive, wheel, venv, layer)
+    finally:
+        layer.close()
+
+
+def _install(archive: zipfile.ZipFile, wheel: ReadWheel, venv: Venv, layer: LayerTar) -> None:
+    data = wheel.dist_info[: -len(".dist-info")] + ".data/"
+    old_record = posixpath.join(wheel.dist_info, "RECORD")
+    record: list[tuple[str, str, str]] = []
+
+    def installed(path: str) -> str:
+        return posixpath.relpath(path, venv.site)
+
+    def add(path: str, body: bytes, executable: bool) -> None:
+        layer.add(path, io.BytesIO(body), len(body), executable)
+        record.append((installed(path), record_hash(body), str(len(body))))
+
+    for member in archive.infolist():
+        if member.is_dir() or member.filename == old_record:
+            continue
+        target = _target(member.filename, data, wheel.distribution, venv)
+        mode = member.external_attr >> 16
+        executable = bool(mode and stat.S_ISREG(mode) and mode & 0o111)  # pip's rule
+        if posixpath.dirname(target) == venv.scheme_folder("scripts", "") and _names_python(archive, member):
+            add(target, _shebang(venv, archive.read(member)), executable)  # pip names the venv's interpreter
+            continue
+        if "__pycache__" not in member.filename.split("/")[:-1]:  # bytecode a wheel ships: the image has none
+            with archive.open(member) as stream:
+                layer.add(target, stream, member.file_size, executable)
+        old = wheel.rows.get(member.filename)
+        record.append((installed(target), *(old[1:3] if old else ("", ""))))
+    for name, body in wheel.scripts:
+        add(posixpath.join(venv.scheme_folder("scripts", ""), name), body, True)
+    add(posixpath.join(venv.site, wheel.dist_info, "INSTALLER"), b"pip\n", False)
+    if wheel.wheel.requested:
+        add(posixpath.join(venv.site, wheel.dist_info, "REQUESTED"), b"", False)
+    record.append((installed(posixpath.join(venv.site, old_record)), "", ""))
+    text = io.StringIO()
+    csv.writer(text).writerows(sorted(record))  # pip's RECORD: sorted rows, the csv module's CRLF
+    body = text.getvalue().encode()
+    layer.add(posixpath.join(venv.site, old_record), io.BytesIO(body), len(body), False)
+
+
+def _metadata_name(metadata: bytes) -> str:
+    """The project's name as its METADATA spells it (pip's headers folder is named so)."""
+    return next(line[5:].strip() for line in metadata.decode("utf-8", "replace").splitlines()
+                if line.startswith("Name:"))
+
+
+def _target(name: str, data: str, distribution: str, venv: Venv) -> str:
+    if not name.startswith(data):
+        return posixpath.join(venv.site, name)
+    scheme, _, rest = name[len(data):].partition("/")
+    return posixpath.join(venv.scheme_folder(scheme, distribution), rest)
+
+
+def _names_python(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> bool:
+    with archive.open(member) as stream:
+        return stream.read(len(b"#!python")) == b"#!python"
+
+
+def _shebang(venv: Venv, script: bytes) -> bytes:
+    return b"#!" + venv.interpreter.encode() + b"\n" + script.split(b"\n", 1)[1]
+
+
+def _scripts(archive: zipfile.ZipFile, dist_info: str, venv: Venv) -> Iterator[tuple[str, bytes]]:
+    """The console and GUI scripts of entry_points.txt, as pip's ScriptMaker writes them."""
+    if posixpath.join(dist_info, "entry_points.txt") not in archive.namelist():
+        return
+    text = archive.read(posixpath.join(dist_info, "entry_points.txt")).decode()
+    parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # names are case-sensitive
+    parser.read_string(text)
+    for section in ("console_scripts", "gui_scripts"):
+        for name, value in (parser.items(section) if parser.has_section(section) else []):
+            module, _, attr = value.split("[", 1)[0].partition(":")  # module:attr [extras]
+            module, attr = module.strip(), attr.strip()
+            if not all(part.isidentifier() for part in (*module.split("."), *attr.split("."))):
+                raise WheelError(f"{dist_info}/entry_points.txt: {name} = {value} is no module:function")
+            body = venv.script_template % {"module": module, "import_name": attr.split(".")[0], "func": attr}
+            yield name, b"#!" + venv.interpreter.encode() + b"\n" + body.encode()
