@@ -27,7 +27,7 @@ PROBE_PATH = "/tmp/torchimages-probe.py"
 ARBITRARY_UID = "12345"
 # With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
 CONTAINER_HOSTNAME = "torchimages-verify"
-SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user
+SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user (times the plan's slowdown)
 
 
 def container_name(spec: ImageSpec) -> str:
@@ -104,9 +104,10 @@ def _version_mismatch(facts: dict) -> dict:
             "stderr_tail": ""}
 
 
-def probe_arguments(spec: ImageSpec, timeout: int) -> list[str]:
-    """The main part's flags: the devel extension, and the kill budget its compile child must finish inside."""
-    arguments = ["--budget-s", str(timeout)]
+def probe_arguments(spec: ImageSpec, timeout: int, slowdown: int) -> list[str]:
+    """The main part's flags: the devel extension, the kill budget its compile child must finish inside, and what
+    the probe's own bounds are multiplied by."""
+    arguments = ["--budget-s", str(timeout), "--slowdown", str(slowdown)]
     if spec.builds_extensions:
         arguments.append("--devel")
         if spec.is_gpu:
@@ -118,13 +119,15 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
     """The three probe runs and the derived image's build side by side, plus the image's static facts."""
     pool = ThreadPoolExecutor(max_workers=4)
     wheel = f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"
+    side_timeout = SIDE_PROBE_TIMEOUT_S * plan.slowdown
     try:
         runs = {
-            "main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout), "", plan.timeout),
+            "main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout, plan.slowdown), "",
+                                plan.timeout),
             "files": pool.submit(run_probe, container, ["--part", "files", "--package-caches",
-                                                        ";".join(plan.spec.package_caches)], "0", SIDE_PROBE_TIMEOUT_S),
-            "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel],
-                                  ARBITRARY_UID, SIDE_PROBE_TIMEOUT_S),
+                                                        ";".join(plan.spec.package_caches)], "0", side_timeout),
+            "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel,
+                                                         "--slowdown", str(plan.slowdown)], ARBITRARY_UID, side_timeout),
             "downstream": pool.submit(downstream.derived_image_facts, docker_client, plan.image_id,
                                       {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
         }

@@ -4,8 +4,12 @@ PyPI's aarch64 torch wheels carry oneDNN, whose xbyak_aarch64 reads each CPU's M
 /sys/devices/system/cpu/cpu*/regs/identification/midr_el1 at `import torch`. An x86_64 host's sysfs has no such file,
 and under Debian 12's qemu-user-static 7.2 the import then dies with SIGSEGV (docs/benchmarks.md). The verification
 container of such an image gets, read-only over /sys/devices/system/cpu, a folder naming a Neoverse N1 for every CPU;
-`import torch` then works and reports the row exactly. The report says the CPU identity was a stand-in. On an engine
-whose machine is the image's own (a Grace host, an arm64 runner) nothing of this applies.
+`import torch` then works and reports the row exactly. The report says the CPU identity was a stand-in.
+
+Under emulation every process of the image runs about SLOWDOWN times slower, so every time bound of that verification
+(the main probe's kill timeout unless --timeout names one, the side probes', the check suite's, and the probe's own,
+through its --slowdown) is multiplied by it, and the report says so. On an engine whose machine is the image's own (a
+Grace host, an arm64 runner) nothing of this applies.
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ STANDIN_FOLDER = "emulated-cpu-sysfs"  # under the image's own reports folder, b
 # The engine's /info names its machine as `uname -m` does; an image's config names its machine as OCI (GOARCH) does.
 OCI_ARCHITECTURE = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
 NEEDS_STANDIN = "arm64"  # the machine whose torch wheels read MIDR_EL1 at import
+# How much slower qemu-user runs the image than the host runs its own machine's, measured on this project's 2-core
+# x86_64 machine (docs/benchmarks.md, "arm64 (Grace) rows under emulation"): `import torch` about 40 s against 4 s,
+# the row's cold build 2392 s against 240 s.
+SLOWDOWN = 10
 
 
 def oci_architecture(machine: str) -> str:
@@ -44,6 +52,12 @@ def standin_cpus(image_architecture: str, engine_info: dict) -> int:
         return 0
     count = engine_info.get("NCPU")
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+
+
+def slowdown(cpus: int) -> int:
+    """The factor a verification's time bounds are multiplied by: SLOWDOWN where the engine emulates the image (it
+    gets a stand-in CPU identity of `cpus` CPUs), 1 where it runs the image's machine itself."""
+    return SLOWDOWN if cpus > 0 else 1
 
 
 def standin_files(cpus: int) -> dict[str, str]:
@@ -81,5 +95,7 @@ def cpu_identity_note(cpus: int) -> dict:
     if cpus <= 0:
         return {"cpu_identity": "the engine's own CPUs"}
     return {"cpu_identity": "stand-in", "emulated": True, "midr_el1": STANDIN_MIDR_EL1, "cpus": cpus,
+            "slowdown": slowdown(cpus),
             "why": f"an arm64 image under emulation on this engine: {CPU_SYSFS} was a read-only stand-in naming a "
-                   "Neoverse N1 for every CPU (oneDNN reads MIDR_EL1 there at import torch), not the host's CPUs"}
+                   "Neoverse N1 for every CPU (oneDNN reads MIDR_EL1 there at import torch), not the host's CPUs; "
+                   f"every time bound of the verification was multiplied by {slowdown(cpus)} (qemu-user's slowdown)"}
