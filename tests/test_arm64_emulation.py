@@ -32,6 +32,8 @@ X86, ARM = "2.15.0-cuda13.2-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime-arm
 MIDR_PATH = f"{emulation.CPU_SYSFS}/cpu0/regs/identification/midr_el1"
 ARM64_BASE = "arm64v8/debian:bookworm"
 PASSED = {name: {"status": "passed", "message": "ok"} for name in CHECKS}
+HWCAP = "LD_SHOW_AUXV=1 /bin/true | sed -n 's/^AT_HWCAP: *//p'"  # the CPU features the kernel (qemu) tells glibc
+HWCAP_SVE = 1 << 22  # Linux's arch/arm64 uapi hwcap.h
 
 
 @pytest.mark.parametrize("image, engine_machine, standin", [
@@ -77,6 +79,13 @@ def test_the_stand_in_is_written_under_the_images_reports_folder_and_mounted_rea
 def test_a_native_run_mounts_nothing_and_writes_nothing(tmp_path):
     assert emulation.cpu_mounts(0, tmp_path / ARM, tmp_path) == []
     assert not any(tmp_path.iterdir())
+    assert emulation.cpu_environment(0) == {}
+
+
+def test_under_emulation_qemu_emulates_the_core_the_stand_in_names():
+    """Not qemu's default "max" (SVE with 512-bit vectors, which inductor compiles 256-bit kernels for)."""
+    assert emulation.cpu_environment(2) == {"QEMU_CPU": "neoverse-n1"}
+    assert emulation.cpu_identity_note(2)["qemu_cpu"] == "neoverse-n1"
 
 
 def plan_of(tag: str, image_architecture: str) -> Plan:
@@ -180,15 +189,17 @@ def test_the_verifiers_container_of_an_emulated_arm64_image_reads_the_stand_in_m
     plan = for_this_engine(plan, engine.GpuAccess("", "no GPUs"), info, False)
     assert plan.standin_cpus == info["NCPU"]
     lines = run_in_verifier_container(docker_client, plan, str(tmp_path),
-                                      f"uname -m; cat {MIDR_PATH} {emulation.CPU_SYSFS}/online; "
+                                      f"uname -m; cat {MIDR_PATH} {emulation.CPU_SYSFS}/online; {HWCAP}; "
                                       f"echo x > {MIDR_PATH} || echo read-only")
     assert lines[:3] == ["aarch64", emulation.STANDIN_MIDR_EL1, emulation.standin_files(plan.standin_cpus)["online"][:-1]]
+    assert not int(lines[3], 16) & HWCAP_SVE, f"qemu emulates a Neoverse N1, which has no SVE: AT_HWCAP {lines[3]}"
     assert "read-only" in lines, lines
     assert (tmp_path / ARM / emulation.STANDIN_FOLDER / "online").is_file(), "under the reports folder it was given"
     # Without it (what the verifier did before), the file oneDNN reads is not there: the stand-in is what supplies it.
     without = run_in_verifier_container(docker_client, dataclasses.replace(plan, standin_cpus=0), str(tmp_path),
-                                        f"cat {MIDR_PATH} 2>/dev/null || echo missing")
+                                        f"cat {MIDR_PATH} 2>/dev/null || echo missing; {HWCAP}")
     assert without[0] == "missing", without
+    assert int(without[1], 16) & HWCAP_SVE, f"qemu's default CPU shows SVE: AT_HWCAP {without[1]}"
 
 
 def run_in_verifier_container(docker_client, plan: Plan, reports: str, script: str) -> list[str]:

@@ -39,7 +39,8 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
     """Created apart from started: a container that fails to start still exists and must be removed.
 
     Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are. An arm64
-    image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder."""
+    image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder,
+    and qemu emulates the core it names."""
     mounts = emulation.cpu_mounts(plan.standin_cpus, Path(reports) / plan.spec.tag, Path(reports))
     return docker_client.containers.create(
         plan.image_id, name=name,
@@ -47,7 +48,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(plan.gpu_path), network_mode="none", detach=True,
-        environment={} if plan.gpus.wanted else engine.NO_GPUS,
+        environment={**({} if plan.gpus.wanted else engine.NO_GPUS), **emulation.cpu_environment(plan.standin_cpus)},
         hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"}, mounts=mounts,
     )
 

@@ -3,8 +3,9 @@
 PyPI's aarch64 torch wheels carry oneDNN, whose xbyak_aarch64 reads each CPU's MIDR_EL1 from
 /sys/devices/system/cpu/cpu*/regs/identification/midr_el1 at `import torch`. An x86_64 host's sysfs has no such file,
 and under Debian 12's qemu-user-static 7.2 the import then dies with SIGSEGV (docs/benchmarks.md). The verification
-container of such an image gets, read-only over /sys/devices/system/cpu, a folder naming a Neoverse N1 for every CPU;
-`import torch` then works and reports the row exactly. The report says the CPU identity was a stand-in.
+container of such an image gets, read-only over /sys/devices/system/cpu, a folder naming a Neoverse N1 for every CPU,
+and qemu emulates that core (QEMU_CPU); `import torch` then works and reports the row exactly. The report says the CPU
+identity was a stand-in.
 
 Under emulation every process of the image runs about SLOWDOWN times slower, so every time bound of that verification
 (the main probe's kill timeout unless --timeout names one, the side probes', the check suite's, and the probe's own,
@@ -20,9 +21,14 @@ import docker.types
 from ..files import atomic_write
 
 CPU_SYSFS = "/sys/devices/system/cpu"
-# MIDR_EL1 of an Arm Neoverse N1 r3p1 (implementer 0x41 Arm, part 0xd0c): a core oneDNN knows, with no SVE, as qemu
-# shows none to the image either.
+# MIDR_EL1 of an Arm Neoverse N1 r3p1 (implementer 0x41 Arm, part 0xd0c): a core oneDNN knows, with no SVE.
 STANDIN_MIDR_EL1 = "0x00000000413fd0c1"
+# The core qemu-user emulates for the image's processes (it reads QEMU_CPU from their environment): the one the stand-in
+# names. qemu's default, "max", shows SVE with 512-bit vectors, which no Grace-class core has (Neoverse V2: 128 bits);
+# inductor then compiles its CPU kernels for 256-bit SVE, code that assumes registers of exactly that width, and
+# Debian 12's g++ 12.2 cannot compile them against a precompiled header (an internal compiler error, natively too:
+# docs/benchmarks.md).
+STANDIN_QEMU_CPU = "neoverse-n1"
 STANDIN_FOLDER = "emulated-cpu-sysfs"  # under the image's own reports folder, beside facts.json
 # The engine's /info names its machine as `uname -m` does; an image's config names its machine as OCI (GOARCH) does.
 OCI_ARCHITECTURE = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
@@ -76,6 +82,12 @@ def write_standin(folder: Path, cpus: int, root: Path) -> None:
         atomic_write(folder / relative, content, root=root)
 
 
+def cpu_environment(cpus: int) -> dict[str, str]:
+    """The verification container's environment for the CPU model: nothing natively, the stand-in's core under
+    emulation."""
+    return {"QEMU_CPU": STANDIN_QEMU_CPU} if cpus > 0 else {}
+
+
 def standin_mount(folder: Path) -> docker.types.Mount:
     """Read-only: the image's processes may read the stand-in, never change what the next run mounts."""
     return docker.types.Mount(CPU_SYSFS, str(folder.resolve()), type="bind", read_only=True)
@@ -95,7 +107,8 @@ def cpu_identity_note(cpus: int) -> dict:
     if cpus <= 0:
         return {"cpu_identity": "the engine's own CPUs"}
     return {"cpu_identity": "stand-in", "emulated": True, "midr_el1": STANDIN_MIDR_EL1, "cpus": cpus,
-            "slowdown": slowdown(cpus),
+            "qemu_cpu": STANDIN_QEMU_CPU, "slowdown": slowdown(cpus),
             "why": f"an arm64 image under emulation on this engine: {CPU_SYSFS} was a read-only stand-in naming a "
-                   "Neoverse N1 for every CPU (oneDNN reads MIDR_EL1 there at import torch), not the host's CPUs; "
+                   "Neoverse N1 for every CPU (oneDNN reads MIDR_EL1 there at import torch), not the host's CPUs, and "
+                   f"qemu emulated that core (QEMU_CPU={STANDIN_QEMU_CPU}); "
                    f"every time bound of the verification was multiplied by {slowdown(cpus)} (qemu-user's slowdown)"}
