@@ -44,9 +44,9 @@ images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
-# Two workers: every engine test on one (conftest.py groups them), the engine-free tests beside them on the other.
+# The engine-free tests on both cores, then the engine tests in order (devtools/test_lanes.sh).
 test: render-check lint engine cosign
-	source $(ENGINE_ENV) && $(PYTHON) -m pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	source $(ENGINE_ENV) && devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
 # On every core (pytest-xdist): these tests share no engine, port or folder. The engine tests stay serial.

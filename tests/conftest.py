@@ -26,10 +26,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if ENGINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
-        if item.get_closest_marker("engine"):
-            # `make test` runs on two pytest-xdist workers with --dist loadgroup: the engine tests, which share built
-            # images, tags and the engine's cache, stay together on one worker, in order; the others take the other.
-            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from torchimages.verify.plan import (
 )
 from torchimages.verify.reports import summary_markdown, verify_report
 from torchimages.verify.run import for_this_engine
+from torchimages.verify.selection import CheckSelection
 
 from .conftest import FIXTURE_PROJECT
 
@@ -121,7 +122,7 @@ def test_natively_every_bound_is_as_it_was(tag, image_architecture, engine_info)
     native = for_this_engine(plan_of(tag, image_architecture), NO_GPUS, engine_info, False)
     assert (native.slowdown, native.timeout) == (1, 60)
     assert emulation.slowdown(native.standin_cpus) == 1
-    assert probe_arguments(native.spec, native.timeout, native.slowdown) == ["--budget-s", "60", "--slowdown", "1"]
+    assert probe_arguments(native.spec, native.timeout, native.slowdown, CheckSelection()) == ["--budget-s", "60", "--slowdown", "1"]
 
 
 def test_under_emulation_every_bound_is_multiplied_by_the_measured_slowdown():
@@ -129,7 +130,7 @@ def test_under_emulation_every_bound_is_multiplied_by_the_measured_slowdown():
     assert emulation.SLOWDOWN == 10  # docs/benchmarks.md: import torch 40 s under qemu against 4 s natively
     assert (emulated.slowdown, emulated.timeout) == (emulation.SLOWDOWN, 60 * emulation.SLOWDOWN)
     # The probe's kill budget is the scaled timeout, and its own bounds get the factor.
-    assert probe_arguments(emulated.spec, emulated.timeout, emulated.slowdown) == [
+    assert probe_arguments(emulated.spec, emulated.timeout, emulated.slowdown, CheckSelection()) == [
         "--budget-s", "600", "--slowdown", "10"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+from pathlib import Path
 
 import docker.errors
 import pytest
@@ -15,7 +16,7 @@ from torchimages.matrix import load_compat, load_matrix
 from torchimages.model import InputError
 from torchimages.sbom import collect_inventory
 from torchimages.verify.container import container_name, create_container, remove_container
-from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, parse_gpus, plan_all
+from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
 from torchimages.verify.suite import (
     failed_start_checks,
@@ -86,9 +87,7 @@ def test_the_summary_names_a_check_that_passed_with_a_warning():
     report = VerifyReport.from_json({"schema": REPORT_SCHEMA, "image_id": "sha256:" + "a" * 64, "passed": True,
                                      "checks": checks})
     assert report.checks["driver"].warnings == ["the host driver 580.95.05 is older than CUDA 13.2's own"]
-    result = type("Result", (), {"tag": CU132, "image_id": report.image_id, "passed": True, "checks": checks,
-                               "cpu_standin": ""})
-    summary = summary_markdown([result])
+    summary = summary_markdown([VerifyResult(CU132, "ref", report.image_id, True, checks, Path("r"))])
     assert "| driver | ⚠️ passed |" in summary
     assert "- **driver** passed with a warning: the host driver 580.95.05 is older than CUDA 13.2's own" in summary
 

@@ -782,6 +782,18 @@ def test_gpus_flag_is_checked_before_the_engine(tmp_path):
     assert "--gpus" in result.stderr and "DOCKER_HOST" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--skip", "smoke,smok"], "--skip 'smok' is not a check: name one or more of identity, gpu, driver"),
+    (["--only", "hygiene", "--skip", "smoke"], "--only and --skip cannot be combined"),
+], ids=["unknown check", "only and skip"])
+def test_check_selection_is_checked_before_the_engine(tmp_path, flags, says):
+    scratch = make_scratch(tmp_path)
+    result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME, *flags))
+    assert_contract(result, 2)
+    assert problem_lines(result.stderr) == [line for line in result.stderr.splitlines() if line.strip()], result.stderr
+    assert len(problem_lines(result.stderr)) == 1 and says in result.stderr and "DOCKER_HOST" not in result.stderr
+
+
 def test_nightly_gpus_flag_is_checked_before_anything_runs(tmp_path):
     scratch = make_scratch(tmp_path)
     result = run_bounded(*in_scratch(scratch, "nightly", "--gpus", "x", "--registry", "localhost:5000/ml/pytorch",

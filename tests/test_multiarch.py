@@ -14,14 +14,24 @@ import pytest
 
 from torchimages import multiarch
 from torchimages.builder import local_name
-from torchimages.catalog import ManifestList, load_catalog
+from torchimages.catalog import Catalog, ManifestList, PinnedIndex, forget_pinned, load_catalog, readme
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.publish import SPEC_HASH_LABEL
+from torchimages.publish import (
+    DATED_TAG,
+    SPEC_HASH_LABEL,
+    dated_tags,
+    index_members,
+    new_pinned_tag,
+    pinned_stems,
+    prune_plan,
+)
+from torchimages.registry import Manifest
 from torchimages.signatures import signature_tag
 
 from .conftest import FIXTURE_PROJECT
 from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, cosign_accepts, key
+from .test_catalog import entry as image_entry
 from .test_publish import Workspace, clean_up
 
 GRACE = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
@@ -38,6 +48,52 @@ def test_a_multi_arch_row_is_one_index_tag_over_per_arch_tags():
     assert multiarch.image_tags(GRACE[X86], in_group=False) == [X86, "latest"], "published alone: as before"
     assert multiarch.index_tags(groups[X86]) == [X86, "latest"]
     assert multiarch.groups([GRACE[X86]]) == {}, "one machine's image alone is no manifest list"
+
+
+def test_a_multi_arch_rows_pinned_tags_are_dated_from_the_tags_they_pin():
+    """<tag>-<date> pins the index, as <tag> names it: the x86_64 image is pinned from its per-arch tag, as the arm64
+    one is; published alone (no index), it keeps the row's tag and its pins."""
+    members = multiarch.groups(list(GRACE.values()))[X86]
+    assert [multiarch.own_tag(spec, in_group=True) for spec in members] == [f"{X86}-amd64", ARM]
+    assert multiarch.own_tag(GRACE[X86], in_group=False) == X86
+    index_stem = multiarch.index_tags(members)[0]
+    # An x86_64 pin from before indexes had dated tags holds <tag>-<date>: the index's pin takes the next free name.
+    existing = [f"{X86}-20260102", f"{X86}-amd64-20260102", f"{ARM}-20260102"]
+    assert new_pinned_tag(index_stem, "20260102", existing) == f"{X86}-20260102.2"
+    assert new_pinned_tag(index_stem, "20260103", existing) == f"{X86}-20260103"
+    assert dated_tags(X86, existing) == [f"{X86}-20260102"], "the per-arch pins are not the index's"
+    assert pinned_stems(members) == sorted([X86, f"{X86}-amd64", ARM])
+
+
+def digest(letter: str) -> str:
+    return "sha256:" + letter * 64
+
+
+def test_prune_deletes_old_indexes_first_and_a_kept_index_keeps_its_images():
+    """Two nights: the arm64 image changed on the second, so the first night's index and arm64 image are past a
+    retention of 1; the x86_64 image is in both indexes."""
+    old_index, new_index, amd64, old_arm, new_arm = (digest(letter) for letter in "abcde")
+    tags = {f"{X86}-20260101": old_index, f"{X86}-20260102": new_index, X86: new_index, "latest": new_index,
+            f"{X86}-amd64-20260101": amd64, f"{X86}-amd64": amd64,
+            f"{ARM}-20260101": old_arm, f"{ARM}-20260102": new_arm, ARM: new_arm}
+    members = {old_index: {amd64, old_arm}, new_index: {amd64, new_arm}}
+    stems = pinned_stems(multiarch.groups(list(GRACE.values()))[X86])
+    plan = prune_plan(stems, tags, 1, members)
+    assert list(plan.delete.items()) == [(old_index, [f"{X86}-20260101"]), (old_arm, [f"{ARM}-20260101"])]
+    assert plan.kept_shared == {} and plan.kept_in_index == {}
+
+    # A user's own tag on the first night's index keeps it, and with it the arm64 image it names.
+    held = prune_plan(stems, {**tags, "prod": old_index}, 1, members)
+    assert held.delete == {}
+    assert held.kept_shared == {f"{X86}-20260101": "prod"} and held.kept_in_index == {f"{ARM}-20260101": "prod"}
+
+
+def test_only_manifest_lists_have_members():
+    index = multiarch.index_body([multiarch.Member("linux/arm64", ARM, digest("b"), "application/x", 20)])
+    image = json.dumps({"schemaVersion": 2, "config": {"digest": digest("c"), "size": 1}, "layers": []}).encode()
+    manifests = {X86: Manifest.from_body(index), ARM: Manifest.from_body(image)}
+    assert index_members(manifests) == {manifests[X86].digest: {digest("b")}}
+    assert multiarch.member_digests(b"not json") == multiarch.member_digests(b'{"manifests": 1}') == set()
 
 
 def test_the_index_names_each_digest_with_its_platform_deterministically():
@@ -83,6 +139,13 @@ def build_stand_in(space: Workspace, docker_client, tag: str) -> str:
     return image.id
 
 
+def stored(space: Workspace, reference: str) -> bytes | None:
+    """What the registry holds at REPO:tag or REPO@digest (`skopeo inspect --raw`), None when it has nothing there."""
+    found = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{space.repository}{reference}"],
+                           capture_output=True, timeout=60, check=False)
+    return found.stdout if found.returncode == 0 else None
+
+
 def raw_manifest(reference: str) -> dict:
     return json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{reference}"],
                                      check=True, capture_output=True, timeout=60).stdout)
@@ -106,6 +169,10 @@ def test_publish_pushes_both_architectures_and_one_manifest_list_that_each_machi
     assert per_arch == {"linux/amd64": catalog["images"][RUNTIME]["digest"],
                         "linux/arm64": catalog["images"][RUNTIME_ARM]["digest"]}
     assert catalog["images"][RUNTIME]["floating"] == [f"{RUNTIME}-amd64"]
+    # Each pinned tag dates the tag it pins: <tag>-<date> is the index, as <tag> is; the images' are per-arch.
+    assert index["pinned"] == [{"tag": f"{RUNTIME}-20260101", "digest": index["digest"], "date": "2026-01-01"}]
+    assert [p["tag"] for p in catalog["images"][RUNTIME]["pinned"]] == [f"{RUNTIME}-amd64-20260101"]
+    assert [p["tag"] for p in catalog["images"][RUNTIME_ARM]["pinned"]] == [f"{RUNTIME_ARM}-20260101"]
     assert catalog["images"][RUNTIME_ARM]["floating"] == [RUNTIME_ARM, "latest-arm64"]
     assert catalog["images"][RUNTIME_ARM]["platform"].startswith("linux/arm64")
 
@@ -113,11 +180,13 @@ def test_publish_pushes_both_architectures_and_one_manifest_list_that_each_machi
     raw = raw_manifest(f"{space.repository}:{RUNTIME}")
     assert raw["mediaType"] == multiarch.INDEX_MEDIA_TYPE
     assert {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in raw["manifests"]} == per_arch
-    assert raw_manifest(f"{space.repository}:latest") == raw
+    assert raw_manifest(f"{space.repository}:latest") == raw == raw_manifest(f"{space.repository}:{RUNTIME}-20260101")
 
     page = (space.images / "README.md").read_text()
     assert "## Multi-arch tags" in page and index["digest"] in page
     assert all(digest in page for digest in per_arch.values())
+    assert f"`docker pull {space.repository}:{RUNTIME}-20260101`" in page
+    assert f"`docker pull --platform linux/arm64 {space.repository}@{index['digest']}`" in page
 
     # `docker pull TAG` on each machine gets its own image: this amd64 engine by default, an arm64 one as --platform.
     for platform, image_id in (("linux/amd64", ids[RUNTIME]), ("linux/arm64", ids[RUNTIME_ARM])):
@@ -125,6 +194,10 @@ def test_publish_pushes_both_architectures_and_one_manifest_list_that_each_machi
         docker_client.api.remove_image(reference, force=True) if docker_client.images.list(reference) else None
         pulled = docker_client.images.pull(space.repository, tag=RUNTIME, platform=platform)
         assert pulled.id == image_id, f"{platform}: {pulled.id} is not the image published for it"
+    # The pin of the multi-arch tag is multi-arch too: an arm64 machine gets its own image from it.
+    pinned = docker_client.images.pull(space.repository, tag=f"{RUNTIME}-20260101", platform="linux/arm64")
+    assert pinned.id == ids[RUNTIME_ARM]
+    docker_client.api.remove_image(f"{space.repository}:{RUNTIME}-20260101")  # the tag only: the image is the test's
 
     again = space.publish()
     assert "3 unchanged" in again.stdout, again.stdout
@@ -158,6 +231,32 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
     assert space.digest_of(signature_tag(index["digest"])) == signature_digest
     assert space.catalog_json() == catalog
 
+    # The next night the x86_64 image changed: a new index, pinned on its own date; the old one keeps its pin.
+    build_stand_in(space, docker_client, RUNTIME)
+    nightly = space.publish(date="20260102", extra=["--signing-key", str(FIRST)], env=signed)
+    assert "2 published, 1 unchanged" in nightly.stdout, nightly.stdout
+    renewed = space.catalog_json()["manifest_lists"][RUNTIME]
+    assert [p["tag"] for p in renewed["pinned"]] == [f"{RUNTIME}-20260102", f"{RUNTIME}-20260101"]
+    assert raw_manifest(f"{space.repository}:{RUNTIME}-20260101") == raw_manifest(f"{space.repository}@{index['digest']}")
+    assert cosign_accepts(cosign, f"{space.repository}:{RUNTIME}-20260102", public)
+
+    # Retention 1: the old index goes with its signature (before it), the new one and both its images stay.
+    pruned = space.cli("prune", "--registry", space.repository, "--retention", "1", "--catalog", str(space.catalog),
+                       check_exit=0)
+    said = pruned.stdout + pruned.stderr
+    assert said.index(f"deleted {signature_tag(index['digest'])}") < said.index(f"deleted {RUNTIME}-20260101 (")
+    assert said.index(f"deleted {RUNTIME}-20260101 (") < said.index(f"deleted {RUNTIME}-amd64-20260101 ("), \
+        "the index goes before the image it names"
+    assert stored(space, f"@{index['digest']}") is None and space.digest_of(signature_tag(index["digest"])) is None
+    assert {tag for tag in space.tags() if DATED_TAG.fullmatch(tag)} == {f"{RUNTIME}-20260102", f"{RUNTIME}-amd64-20260102",
+                                                             f"{RUNTIME_ARM}-20260101"}
+    kept = raw_manifest(f"{space.repository}:{RUNTIME}")
+    assert kept == raw_manifest(f"{space.repository}:{RUNTIME}-20260102")
+    assert all(stored(space, f"@{member['digest']}") for member in kept["manifests"]), "a kept index keeps its images"
+    assert space.digest_of(signature_tag(renewed["digest"])) is not None
+    assert [p["tag"] for p in space.catalog_json()["manifest_lists"][RUNTIME]["pinned"]] == [f"{RUNTIME}-20260102"]
+    space.cli("catalog", "--check-registry", "--catalog", str(space.catalog), check_exit=0)
+
 
 def test_the_catalog_refuses_a_damaged_manifest_list_naming_it(tmp_path):
     path = tmp_path / "catalog.json"
@@ -187,3 +286,53 @@ def test_the_catalog_refuses_a_manifest_list_signing_record_that_names_no_signat
     index["signing"]["signature"] = signature_tag(index["digest"])
     path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {}, "manifest_lists": {X86: index}}))
     assert load_catalog(path).manifest_lists[X86].signing == index["signing"]
+
+
+def index_record(pinned: list[PinnedIndex], signing: dict | None = None) -> ManifestList:
+    return ManifestList(X86, "localhost:5000/ml/pytorch", digest("a"), [X86, "latest"],
+                        {"linux/amd64": {"tag": f"{X86}-amd64", "digest": digest("b"), "image": X86},
+                         "linux/arm64": {"tag": ARM, "digest": digest("c"), "image": ARM}},
+                        "", signing or {}, pinned)
+
+
+def test_the_page_says_how_to_pin_pull_and_verify_a_multi_arch_tag_on_either_machine():
+    repository = "localhost:5000/ml/pytorch"
+    signing = {"keys": [digest("f")], "signature": signature_tag(digest("a"))}
+    image = dataclasses.replace(image_entry(X86, aliases=()), repository=repository, floating=[f"{X86}-amd64"])
+    index = index_record([PinnedIndex(f"{X86}-20260102", digest("a"), "2026-01-02"),
+                          PinnedIndex(f"{X86}-20260101", digest("d"), "2026-01-01")], signing)
+    page = readme(Catalog({X86: dataclasses.replace(image, signing={**signing, "attestation": "x", "predicate_types": []})},
+                          manifest_lists={X86: index}), "../catalog")
+    assert (f"| `{repository}:{X86}` | `{digest('a')}` | 2026-01-02 | `docker pull {repository}:{X86}-20260102` | "
+            f"`docker pull {repository}@{digest('a')}` |") in page
+    assert (f"| `{repository}:{X86}` | linux/arm64 | `{repository}:{ARM}` | `{digest('c')}` | "
+            f"`docker pull {repository}@{digest('c')}` | `docker pull --platform linux/arm64 {repository}@{digest('a')}` |"
+            ) in page
+    assert f"| `{repository}:latest` | `{digest('a')}` | `{X86}-20260102` |" in page, "the index's floating tags"
+    assert f"| `{repository}:{X86}-20260101` | `{digest('d')}` | 2026-01-01 |" in page, "an older pin until pruned"
+    key = f"../catalog/keys/{'f' * 16}.pub"
+    assert (f"| {X86} (manifest list) | `{digest('f')}` | "
+            f"`cosign verify --key {key} --insecure-ignore-tlog=true {repository}@{digest('a')}` |") in page
+
+
+def test_a_catalog_from_before_index_pins_loads_and_pruned_pins_are_forgotten(tmp_path):
+    path = tmp_path / "catalog.json"
+    before = {key: value for key, value in dataclasses.asdict(index_record([])).items() if key != "pinned"}
+    path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {}, "manifest_lists": {X86: before}}))
+    catalog = load_catalog(path)
+    assert catalog.manifest_lists[X86].pinned == []
+    catalog.images[X86] = image_entry(X86, aliases=())
+    page = readme(catalog, "../catalog")
+    assert f"| `{before['repository']}:latest` | `{digest('a')}` | - |" in page
+    assert f"| - | not pinned yet: the next publish of the row pins it | `docker pull {before['repository']}@" in page
+
+    pins = [PinnedIndex(f"{X86}-20260102", digest("a"), "2026-01-02"), PinnedIndex(f"{X86}-20260101", digest("d"), "")]
+    catalog.manifest_lists[X86] = index_record(pins)
+    forget_pinned(catalog, {f"{X86}-20260101"}, tmp_path)
+    assert catalog.manifest_lists[X86].pinned == pins[:1]
+
+    broken = {**before, "pinned": [{"tag": "not a tag!", "digest": digest("a"), "date": ""}]}
+    path.write_text(json.dumps({"schema": 1, "updated_at": "", "images": {}, "manifest_lists": {X86: broken}}))
+    with pytest.raises(InputError) as raised:
+        load_catalog(path)
+    assert "manifest_lists" in str(raised.value) and "pinned" in str(raised.value) and "git checkout" in str(raised.value)

@@ -451,9 +451,9 @@ def test_dated_tags_sort_newest_first_and_ignore_other_rows():
 def test_prune_plan_keeps_digests_other_kept_tags_name():
     tags = {f"{RUNTIME}-2026010{day}": f"sha256:{day}" for day in range(1, 5)}
     tags |= {RUNTIME: "sha256:4", "latest": "sha256:4", f"{DEVEL}-20260101": "sha256:1"}
-    plan = prune_plan([RUNTIME], tags, retention=1)
+    plan = prune_plan([RUNTIME], tags, retention=1, members={})
     assert plan.delete == {"sha256:2": [f"{RUNTIME}-20260102"], "sha256:3": [f"{RUNTIME}-20260103"]}
-    assert plan.kept_shared == {f"{RUNTIME}-20260101": f"{DEVEL}-20260101"}
+    assert plan.kept_shared == {f"{RUNTIME}-20260101": f"{DEVEL}-20260101"} and plan.kept_in_index == {}
 
 
 def test_refusal_names_the_reason():

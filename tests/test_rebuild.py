@@ -63,6 +63,7 @@ def test_the_registry_not_asked_is_said_so_and_decides_nothing():
     ({"entry_matches_row": False}, "the catalog's tags, versions or deprecation differ from the matrix row's"),
     ({"signing_key": "fedcba9876543210"}, "not signed yet by this run's key fedcba9876543210"),
     ({"index_keys": []}, "its manifest list is not signed yet by this run's key 0123456789abcdef"),
+    ({"index_unpinned": True}, "its manifest list has no dated tag yet: publishing again pins it"),
     ({"inputs": None, "input_hash": None}, "nothing identifies its base: not on the engine and not in bases.lock.json"),
     ({"registry_digests": {TAG: DIGEST, "latest-cpu": "sha256:" + "d" * 64}},
      f"the registry's latest-cpu names sha256:{'d' * 64}, the catalog {DIGEST}"),

@@ -2,6 +2,7 @@
 deliberately broken image, the real CPU images passing with GPU checks skipped, GPU requests failing fast,
 and no container or derived image left behind."""
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -45,12 +46,16 @@ from torchimages.verify import (
     CHECKS,
     GPU_CHECKS,
     VERIFY_LABEL,
+    CheckSelection,
     VerifyOptions,
     VerifyResult,
+    complete_checks,
     parse_gpus,
+    parse_selection,
     summary_markdown,
     verify_images,
 )
+from torchimages.verify.suite import selected_verdicts
 
 from .conftest import ROOT, interruptible, run_cli, run_cli_side_by_side, wait_until
 
@@ -280,6 +285,97 @@ def test_summary_is_a_checks_by_images_table():
     assert "no GPU \\| here" in text  # a pipe in a message cannot break the table
 
 
+# ---------------------------------------------------------------- check selection (--only/--skip)
+
+def test_a_selection_takes_repeated_and_comma_separated_names():
+    selection = parse_selection(None, ["smoke,devel", " hygiene", "smoke"])
+    assert selection.skip == ("smoke", "devel", "hygiene") and not selection.full
+    assert selection.selected() == tuple(name for name in CHECKS if name not in ("smoke", "devel", "hygiene"))
+    assert selection.reason == "not selected: --skip smoke,devel,hygiene"
+    only = parse_selection(["hygiene"], None)
+    assert only.selected() == ("hygiene",) and only.to_json() == {"only": ["hygiene"]}
+    assert CheckSelection.from_json(only.to_json()) == only
+    every = parse_selection(None, None)
+    assert every.full and every.selected() == CHECKS and every.to_json() == {}
+
+
+@pytest.mark.parametrize("only, skip, says", [
+    (None, ["smok"], "--skip 'smok' is not a check: name one or more of identity, gpu,"),
+    (["hygiene,Smoke"], None, "--only 'Smoke' is not a check"),
+    (["hygiene"], ["smoke"], "--only and --skip cannot be combined"),
+    ([","], None, "--only names no check"),
+    (None, [",".join(CHECKS)], "--skip names every check, so nothing would be verified"),
+], ids=["unknown", "wrong case", "both", "empty", "everything skipped"])
+def test_a_selection_that_cannot_run_is_bad_input(only, skip, says):
+    with pytest.raises(InputError) as raised:
+        parse_selection(only, skip)
+    [problem] = raised.value.problems
+    assert says in problem.message and "\n" not in str(problem)
+
+
+def test_unselected_checks_are_skipped_naming_the_option_however_the_run_ended(tmp_path):
+    log = tmp_path / "pytest.log"
+    log.write_text("INTERNALERROR> the suite broke\n")
+    broken_suite = complete_checks({}, 3, log)  # every check failed: nothing the suite said can be trusted
+    checks = selected_verdicts(broken_suite, parse_selection(["hygiene", "shm"], None))
+    assert {name for name, check in checks.items() if check["status"] == "failed"} == {"shm", "hygiene"}
+    assert checks["smoke"] == {"status": "skipped", "message": "not selected: --only hygiene,shm", "tests": []}
+
+
+def test_the_probe_is_told_the_selection_and_the_side_work_follows_it():
+    from torchimages.checks import probe
+    from torchimages.verify.container import probe_arguments, side_work_wanted
+
+    devel = _spec(cuda=None, cudnn=None, flavor="devel", arch_list=(), builds_extensions=True)
+    assert probe_arguments(devel, 600, 1, CheckSelection()) == ["--budget-s", "600", "--slowdown", "1", "--devel"]
+    skip_smoke = parse_selection(None, ["smoke"])
+    arguments = probe_arguments(devel, 600, 1, skip_smoke)
+    assert arguments[-1] == f"--checks={','.join(skip_smoke.selected())}"
+    checks = probe.parse_arguments(arguments).checks
+    assert not probe.runs_work_of(checks, "smoke") and probe.runs_work_of(checks, "devel")
+    assert probe.runs_work_of(probe.parse_arguments([]).checks, "smoke")  # no --checks: every check's work
+    assert side_work_wanted(CheckSelection()) == {"files", "import", "downstream"}
+    assert side_work_wanted(parse_selection(["hygiene"], None)) == {"files", "import"}
+    assert side_work_wanted(parse_selection(["downstream"], None)) == {"import", "downstream"}
+    assert side_work_wanted(parse_selection(["smoke"], None)) == set()
+
+
+def test_a_selective_verification_is_never_one_to_publish_or_reuse(tmp_path, monkeypatch):
+    """publish refuses it, saying to verify in full; the nightly, asking publish's question, verifies the row again."""
+    from types import SimpleNamespace
+
+    from torchimages import nightly
+    from torchimages.matrix import load_matrix, select
+    from torchimages.publish import SPEC_HASH_LABEL, verification_refusal
+    from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
+
+    [spec] = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
+    image = {"Id": "sha256:" + "a" * 64, "Config": {"Labels": {SPEC_HASH_LABEL: spec.spec_hash()}}}
+    full = VerifyReport(image["Id"], True, {"smoke": CheckVerdict("passed")}, tag=RUNTIME)
+    selective = dataclasses.replace(full, checks={"smoke": CheckVerdict("skipped", "not selected: --skip smoke")},
+                                    selection={"skip": ["smoke"]})
+    path = verify_report_path(tmp_path, RUNTIME)
+    assert verification_refusal(spec, image, full, path) is None
+    refusal = verification_refusal(spec, image, selective, path)
+    assert "only some checks (--skip smoke)" in refusal and f"run the full `python build.py test {RUNTIME}`" in refusal
+
+    monkeypatch.setattr(nightly.engine, "inspect_image", lambda client, name: image)
+    run = SimpleNamespace(project=SimpleNamespace(reports=tmp_path))  # all passed_already reads of the nightly
+    for report, reused in ((full, True), (selective, False)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.to_json()))
+        assert nightly.Nightly.passed_already(run, None, spec) is reused
+
+
+def test_the_summary_says_a_selective_verification_is_not_one_to_publish():
+    selection = parse_selection(["hygiene"], None)
+    checks = {name: {"status": "passed" if name == "hygiene" else "skipped", "message": selection.reason}
+              for name in CHECKS}
+    text = summary_markdown([VerifyResult(RUNTIME, "ref", "sha256:1", True, checks, Path("r"), selection=selection)])
+    assert "- **smoke** skipped: not selected: --only hygiene" in text
+    assert f"only some checks ran (--only hygiene): publishing needs every check, `python build.py test {RUNTIME}`" in text
+
+
 # ---------------------------------------------------------------- on a real engine
 
 @dataclass(frozen=True)
@@ -315,13 +411,20 @@ BROKEN_IMAGES = (
 )
 
 
+def selection_for(check: str) -> tuple[str, ...]:
+    """The flags a broken image caught by `check` is verified with: --skip smoke, unless smoke is that check. The smoke
+    check's compiles are most of a verification's time, and every other check still runs, so the image is still
+    proven to fail exactly its check among them."""
+    return () if check == "smoke" else ("--skip", "smoke")
+
+
 def containers_left(docker_client, reports: Path) -> list[str]:
     """Verification containers and derived images of the run writing to reports (others may verify on the same
-    engine meanwhile)."""
-    owner = f"{VERIFY_LABEL}.reports={reports.resolve()}"
-    containers = [c.name for c in docker_client.containers.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
-    images = [i.id for i in docker_client.images.list(all=True, filters={"label": [VERIFY_LABEL, owner]})]
-    return containers + images
+    engine meanwhile). Listed without inspecting each, as the SDK's containers.list() does: a derived image's build
+    container may be gone between the list and the inspect."""
+    labels = {"label": [VERIFY_LABEL, f"{VERIFY_LABEL}.reports={reports.resolve()}"]}
+    containers = [entry["Names"][0].lstrip("/") for entry in docker_client.api.containers(all=True, filters=labels)]
+    return containers + docker_client.api.images(all=True, filters=labels, quiet=True)
 
 
 def report_of(reports: Path, tag: str) -> dict:
@@ -399,10 +502,12 @@ def test_real_cpu_images_pass_with_gpu_checks_skipped(baseline, images, docker_c
 
 @pytest.fixture(scope="module")
 def broken_verdicts(broken_images, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Each broken image verified once by `build.py test --image`, as a user would, two runs at a time."""
+    """Each broken image verified once by `build.py test --image`, as a user would, two runs at a time (without the
+    smoke check where it is not the one under test: selection_for)."""
     reports = {case.name: tmp_path_factory.mktemp(case.name) for case in BROKEN_IMAGES}
     processes = run_cli_side_by_side({case.name: ("--reports", str(reports[case.name]), "test", case.row, "--image",
-                                                  case.image, "--gpus", "none") for case in BROKEN_IMAGES})
+                                                  case.image, "--gpus", "none", *selection_for(case.check))
+                                      for case in BROKEN_IMAGES})
     return {name: (process, reports[name]) for name, process in processes.items()}
 
 
@@ -413,6 +518,7 @@ def test_a_broken_image_fails_exactly_its_check(case, broken_images, broken_verd
     report = report_of(reports, case.row)
     assert result.returncode == 1, result.stdout + result.stderr
     assert report["image_id"] == broken_images[case.name] and report["passed"] is False
+    assert report["selection"] == ({"skip": ["smoke"]} if selection_for(case.check) else {})
     assert_only_check_failed(report, baseline.by_tag[case.row], case.check, case.says)
     assert not containers_left(docker_client, reports)
 
@@ -439,6 +545,25 @@ def test_a_row_expecting_another_python_fails_identity(baseline, tmp_path, docke
     assert result.returncode == 1, result.stdout + result.stderr
     assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "identity",
                              ("runs Python 3.11", "expects Python 3.12"))
+    assert not containers_left(docker_client, tmp_path)
+
+
+@pytest.mark.engine
+def test_only_runs_just_that_check_and_skips_the_rest_naming_the_option(images, tmp_path, docker_client):
+    """A developer re-running one check: the other checks' work is not done, they are skipped naming --only (report,
+    JUnit, summary), and the exit code is the selected check's."""
+    result = run_cli("--reports", str(tmp_path), "test", RUNTIME, "--only", "hygiene", "--gpus", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = report_of(tmp_path, RUNTIME)
+    assert report["passed"] is True and report["selection"] == {"only": ["hygiene"]}
+    assert report["checks"].pop("hygiene")["status"] == "passed"
+    assert {(check["status"], check["message"]) for check in report["checks"].values()} == {
+        ("skipped", "not selected: --only hygiene")}
+    facts = json.loads((tmp_path / RUNTIME / "facts.json").read_text())
+    assert "downstream" not in facts and not {"smoke", "extension", "distributed"} & set(facts["main"])
+    assert "dataloader" not in facts["main"]["shm"] and "user_install" not in facts["import"]
+    assert 'message="not selected: --only hygiene"' in (tmp_path / RUNTIME / "junit.xml").read_text()
+    assert "only some checks ran (--only hygiene)" in (tmp_path / "verify-summary.md").read_text()
     assert not containers_left(docker_client, tmp_path)
 
 

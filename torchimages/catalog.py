@@ -67,6 +67,15 @@ class PinnedTag:
 
 
 @dataclass
+class PinnedIndex:
+    """One dated tag of a multi-arch tag's index; no SBOM: an index is no build of its own, its images have theirs."""
+
+    tag: str
+    digest: str
+    date: str  # YYYY-MM-DD the index was first published under this tag
+
+
+@dataclass
 class CatalogEntry:
     tag: str
     repository: str
@@ -118,9 +127,17 @@ class ManifestList:
     # Who signed `digest` ({} when published unsigned): the keys' fingerprints and the signature tag. `cosign verify`
     # and admission controllers resolve the row's tag to this digest; the attestations are its images'.
     signing: dict = field(default_factory=dict)
+    # Newest first: pinned[0] names `digest` on every machine, older ones are kept until pruned. Catalogs written
+    # before indexes had dated tags lack it (empty); the next publish of the row pins its index.
+    pinned: list[PinnedIndex] = field(default_factory=list)
 
     def pull_digest(self) -> str:
         return f"{self.repository}@{self.digest}"
+
+    @classmethod
+    def from_json(cls, data: dict) -> ManifestList:
+        """The manifest list from data of the right shape (see check_manifest_list)."""
+        return cls(**{**data, "pinned": [PinnedIndex(**pinned) for pinned in data.get("pinned", [])]})
 
 
 @dataclass
@@ -167,7 +184,7 @@ def load_catalog(path: Path) -> Catalog:
                     check_manifest_list(shape, tag, entry)
     shape.raise_if_wrong(path, recover)
     images = {tag: CatalogEntry.from_json(entry) for tag, entry in document["images"].items()}
-    lists = {tag: ManifestList(**entry) for tag, entry in document.get("manifest_lists", {}).items()}
+    lists = {tag: ManifestList.from_json(entry) for tag, entry in document.get("manifest_lists", {}).items()}
     return Catalog(images, document.get("updated_at", ""), lists)
 
 
@@ -187,6 +204,10 @@ def check_manifest_list(shape: Shape, tag: str, entry: dict) -> None:
     if len(digests) != 1 + len(entry["platforms"]) or not all(isinstance(d, str) and DIGEST.fullmatch(d)
                                                               for d in digests):
         shape.wrong((*keys, "platforms"), "must map os/architecture to {tag:, digest: sha256:..., image:}")
+    for index, pinned in enumerate(entry.get("pinned", [])):
+        if not TAG.fullmatch(pinned["tag"]) or not DIGEST.fullmatch(pinned["digest"]):
+            shape.wrong((*keys, "pinned", index), f"must be a Docker tag and a digest sha256: with 64 lower-case hex "
+                                                  f"digits, not {brief(pinned['tag'])}, {brief(pinned['digest'])}")
     check_signed_by(shape, keys, entry.get("signing", {}))
 
 
@@ -296,6 +317,17 @@ def make_entry(spec: ImageSpec, repository: str, digest: str, image: dict, downl
     )
 
 
+def make_manifest_list(tag: str, repository: str, digest: str, floating: list[str], platforms: dict[str, dict],
+                       pinned: PinnedIndex, previous: ManifestList | None, signed: dict) -> ManifestList:
+    """The record of a multi-arch tag published as repository@digest, carrying over the older pinned tags and the
+    keys that signed the same digest before, as make_entry does for an image."""
+    same_repository = previous is not None and previous.repository == repository
+    older = [p for p in (previous.pinned if previous and same_repository else []) if p.tag != pinned.tag]
+    signed_before = previous.signing if previous and same_repository and previous.digest == digest else {}
+    return ManifestList(tag, repository, digest, floating, platforms, utc_timestamp(),
+                        signing_record(signed, signed_before), [pinned, *older])
+
+
 def signing_record(signed: dict, before: dict) -> dict:
     """What the catalog says of a digest's signatures: this run's (publish's PublishResult.signing) merged with what
     an earlier run recorded for the same digest."""
@@ -339,16 +371,20 @@ def versions(spec: ImageSpec) -> dict[str, str]:
     return {key: value for key, value in values.items() if value}
 
 
-def same_entry(first: CatalogEntry, second: CatalogEntry) -> bool:
+def same_entry(first: CatalogEntry | ManifestList, second: CatalogEntry | ManifestList) -> bool:
     """Equal apart from when they were written (and the SBOM time inside the scan summary)."""
-    def comparable(entry: CatalogEntry) -> dict:
+    def comparable(entry: CatalogEntry | ManifestList) -> dict:
         return {**dataclasses.asdict(entry), "updated_at": ""}
 
     return comparable(first) == comparable(second)
 
 
 def forget_pinned(catalog: Catalog, removed: set[str], catalog_dir: Path) -> None:
-    """Drop pruned pinned tags from their entries, with their SBOM files."""
+    """Drop pruned pinned tags from their entries, with their SBOM files, and from the manifest lists."""
+    for index in catalog.manifest_lists.values():
+        if any(pinned.tag in removed for pinned in index.pinned):
+            index.pinned = [pinned for pinned in index.pinned if pinned.tag not in removed]
+            index.updated_at = utc_timestamp()
     for entry in catalog.images.values():
         gone = [pinned for pinned in entry.pinned if pinned.tag in removed]
         if not gone:
@@ -403,61 +439,89 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
             *map(markdown_cell, text), markdown_code(f"docker pull {entry.pull_pinned()}"),
             markdown_code(f"docker pull {entry.pull_digest()}"), markdown_link("CycloneDX", f"{catalog_link}/{entry.sbom}"),
         ]) + " |")
+    indexes = [catalog.manifest_lists[tag] for tag in sorted(catalog.manifest_lists)]
     lines += ["", "## Floating tags", "", "| floating tag | points to | pinned as |", "|---|---|---|"]
-    for entry in entries:
-        for name in entry.floating:
-            lines.append(f"| {markdown_code(f'{entry.repository}:{name}')} | {markdown_code(entry.digest)} | "
-                         f"{markdown_code(entry.pinned[0].tag)} |")
-    lines += manifest_lists_section(catalog)
-    lines += signatures_section(entries, catalog_link)
-    older = [(entry, pinned) for entry in entries for pinned in entry.pinned[1:]]
+    floating = [(entry.repository, name, entry.digest, entry.pinned[0].tag) for entry in entries for name in entry.floating]
+    floating += [(index.repository, name, index.digest, index.pinned[0].tag if index.pinned else "")
+                 for index in indexes for name in index.floating]
+    for repository, name, digest, pinned in floating:
+        lines.append(f"| {markdown_code(f'{repository}:{name}')} | {markdown_code(digest)} | "
+                     f"{markdown_code(pinned) if pinned else '-'} |")
+    lines += manifest_lists_section(indexes)
+    lines += signatures_section(entries, indexes, catalog_link)
+    older = [(entry.repository, pinned.tag, pinned.digest, pinned.date) for entry in entries for pinned in entry.pinned[1:]]
+    older += [(index.repository, pinned.tag, pinned.digest, pinned.date) for index in indexes for pinned in index.pinned[1:]]
     if older:
         lines += ["", "## Older pinned tags (kept until pruned)", "", "| pinned tag | digest | published |", "|---|---|---|"]
-        lines += [f"| {markdown_code(f'{entry.repository}:{pinned.tag}')} | {markdown_code(pinned.digest)} | "
-                  f"{markdown_cell(pinned.date)} |" for entry, pinned in older]
+        lines += [f"| {markdown_code(f'{repository}:{tag}')} | {markdown_code(digest)} | {markdown_cell(date)} |"
+                  for repository, tag, digest, date in older]
     return "\n".join(lines) + "\n"
 
 
-def manifest_lists_section(catalog: Catalog) -> list[str]:
-    """The multi-arch tags: one index digest for every machine, and each machine's own digest to pin it."""
-    if not catalog.manifest_lists:
+def manifest_lists_section(indexes: list[ManifestList]) -> list[str]:
+    """The multi-arch tags: one pinned tag and one index digest for every machine, and each machine's own digest."""
+    if not indexes:
         return []
     lines = ["", "## Multi-arch tags", "",
-             ("`docker pull` of these tags (or of the index digest) gets the image for the machine it runs on: amd64 "
-              "hosts the x86_64 image, Grace hosts (GH200, GB200, DGX Spark) the arm64 one. Pin one machine's image "
-              "by its per-arch tag or digest."), "",
-             "| tag | manifest list (OCI index) | platform | per-arch tag | per-arch digest |", "|---|---|---|---|---|"]
-    for tag in sorted(catalog.manifest_lists):
-        index = catalog.manifest_lists[tag]
+             ("`docker pull` of these tags, of their pinned tags or of the index digest gets the image for the machine "
+              "it runs on: amd64 hosts the x86_64 image, Grace hosts (GH200, GB200, DGX Spark) the arm64 one. Pin a "
+              "multi-arch tag by its pinned tag or its index digest: one reference for every machine. Pin one "
+              "machine's image by its per-arch tag or digest; `--platform` pulls it on any host."), "",
+             "| tag | manifest list (OCI index) | published | pull a pinned tag (either machine) | "
+             "pull by digest (either machine) |", "|---|---|---|---|---|"]
+    for index in indexes:
+        pinned = [markdown_cell(index.pinned[0].date), markdown_code(f"docker pull {index.repository}:{index.pinned[0].tag}")] \
+            if index.pinned else ["-", "not pinned yet: the next publish of the row pins it"]
+        lines.append(f"| {markdown_code(f'{index.repository}:{index.tag}')} | {markdown_code(index.digest)} | "
+                     + " | ".join(pinned) + f" | {markdown_code(f'docker pull {index.pull_digest()}')} |")
+    lines += ["", "| tag | platform | per-arch tag | per-arch digest | pin this machine's image | pull it on any host |",
+              "|---|---|---|---|---|---|"]
+    for index in indexes:
         for platform in sorted(index.platforms):
             member = index.platforms[platform]
-            lines.append(f"| {markdown_code(f'{index.repository}:{tag}')} | {markdown_code(index.digest)} | "
-                         f"{markdown_cell(platform)} | {markdown_code(index.repository + ':' + member['tag'])} | "
-                         f"{markdown_code(member['digest'])} |")
+            own_digest = f"{index.repository}@{member['digest']}"
+            lines.append(f"| {markdown_code(f'{index.repository}:{index.tag}')} | {markdown_cell(platform)} | "
+                         f"{markdown_code(index.repository + ':' + member['tag'])} | {markdown_code(member['digest'])} | "
+                         f"{markdown_code(f'docker pull {own_digest}')} | "
+                         f"{markdown_code(f'docker pull --platform {platform} {index.pull_digest()}')} |")
     return lines
 
 
-def signatures_section(entries: list[CatalogEntry], catalog_link: str) -> list[str]:
-    """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands."""
+def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList], catalog_link: str) -> list[str]:
+    """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands; a
+    multi-arch tag's index digest has a signature of its own (its attestations are its images')."""
     signed = [entry for entry in entries if entry.signing]
     if not signed:
         return []
     lines = ["", "## Signatures and attestations", "",
              "Each digest below is signed, and carries three attestations signed with the same key: its CycloneDX SBOM, "
-             "its SLSA v1 build provenance and its verification report. The public keys are in "
-             f"{markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use no transparency log: "
-             "verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).", "",
+             "its SLSA v1 build provenance and its verification report. A multi-arch tag's index digest is signed too, "
+             "since `cosign verify` and admission controllers resolve the tag to it; its attestations are its images'. "
+             f"The public keys are in {markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use "
+             "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).", "",
              "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
     for entry in signed:
-        reference = entry.pull_digest()
-        key = f"{catalog_link}/{KEYS_DIR}/{entry.signing['keys'][-1].removeprefix('sha256:')[:16]}.pub"
+        reference, key = entry.pull_digest(), key_link(catalog_link, entry.signing)
         commands = [f"cosign verify --key {key} --insecure-ignore-tlog=true {reference}",
                     *(f"cosign verify-attestation --key {key} --type {COSIGN_TYPE_NAMES.get(kind, kind)} "
                       f"--insecure-ignore-tlog=true {reference}" for kind in entry.signing["predicate_types"]),
                     f"python build.py verify-image {reference} --key {key}"]
-        lines.append(f"| {markdown_cell(entry.tag)} | {', '.join(markdown_code(key) for key in entry.signing['keys'])} | "
-                     + "<br>".join(markdown_code(command) for command in commands) + " |")
+        lines.append(signed_row(entry.tag, entry.signing, commands))
+    for index in (index for index in indexes if index.signing):
+        key = key_link(catalog_link, index.signing)
+        lines.append(signed_row(f"{index.tag} (manifest list)", index.signing,
+                                [f"cosign verify --key {key} --insecure-ignore-tlog=true {index.pull_digest()}"]))
     return lines
+
+
+def key_link(catalog_link: str, signing: dict) -> str:
+    """The public key file of a signing record's newest key, as images/README.md links to it."""
+    return f"{catalog_link}/{KEYS_DIR}/{signing['keys'][-1].removeprefix('sha256:')[:16]}.pub"
+
+
+def signed_row(name: str, signing: dict, commands: list[str]) -> str:
+    return (f"| {markdown_cell(name)} | {', '.join(markdown_code(key) for key in signing['keys'])} | "
+            + "<br>".join(markdown_code(command) for command in commands) + " |")
 
 
 def checks_text(checks: dict) -> str:
@@ -474,7 +538,8 @@ def registry_mismatches(catalog: Catalog, settings: AccessSettings, log: Callabl
     """Every catalog tag the registry does not resolve to the catalog's digest."""
     problems: list[str] = []
     # A multi-arch row's tag names its index; each per-arch image is an entry of `images` under its own tags.
-    indexes = [(index.repository, index.tag, {name: index.digest for name in index.floating})
+    indexes = [(index.repository, index.tag, {name: index.digest for name in index.floating}
+                | {pinned.tag: pinned.digest for pinned in index.pinned})
                for index in (catalog.manifest_lists[tag] for tag in sorted(catalog.manifest_lists))]
     images = [(entry.repository, entry.tag, {name: entry.digest for name in entry.floating}
                | {pinned.tag: pinned.digest for pinned in entry.pinned})

@@ -5,6 +5,9 @@ per-arch tag, which a user pins one architecture with), and the row's tag is an 
 their platforms, as NVIDIA's and Docker Hub's official multi-arch tags are: `docker pull TAG` on each machine gets its
 own image. The x86_64 image's tag is the row's tag (the amd64-only past), so within a multi-arch row it is published
 as <tag>-amd64 and the row's tag (and its aliases) go to the index.
+
+Pinned tags follow the tags they date: an image is pinned as <its own tag>-<YYYYMMDD> (<tag>-amd64-<YYYYMMDD>,
+<tag>-arm64-<YYYYMMDD>), and the index as <tag>-<YYYYMMDD>, so a pin of the row's tag is multi-arch as the tag is.
 """
 from __future__ import annotations
 
@@ -43,12 +46,19 @@ def arch_tag(spec: ImageSpec) -> str:
     return f"{spec.tag}-{spec.platform.split('/')[1]}" if spec.tag == spec.index_tag else spec.tag
 
 
+def own_tag(spec: ImageSpec, in_group: bool) -> str:
+    """The tag an image's pinned tags are dated from: its per-arch tag within a multi-arch row, whose own tag (and
+    its dated tags) name the index."""
+    return arch_tag(spec) if in_group else spec.tag
+
+
 def image_tags(spec: ImageSpec, in_group: bool) -> list[str]:
-    """The floating tags one image is published under. In a multi-arch row the row's tag and unsuffixed aliases name
-    the index (index_tags), so the x86_64 image keeps only its per-arch tag; the others keep their suffixed aliases."""
+    """The floating tags one image is published under, its own tag first. In a multi-arch row the row's tag and
+    unsuffixed aliases name the index (index_tags), so the x86_64 image keeps only its per-arch tag; the others keep
+    their suffixed aliases."""
     if not in_group:
         return [spec.tag, *spec.aliases]
-    return [arch_tag(spec), *(() if spec.tag == spec.index_tag else spec.aliases)]
+    return [own_tag(spec, in_group), *(() if spec.tag == spec.index_tag else spec.aliases)]
 
 
 def index_tags(members: list[ImageSpec]) -> list[str]:
@@ -79,3 +89,15 @@ def platforms_of(body: bytes) -> dict[str, str]:
         return {}
     return {f"{m['platform'].get('os')}/{m['platform'].get('architecture')}": m.get("digest", "")
             for m in manifests if isinstance(m, dict) and isinstance(m.get("platform"), dict)}
+
+
+def member_digests(body: bytes) -> set[str]:
+    """The digests an index names, whatever their platforms; empty for anything that is not an index."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return set()
+    manifests = document.get("manifests") if isinstance(document, dict) else None
+    if not isinstance(manifests, list):
+        return set()
+    return {m["digest"] for m in manifests if isinstance(m, dict) and isinstance(m.get("digest"), str)}

@@ -41,6 +41,7 @@ from .reporting import RowReport, utc_timestamp
 from .signatures import SignatureStore, attestation_tag, signature_tag
 from .signing import SigningKey
 from .verify.reports import VerifyReport, read_verify_report, verify_report_path
+from .verify.selection import as_flags
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
@@ -50,7 +51,8 @@ ALLOWLIST_NAME = "scanner-allowlist.yaml"
 
 def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyReport | None,
                          report_path: Path) -> str | None:
-    """Why this image may not be published, or None when its last verification passed for this exact image id."""
+    """Why this image may not be published, or None when its last verification ran every check and passed for this
+    exact image id."""
     if image is None:
         return f"no image {local_name(spec)} on the engine: build it first (`python build.py build {spec.tag}`)"
     if report is None:
@@ -60,6 +62,9 @@ def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyRepo
                 f"it was rebuilt since: run `python build.py test {spec.tag}` again")
     if not report.passed:
         return f"its verification failed ({', '.join(report.with_status('failed')) or 'see the report'}): see {report_path}"
+    if report.selection:  # the checks left out were never run on these bytes
+        return (f"it was verified with only some checks ({as_flags(report.selection)}): publishing needs every check; "
+                f"run the full `python build.py test {spec.tag}`")
     gpu_check = report.checks.get("gpu")
     if spec.is_gpu and (gpu_check is None or gpu_check.status != "passed"):
         return (f"its GPU checks did not run ({gpu_check.message if gpu_check else 'no gpu check in the report'}): "
@@ -147,16 +152,23 @@ def verified_on(report: VerifyReport, facts: dict) -> dict:
     }
 
 
+def pinned_stems(rows: list[ImageSpec]) -> list[str]:
+    """The tags whose dated tags pruning keeps `retention` of: each row's tag (a multi-arch row's index, else its
+    image) and each per-arch tag (multiarch.own_tag: a multi-arch row's x86_64 image is pinned as <tag>-amd64-<date>)."""
+    return sorted({name for spec in rows for name in (spec.tag, multiarch.arch_tag(spec))})
+
+
 def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list[str], retention: int) -> list[str]:
     """The tags whose manifests pruning rows must read: none when no row has a dated tag past retention; else the
     rows' own tags (dated, floating, aliases) and the tags no matrix row writes (a tag pushed by hand may name an
     old digest). Other rows' tags are not read: each row's images carry its own labels, so they never share a digest
     with another row's."""
-    # A multi-arch row's x86_64 image floats as <tag>-amd64 (multiarch.arch_tag): one of the row's own tags too.
-    own = {spec.tag: [spec.tag, *spec.aliases, multiarch.arch_tag(spec), *dated_tags(spec.tag, all_tags)]
-           for spec in rows}
-    if not any(dated_tags(spec.tag, all_tags)[retention:] for spec in rows):
+    dated_by_stem = {stem: dated_tags(stem, all_tags) for stem in pinned_stems(rows)}
+    if not any(names[retention:] for names in dated_by_stem.values()):
         return []
+    # A multi-arch row's x86_64 image floats as <tag>-amd64 (multiarch.arch_tag): one of the row's own tags too.
+    own = {name for spec in rows for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
+    own |= {name for names in dated_by_stem.values() for name in names}
     written = {name for spec in matrix for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
 
     def is_foreign(tag: str) -> bool:
@@ -165,33 +177,48 @@ def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list
         return tag not in written and not (dated and dated.group(1) in written) and not catalog_stage.SIGNATURE_TAG.fullmatch(tag)
 
     present = set(all_tags)
-    return sorted({name for names in own.values() for name in names if name in present}
-                  | {tag for tag in all_tags if is_foreign(tag)})
+    return sorted({name for name in own if name in present} | {tag for tag in all_tags if is_foreign(tag)})
+
+
+def index_members(manifests: dict[str, Manifest]) -> dict[str, set[str]]:
+    """The manifest lists among manifests (by tag): each list's digest -> the digests it names."""
+    listed = {manifest.digest: multiarch.member_digests(manifest.body) for manifest in manifests.values()}
+    return {digest: members for digest, members in listed.items() if members}
 
 
 @dataclass(frozen=True)
 class PrunePlan:
-    delete: dict[str, list[str]]  # digest -> the dated tags that go with it
+    delete: dict[str, list[str]]  # digest -> the dated tags that go with it; manifest lists before images
     kept_shared: dict[str, str]  # dated tag past retention -> a kept tag naming the same digest
+    kept_in_index: dict[str, str]  # dated tag past retention -> a kept tag of a manifest list naming its digest
 
 
-def prune_plan(rows: list[str], tag_digests: dict[str, str], retention: int) -> PrunePlan:
-    """Which digests to delete so that each row keeps its `retention` newest dated tags.
+def prune_plan(stems: list[str], tag_digests: dict[str, str], retention: int,
+               members: dict[str, set[str]]) -> PrunePlan:
+    """Which digests to delete so that each stem (pinned_stems) keeps its `retention` newest dated tags.
 
     A registry deletes a manifest together with all its tags, so a digest that any kept tag also names (a floating
-    tag, an alias, another row's tag) stays, and its old dated tag with it.
+    tag, an alias, another row's tag) stays, and its old dated tag with it. A manifest list that stays keeps the
+    images it names (members: list digest -> theirs), which would otherwise leave it naming manifests the registry
+    no longer has; lists go first, so that a failure part-way never leaves one naming a deleted image.
     """
-    doomed = {name for row in rows for name in dated_tags(row, list(tag_digests))[retention:]}
+    doomed = {name for stem in stems for name in dated_tags(stem, list(tag_digests))[retention:]}
     kept_by_digest = {digest: tag for tag, digest in sorted(tag_digests.items()) if tag not in doomed}
+    kept_by_index = {member: kept_by_digest[digest] for digest, listed in sorted(members.items())
+                     if digest in kept_by_digest for member in sorted(listed)}
     delete: dict[str, list[str]] = {}
     kept_shared: dict[str, str] = {}
+    kept_in_index: dict[str, str] = {}
     for name in sorted(doomed):
         digest = tag_digests[name]
         if digest in kept_by_digest:
             kept_shared[name] = kept_by_digest[digest]
+        elif digest in kept_by_index:
+            kept_in_index[name] = kept_by_index[digest]
         else:
             delete.setdefault(digest, []).append(name)
-    return PrunePlan(delete, kept_shared)
+    lists_first = sorted(delete.items(), key=lambda item: (item[0] not in members, item[0]))
+    return PrunePlan(dict(lists_first), kept_shared, kept_in_index)
 
 
 # --------------------------------------------------------------------------------------------------------- publish
@@ -260,11 +287,12 @@ class Publisher:
             all_tags = sorted(set(all_tags) | set(result.created))
         by_tag = {result.tag: result for result in results}
         for tag, members in grouped.items():
-            results.append(self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog))
+            results.append(self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog,
+                                                       all_tags))
         return results
 
     def _publish_index_guarded(self, tag: str, members: list[ImageSpec], published: list[PublishResult],
-                               catalog: catalog_stage.Catalog) -> PublishResult:
+                               catalog: catalog_stage.Catalog, all_tags: list[str]) -> PublishResult:
         """The row's tag as an image index over its per-arch images, once every one of them is published."""
         name = f"{tag} (manifest list)"
         missing = [result.tag for result in published if result.status not in ("published", "unchanged")]
@@ -272,23 +300,28 @@ class Publisher:
             return PublishResult(name, "refused", message=f"not written: {', '.join(missing)} not published, and the "
                                                           f"tag names every architecture or none")
         try:
-            return self._publish_index(name, tag, members, published, catalog)
+            return self._publish_index(name, tag, members, published, catalog, all_tags)
         except RegistryError as error:
             return PublishResult(name, "failed", message=f"{redact(str(error))} (nothing recorded for {tag})")
 
     def _publish_index(self, name: str, tag: str, members: list[ImageSpec], published: list[PublishResult],
-                       catalog: catalog_stage.Catalog) -> PublishResult:
+                       catalog: catalog_stage.Catalog, all_tags: list[str]) -> PublishResult:
+        """Write the index under a dated tag of the row's tag (unless one names it already), then under the row's tag
+        and aliases; as an image's pinned tag, the dated one never moves, so a pin of it outlives the next publish."""
         manifests = {spec.tag: self.registry.manifest(result.digest) for spec, result in zip(members, published, strict=True)}
         entries = [multiarch.Member(spec.platform, multiarch.arch_tag(spec), manifest.digest, manifest.media_type,
                                     len(manifest.body)) for spec, manifest in ((s, manifests[s.tag]) for s in members)]
         body = multiarch.index_body(entries)
-        targets = multiarch.index_tags(members)
-        current = self.registry.tag_digests(targets)
-        result = PublishResult(name, "unchanged", "sha256:" + hashlib.sha256(body).hexdigest(),
+        targets, digest = multiarch.index_tags(members), "sha256:" + hashlib.sha256(body).hexdigest()
+        pinned_names = dated_tags(tag, all_tags)
+        current = self.registry.tag_digests(targets + pinned_names)
+        # A dated tag naming this very index already: an identical republish writes nothing.
+        pinned = next((dated for dated in pinned_names if current.get(dated) == digest), None)
+        result = PublishResult(name, "unchanged", digest, pinned or new_pinned_tag(tag, self.options.date, all_tags),
                                message="already published")
         # Signed before any tag names it, as an image is: a cluster resolves the row's tag to this very digest.
         result.signing = self._sign_index(tag, result.digest)
-        for target in targets:
+        for target in [result.pinned, *targets]:  # the dated tag first: a floating tag names only a pinned digest
             if current.get(target) != result.digest:
                 self.registry.write_index(body, target)
                 (result.moved if target in current else result.created).append(target)
@@ -297,13 +330,11 @@ class Publisher:
         if result.created or result.moved:
             result.status, result.message = "published", f"manifest list over {', '.join(e.platform for e in entries)}"
         previous = catalog.manifest_lists.get(tag)
-        signed_before = previous.signing if previous and previous.digest == result.digest else {}
-        index = catalog_stage.ManifestList(
+        index = catalog_stage.make_manifest_list(
             tag, self.options.registry.name, result.digest, targets,
             {entry.platform: {**entry.to_json(), "image": spec.tag} for spec, entry in zip(members, entries, strict=True)},
-            utc_timestamp(), catalog_stage.signing_record(result.signing, signed_before))
-        if previous is None or (previous.digest, previous.platforms, previous.floating, previous.signing) != (
-                index.digest, index.platforms, index.floating, index.signing):
+            catalog_stage.PinnedIndex(result.pinned, result.digest, pinned_date(result.pinned)), previous, result.signing)
+        if previous is None or not catalog_stage.same_entry(previous, index):
             catalog.manifest_lists[tag] = index
             catalog_stage.save(catalog, self.options.catalog_dir, self.options.images_dir)
         return result
@@ -335,7 +366,8 @@ class Publisher:
             return PublishResult(spec.tag, "refused", message=refusal)
         assert image is not None and report is not None  # verification_refusal refuses a missing image or report
 
-        pinned_names = dated_tags(spec.tag, all_tags)
+        own = targets[0]  # multiarch.image_tags puts the image's own tag first: its pinned tags are dated from it
+        pinned_names = dated_tags(own, all_tags)
         manifests = self.registry.tag_manifests(targets + pinned_names)
         current = {name: manifest.digest for name, manifest in manifests.items()}
         pinned = published_as(image["Id"], pinned_names, manifests, lambda manifest: self._same_image(image, manifest))
@@ -354,7 +386,7 @@ class Publisher:
             return PublishResult(spec.tag, "refused", message=scan.message)
         result = PublishResult(spec.tag, "published", message=scan.message)
         if pinned is None:
-            pinned = new_pinned_tag(spec.tag, self.options.date, all_tags)
+            pinned = new_pinned_tag(own, self.options.date, all_tags)
             digest = self._push(image["Id"], spec.tag, pinned)
             result.created.append(pinned)
         result.digest, result.pinned = digest, pinned
@@ -496,20 +528,24 @@ class PruneResult:
 
 def prune(registry: RegistryClient, rows: list[ImageSpec], matrix: list[ImageSpec], retention: int, catalog_dir: Path,
           images_dir: Path, log: Callable[[str], None]) -> PruneResult:
-    """Delete each row's dated tags beyond the `retention` newest, and forget them (and their SBOMs) in the catalog.
+    """Delete each row's dated tags beyond the `retention` newest (a multi-arch row's: its index's and each image's),
+    and forget them (and their SBOMs) in the catalog.
     Reads the manifests of the tags that matter to these rows only (prune_lookups), not of the whole repository."""
     # Read and check before anything is deleted: a damaged catalog stops the run with the registry untouched.
     catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
     catalog_stage.require_folder(images_dir, "the images folder (--images DIR)")
     catalog_stage.require_sbom_folder(catalog_dir)
-    tag_digests = registry.tag_digests(prune_lookups(rows, matrix, registry.tags(), retention))
-    plan = prune_plan([spec.tag for spec in rows], tag_digests, retention)
+    manifests = registry.tag_manifests(prune_lookups(rows, matrix, registry.tags(), retention))
+    tag_digests = {tag: manifest.digest for tag, manifest in manifests.items()}
+    plan = prune_plan(pinned_stems(rows), tag_digests, retention, index_members(manifests))
     for name, kept in sorted(plan.kept_shared.items()):
         log(f"keeping {name}: its digest is also tagged {kept}")
+    for name, index in sorted(plan.kept_in_index.items()):
+        log(f"keeping {name}: the manifest list {index}, which stays, names its digest")
     result = PruneResult(kept_shared=plan.kept_shared)
     signatures = SignatureStore(registry)
     try:
-        for digest, names in sorted(plan.delete.items()):
+        for digest, names in plan.delete.items():
             # Its signature and attestations first: a failure part-way leaves a signed image, never an orphan.
             for artifact in signatures.remove(digest):
                 log(f"deleted {artifact}")

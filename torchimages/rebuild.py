@@ -37,6 +37,7 @@ class RowState:
     security_fixes: str = ""  # what the OS's security pocket fixed that the published digest lacks ("": none, or not asked)
     security_unknown: str = ""  # why the security pocket could not say (the nightly then leaves the row as it is)
     index_keys: list[str] | None = None  # who signed the manifest list over the row's machines (None: it has none)
+    index_unpinned: bool = False  # the row's manifest list has no dated tag (published before indexes had them)
 
 
 def input_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -67,6 +68,9 @@ def publish_reasons(state: RowState) -> list[str]:
     elif state.signing_key and state.index_keys is not None and state.signing_key not in state.index_keys:
         # `cosign verify TAG` and admission controllers resolve a multi-arch tag to the index: it is signed on its own.
         reasons.append(f"its manifest list is not signed yet by this run's key {state.signing_key}")
+    if state.index_unpinned:
+        # Only a dated tag keeps an index (and every `REPO@sha256:<index>` pin) alive when the row's tag moves on.
+        reasons.append("its manifest list has no dated tag yet: publishing again pins it")
     if state.input_hash is None:
         reasons.append("nothing identifies its base: not on the engine and not in bases.lock.json")
     elif state.input_hash != entry.input_hash:
@@ -113,7 +117,7 @@ def read_row_state(builder: Builder, spec: ImageSpec, catalog: Catalog, reposito
         built_inputs=record.get("inputs", {}), engine_hash=builder.engine_input_hash(spec), entry=entry,
         entry_matches_row=entry is not None and matches_spec(entry, spec), repository=repository,
         signing_key=signing_key, registry_digests=None, forced=builder.options.force or builder.options.no_cache,
-        index_keys=index.signing.get("keys", []) if index else None)
+        index_keys=index.signing.get("keys", []) if index else None, index_unpinned=index is not None and not index.pinned)
     if entry is None or publish_reasons(state):
         return state
     if registry is not None:

@@ -37,8 +37,9 @@ RUN apt-get update \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
-# the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
-# straight from the builder's build-input server (nothing of it stays in a layer).
+# the venv's own files, then one step per layer of torchimages/build_inputs/layers.py: the image's pip plans it, the
+# builder's build-input server unpacks the planned wheels as pip would and the image's tar writes them (from an
+# index, the image's pip installs them). Nothing of the server's stays in a layer.
 # pip's index: https://download.pytorch.org/whl/cpu (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
 # torch and torchvision: change with every torch build

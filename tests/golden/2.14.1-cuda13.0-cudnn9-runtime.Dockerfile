@@ -48,8 +48,9 @@ RUN existing="$(getent passwd 1000 || true)" \
  && chmod -R g=u /home/torch /workspace
 ENV HOME=/home/torch
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
-# the venv's own files, then one step per layer of torchimages/build_inputs/layers.py, each installing its wheels
-# straight from the builder's build-input server (nothing of it stays in a layer).
+# the venv's own files, then one step per layer of torchimages/build_inputs/layers.py: the image's pip plans it, the
+# builder's build-input server unpacks the planned wheels as pip would and the image's tar writes them (from an
+# index, the image's pip installs them). Nothing of the server's stays in a layer.
 # Owned by the image's user and writable by group 0: derived images and arbitrary uids can pip install.
 # pip's index: https://pypi.org/simple (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /

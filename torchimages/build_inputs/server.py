@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote
 import pip
 
 from .layers import INSTALL_SCRIPT
-from .unpack import LayerWheel, Venv, read_wheels, unpack
+from .unpack import LayerWheel, Venv, WheelError, read_wheels, unpack
 
 BUILD_INPUTS_HOST = "torchimages-build-inputs"
 BUILD_INPUTS_PORT = 8679
@@ -106,7 +106,7 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 wheels, venv = layer_request(json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
                                              owner.wheels)
                 layer = read_wheels(wheels, venv)
-            except (KeyError, TypeError, ValueError) as error:  # WheelError is a ValueError
+            except (KeyError, TypeError, ValueError, WheelError) as error:
                 self._send(f"no layer: {error}\n".encode(), "text/plain", HTTPStatus.BAD_REQUEST)
                 return
             # No length: the stream is unpacked as it is sent, and its end is the connection's.

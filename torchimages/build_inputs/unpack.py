@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from ..model import TorchImagesError
+
 COPY_CHUNK = 1 << 20
 
 
@@ -94,7 +96,7 @@ class LayerTar:
         self.tar.addfile(self._info(path, tarfile.REGTYPE, 0o775 if executable else 0o664, size), stream)
 
 
-class WheelError(ValueError):
+class WheelError(TorchImagesError):
     """A wheel the layer cannot be written from (named, with why): refused before any byte is sent."""
 
 

@@ -5,7 +5,8 @@
         --check-results checks.json
 
 Every test carries `@pytest.mark.check("<name>")`. A check fails if any of its tests failed, is skipped (with the
-reasons) if all of them were skipped, and passes otherwise. Test ids name the image tag, not the container.
+reasons) if all of them were skipped, and passes otherwise. Test ids name the image tag, not the container. The tests
+of a check the expectations' selection leaves out (`build.py test --only/--skip`) are skipped, naming the option.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from ..model import ImageSpec
 from ..verify import CHECKS
+from ..verify.selection import CheckSelection
 
 CHECK_MARKER = "check"
 
@@ -92,6 +94,7 @@ class CheckRecorder:
         self.config = config
         self.expectations = json.loads(config.getoption("--expect").read_text())
         self.probe_facts = json.loads(config.getoption("--probe").read_text())
+        self.selection = CheckSelection.from_json(self.expectations.get("selection", {}))
         self.outcomes: dict[str, Outcome] = {}
         self.check_of: dict[str, str] = {}
 
@@ -125,6 +128,8 @@ class CheckRecorder:
                 continue
             self.check_of[self._stable(item.nodeid)] = marker.args[0]
             item.user_properties.append(("check", marker.args[0]))
+            if not self.selection.runs(marker.args[0]):  # skipped before its fixtures read facts never gathered
+                item.add_marker(pytest.mark.skip(reason=self.selection.reason))
         if unmarked:
             raise pytest.UsageError(f"tests without @pytest.mark.check(<one of {', '.join(CHECKS)}>): {', '.join(unmarked)}")
 

@@ -6,6 +6,7 @@ and torch (imported lazily: the pure helpers below are also imported on the host
 
     python probe.py                      # main part, as the image's user: versions, torch, shm, AMP, GPU, smoke
                                          # test, torchrun all-reduce, libraries (--devel: a torch extension too)
+    python probe.py --checks shm,devel   # main part, leaving out the slow work of the checks not named
     python probe.py --part files         # as root: CUDA library copies, package caches, credential files
     python probe.py --part import --wheel W  # as an arbitrary uid: import torch, HOME writable, pip install --user W
     python probe.py --part smoke         # PyTorch's smoke-test assertions alone (the benchmark's yardstick)
@@ -1366,7 +1367,18 @@ def all_reduce_worker(result_dir: str, backend: str) -> None:
 
 # ---------------------------------------------------------------- the parts
 
-def main_facts(devel: bool, cuda_extension: bool, arch_list: list[str], budget_s: float | None = None) -> dict:
+# The main part's slow work, each read by one check alone: `--checks` without that check leaves it undone (and its
+# facts out), which is where a selective `build.py test` saves its time.
+SELECTIVE_WORK = ("smoke", "devel", "shm", "distributed")
+
+
+def runs_work_of(checks: typing.AbstractSet[str] | None, check: str) -> bool:
+    """Whether the main part does the work only `check` reads: always without --checks (checks None)."""
+    return checks is None or check in checks
+
+
+def main_facts(devel: bool, cuda_extension: bool, arch_list: list[str], budget_s: float | None = None,
+               checks: typing.AbstractSet[str] | None = None) -> dict:
     facts = {"part": "main", "python": python_facts(), "os_release": os_release(), "user": user_facts(),
              "env": redacted_env(dict(os.environ)), "secret_env": secret_env_names(dict(os.environ)),
              "tools": tool_facts(), "shm": {"size_bytes": shm_size()}}
@@ -1374,9 +1386,10 @@ def main_facts(devel: bool, cuda_extension: bool, arch_list: list[str], budget_s
     with open(TORCH_IMPORTED, "w", encoding="utf-8"):
         os.chmod(TORCH_IMPORTED, 0o644)
     if torch is None:
-        facts["distributed"] = AllReduceRun().result()
+        if runs_work_of(checks, "distributed"):
+            facts["distributed"] = AllReduceRun().result()
     else:
-        add_torch_facts(facts, torch, devel, cuda_extension, arch_list, budget_s)
+        add_torch_facts(facts, torch, devel, cuda_extension, arch_list, budget_s, checks)
     return facts
 
 
@@ -1401,36 +1414,44 @@ def all_reduce_plan(device_count: int, mig_reason: str) -> tuple[int, str]:
 
 
 def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_list: list[str],
-                    budget_s: float | None = None) -> None:
+                    budget_s: float | None = None, checks: typing.AbstractSet[str] | None = None) -> None:
     # Fork first, before anything starts CUDA or CPU thread pools: the children run beside everything below. The
     # two long ones, the smoke test's compiles and the extension build, each get a child from the start. Under an
     # exclusive compute mode a GPU takes one CUDA context at a time: the children stay off the GPUs, and torchrun's
-    # ranks and the multi-GPU process run to their end before this process makes its own contexts.
+    # ranks and the multi-GPU process run to their end before this process makes its own contexts. The work of a
+    # check that is not selected (`checks`) is not started at all.
     host = driver_facts()
     limits = compute_mode_limits(host)
     skip_gpu, exclusive = limits.children_skip, limits.exclusive
-    compiles = ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
+    smoke = runs_work_of(checks, "smoke")
+    compiles = (ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
+                if smoke else None)
     extension = (ChildSection("the extension build", bound(EXTENSION_TIMEOUT_S), build_extension, torch, cuda_extension,
-                              arch_list, skip_gpu) if devel else None)
-    dataloader = start_dataloader(torch)
+                              arch_list, skip_gpu) if devel and runs_work_of(checks, "devel") else None)
+    dataloader = start_dataloader(torch) if runs_work_of(checks, "shm") else None
     facts["torch"].update(torch_versions(torch))
     availability = cuda_availability(torch)  # the first CUDA call: no context yet, and torch's warnings recorded
     mig_reason = mig_multi_gpu_reason(availability["device_count"], host)
-    all_reduce = AllReduceRun(*all_reduce_plan(availability["device_count"], mig_reason))
+    all_reduce = (AllReduceRun(*all_reduce_plan(availability["device_count"], mig_reason))
+                  if runs_work_of(checks, "distributed") else None)
     multi_gpu = None
     if exclusive:
-        facts["distributed"] = all_reduce.result()
+        if all_reduce:
+            facts["distributed"] = all_reduce.result()
         multi_gpu = multi_gpu_in_subprocess() if availability["device_count"] >= 2 and not mig_reason else None
     facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
-    facts["smoke"] = smoke_eager(torch)
+    if smoke:
+        facts["smoke"] = smoke_eager(torch)
     facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"], False, availability, host, multi_gpu)
-    facts["shm"]["dataloader"] = dataloader_facts(dataloader)
+    if dataloader:
+        facts["shm"]["dataloader"] = dataloader_facts(dataloader)
     if extension:
         facts["extension"] = extension.result()
-    facts["smoke"]["compiles"] = compiles.result()
-    if gpu_devices(torch):
-        facts["smoke"]["gpu_errors"] = section(smoke_gpu_errors, torch)
-    if not exclusive:
+    if compiles:
+        facts["smoke"]["compiles"] = compiles.result()
+        if gpu_devices(torch):  # its device-side assert poisons the CUDA context: the last GPU work
+            facts["smoke"]["gpu_errors"] = section(smoke_gpu_errors, torch)
+    if all_reduce and not exclusive:
         facts["distributed"] = all_reduce.result()
     facts["libraries_loaded"] = loaded_libraries()
 
@@ -1521,6 +1542,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="the main part and --gpu-only: seconds until the probe is killed (its compiles end before)")
     parser.add_argument("--slowdown", type=float, default=1,
                         help="multiply the probe's own time bounds by this (the image runs under emulation)")
+    parser.add_argument("--checks", type=lambda text: frozenset(text.split(",")),
+                        help="the main part: the checks to gather facts for, ','-separated (default: every check); the "
+                             f"work only an unnamed check reads ({', '.join(SELECTIVE_WORK)}) is not done")
     return parser.parse_args(argv)
 
 
@@ -1549,7 +1573,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = section(multi_gpu_facts, torch)
     else:
         arch_list = [entry for entry in arguments.arch_list.split(";") if entry]
-        facts = main_facts(arguments.devel, arguments.cuda_extension, arch_list, arguments.budget_s)
+        facts = main_facts(arguments.devel, arguments.cuda_extension, arch_list, arguments.budget_s, arguments.checks)
     facts.update({"probe_version": PROBE_VERSION, "probe_seconds": round(time.monotonic() - started, 3)})
     sys.stdout.flush()
     with os.fdopen(json_out, "w") as stream:

@@ -91,15 +91,19 @@ def cmd_build(project: Project, args) -> int:
 
 
 def cmd_test(project: Project, args) -> int:
+    selection = verify.parse_selection(args.only, args.skip)
     specs = project.select(args.selectors)
     options = verify.VerifyOptions(reports_dir=project.reports, gpus=args.gpus, shm_size=args.shm_size, image=args.image,
-                            timeout=args.timeout, matrix_specs=tuple(project.load().specs), jobs=args.jobs)
+                            timeout=args.timeout, matrix_specs=tuple(project.load().specs), jobs=args.jobs,
+                            selection=selection)
     docker_client = engine.client()
     with ConsoleProgress(errors()) as progress:
         results = verify.verify_images(docker_client, specs, options, progress)
     out = console()
     for result in results:
         out.print(checks_table(result))
+        if not selection.full:
+            out.print(f"{result.tag}: {verify.selective_note(result)}", markup=False, highlight=False)
     out.print(f"reports: {project.reports}/<tag>/verify.json, junit.xml; summary: {project.reports / 'verify-summary.md'}",
               markup=False, highlight=False)
     return EXIT_OK if all(result.passed for result in results) else EXIT_FAILED
@@ -278,8 +282,9 @@ def register(commands) -> None:
     main_job.set_defaults(handler=cmd_images, writes=lambda project, args: [project.reports, *filter(None, [args.wheelhouse])])
     testing = commands.add_parser(
         "test", help=f"verify images inside containers ({', '.join(checklist.NAMES)})",
-        description="Exit 0: every check passed or was skipped with a reason; 1: a check failed; 2: bad input "
-                    "(unknown tag, missing image, GPUs requested from an engine without NVIDIA runtime). Checks: "
+        description="Exit 0: every selected check (all by default) passed or was skipped with a reason; 1: a check "
+                    "failed; 2: bad input (unknown tag or check, missing image, GPUs requested from an engine without "
+                    "NVIDIA runtime). Checks: "
                     f"{checklist.help_text()}.")
     add_selectors(testing)
     testing.add_argument("--image", metavar="REF",
@@ -294,6 +299,12 @@ def register(commands) -> None:
                          help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel "
                               f"{verify.DEVEL_TIMEOUT_S}; {emulation.SLOWDOWN} times that where the engine emulates "
                               "the image's machine)")
+    testing.add_argument("--only", action="append", metavar="CHECK[,CHECK]",
+                         help="run only these checks (repeatable or comma-separated), the others reported skipped: "
+                              "to re-run a failing check quickly; never enough to publish")
+    testing.add_argument("--skip", action="append", metavar="CHECK[,CHECK]",
+                         help="run every check but these (repeatable or comma-separated), reported skipped; not with "
+                              "--only; never enough to publish")
     testing.set_defaults(handler=cmd_test, writes=writes_reports)
 
     checking = commands.add_parser(

@@ -7,6 +7,7 @@ the file scan; an arbitrary uid), while the host builds an image FROM it that pi
 container with the row's expectations and those facts. The container and the derived image are removed on success,
 failure and Ctrl-C. Reports: reports/<tag>/{verify.json,junit.xml,facts.json,pytest.log} and
 reports/verify-summary.md. The checks ship inside the package: `build.py test` needs no source checkout.
+`--only`/`--skip` run some of the checks (selection.py), never enough to publish.
 """
 from .container import PROBE_SOURCE, container_name, copy_probe, create_container, run_probe
 from .plan import (
@@ -24,12 +25,14 @@ from .plan import (
     parse_gpus,
     plan_all,
 )
-from .reports import summary_markdown
+from .reports import selective_note, summary_markdown
 from .run import verify_images
+from .selection import CheckSelection, parse_selection
 from .suite import complete_checks
 
 __all__ = [
-    "CHECKS", "DEVEL_TIMEOUT_S", "GPU_CHECKS", "PROBE_SOURCE", "RUNTIME_TIMEOUT_S", "SUITE", "VERIFY_LABEL", "GpuRequest",
-    "Plan", "Progress", "VerifyOptions", "VerifyResult", "complete_checks", "container_name",
-    "copy_probe", "create_container", "parse_gpus", "plan_all", "run_probe", "summary_markdown", "verify_images",
+    "CHECKS", "DEVEL_TIMEOUT_S", "GPU_CHECKS", "PROBE_SOURCE", "RUNTIME_TIMEOUT_S", "SUITE", "VERIFY_LABEL",
+    "CheckSelection", "GpuRequest", "Plan", "Progress", "VerifyOptions", "VerifyResult", "complete_checks",
+    "container_name", "copy_probe", "create_container", "parse_gpus", "parse_selection", "plan_all", "run_probe",
+    "selective_note", "summary_markdown", "verify_images",
 ]

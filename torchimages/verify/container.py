@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from ..checks.probe import PROBE_VERSION
 from ..model import ImageSpec
 from . import emulation
 from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
+from .selection import CheckSelection
 
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 PROBE_PATH = "/tmp/torchimages-probe.py"
@@ -28,6 +30,9 @@ ARBITRARY_UID = "12345"
 # With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
 CONTAINER_HOSTNAME = "torchimages-verify"
 SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user (times the plan's slowdown)
+# The work beside the main probe, and the checks that read its facts: where a selection runs none of them, it is not
+# done (the main probe leaves out the work of unselected checks itself, told by --checks).
+SIDE_WORK_READ_BY = {"files": ("hygiene",), "import": ("hygiene", "downstream"), "downstream": ("downstream",)}
 
 
 def container_name(spec: ImageSpec) -> str:
@@ -105,33 +110,45 @@ def _version_mismatch(facts: dict) -> dict:
             "stderr_tail": ""}
 
 
-def probe_arguments(spec: ImageSpec, timeout: int, slowdown: int) -> list[str]:
-    """The main part's flags: the devel extension, the kill budget its compile child must finish inside, and what
-    the probe's own bounds are multiplied by."""
+def probe_arguments(spec: ImageSpec, timeout: int, slowdown: int, selection: CheckSelection) -> list[str]:
+    """The main part's flags: the devel extension, the kill budget its compile child must finish inside, what the
+    probe's own bounds are multiplied by, and the checks whose work it does (every check's by default)."""
     arguments = ["--budget-s", str(timeout), "--slowdown", str(slowdown)]
     if spec.builds_extensions:
         arguments.append("--devel")
         if spec.is_gpu:
             arguments += ["--cuda-extension", f"--arch-list={';'.join(spec.arch_list)}"]
+    if not selection.full:
+        arguments.append(f"--checks={','.join(selection.selected())}")
     return arguments
 
 
-def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, reports: str) -> dict:
-    """The three probe runs and the derived image's build side by side, plus the image's static facts."""
+def side_work_wanted(selection: CheckSelection) -> set[str]:
+    """The work beside the main probe that a selected check reads."""
+    return {work for work, readers in SIDE_WORK_READ_BY.items() if any(map(selection.runs, readers))}
+
+
+def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, reports: str,
+                 selection: CheckSelection) -> dict:
+    """The probe runs and the derived image's build side by side (those the selected checks read), plus the image's
+    static facts."""
     pool = ThreadPoolExecutor(max_workers=4)
-    wheel = f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"
+    wanted = side_work_wanted(selection)
     side_timeout = SIDE_PROBE_TIMEOUT_S * plan.slowdown
+    # pip install --user of the wheel is downstream's alone: hygiene reads only how the arbitrary uid imports torch
+    wheel = ["--wheel", f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"] if selection.runs("downstream") else []
+    side_work = {
+        "files": functools.partial(run_probe, container, ["--part", "files", "--package-caches",
+                                                          ";".join(plan.spec.package_caches)], "0", side_timeout),
+        "import": functools.partial(run_probe, container, ["--part", "import", "--after-main", *wheel, "--slowdown",
+                                                           str(plan.slowdown)], ARBITRARY_UID, side_timeout),
+        "downstream": functools.partial(downstream.derived_image_facts, docker_client, plan.image_id,
+                                        {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
+    }
     try:
-        runs = {
-            "main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout, plan.slowdown), "",
-                                plan.timeout),
-            "files": pool.submit(run_probe, container, ["--part", "files", "--package-caches",
-                                                        ";".join(plan.spec.package_caches)], "0", side_timeout),
-            "import": pool.submit(run_probe, container, ["--part", "import", "--after-main", "--wheel", wheel,
-                                                         "--slowdown", str(plan.slowdown)], ARBITRARY_UID, side_timeout),
-            "downstream": pool.submit(downstream.derived_image_facts, docker_client, plan.image_id,
-                                      {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
-        }
+        runs = {"main": pool.submit(run_probe, container,
+                                    probe_arguments(plan.spec, plan.timeout, plan.slowdown, selection), "", plan.timeout),
+                **{work: pool.submit(call) for work, call in side_work.items() if work in wanted}}
         facts = {part: run.result() for part, run in runs.items()}
     finally:
         # On Ctrl-C do not wait for the probes: removing the container (the caller's finally) ends them. The

@@ -12,6 +12,7 @@ from .. import engine
 from ..builder import local_name
 from ..checks import checklist
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
+from .selection import CheckSelection
 
 CHECKS, GPU_CHECKS = checklist.NAMES, checklist.GPU_CHECKS  # declared once, in torchimages/checks/checklist.py
 VERIFY_LABEL = f"{LABEL_PREFIX}.verify"
@@ -91,6 +92,7 @@ class VerifyOptions:
     matrix_specs: tuple[ImageSpec, ...] = ()  # every row, to name the ones covering a GPU that is not covered
     suite: Path = SUITE
     jobs: int = 1  # images verified at once where no GPU is given (verification.jobs says why not with GPUs)
+    selection: CheckSelection = CheckSelection()  # the checks to run (--only/--skip); by default every one
 
 
 @dataclass
@@ -104,6 +106,7 @@ class VerifyResult:
     duration: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     cpu_standin: str = ""  # why the CPU identity the image saw was a stand-in (emulation.py); "" for the engine's own
+    selection: CheckSelection = CheckSelection()  # the checks it ran: a selective result is never one to publish
 
 
 @dataclass(frozen=True)

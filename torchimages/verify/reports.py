@@ -39,6 +39,8 @@ class VerifyReport:
     finished_at: str = ""
     duration_s: float = 0.0
     stage_seconds: dict = field(default_factory=dict)
+    # The checks selected (--only/--skip): {} where every check ran, the only report publish accepts.
+    selection: dict[str, list[str]] = field(default_factory=dict)
     junit: str = "junit.xml"
     facts: str = "facts.json"
 
@@ -66,7 +68,7 @@ def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> Ver
         run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout,
              "cpu_identity": emulation.cpu_identity_note(plan.standin_cpus)},
         started_at=utc_timestamp(started_at), finished_at=utc_timestamp(), duration_s=result.duration,
-        stage_seconds=result.stage_seconds,
+        stage_seconds=result.stage_seconds, selection=result.selection.to_json(),
     )
 
 
@@ -89,6 +91,12 @@ def read_verify_report(path: Path) -> VerifyReport | None:
     return VerifyReport.from_json(report)
 
 
+def selective_note(result: VerifyResult) -> str:
+    """What a verification of some checks is not: one to publish."""
+    return (f"only some checks ran ({result.selection.flags}): publishing needs every check, "
+            f"`python build.py test {result.tag}`")
+
+
 def _mark(check: dict) -> str:
     return "⚠️ passed" if check["status"] == "passed" and check.get("warnings") else STATUS_MARK[check["status"]]
 
@@ -107,6 +115,7 @@ def summary_markdown(results: list[VerifyResult]) -> str:
         notes += [f"- **{name}** passed with a warning: {markdown_cell(warning)}"
                   for name, check in result.checks.items() for warning in check.get("warnings", [])]
         notes += [f"- **CPU identity** was a stand-in: {markdown_cell(result.cpu_standin)}"] if result.cpu_standin else []
+        notes += [] if result.selection.full else [f"- **selection**: {selective_note(result)}"]
         if notes:
             lines += [f"## `{result.tag}`", "", *notes, ""]
     return "\n".join(lines) + "\n"

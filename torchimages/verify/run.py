@@ -25,7 +25,14 @@ from .container import (
 )
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from .reports import REPORT_NAME, summary_markdown, verify_report
-from .suite import expectations, failed_start_checks, gpu_start_failure, run_suite, with_gpu_start_failure
+from .suite import (
+    expectations,
+    failed_start_checks,
+    gpu_start_failure,
+    run_suite,
+    selected_verdicts,
+    with_gpu_start_failure,
+)
 
 
 class Cancelled(TorchImagesError):
@@ -107,9 +114,10 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
         for name in names:
             remove_container(docker_client, name)
         clock.stop()
+    checks = selected_verdicts(checks, options.selection)
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds,
-                          emulation.cpu_identity_note(plan.standin_cpus).get("why", ""))
+                          emulation.cpu_identity_note(plan.standin_cpus).get("why", ""), options.selection)
     atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json(),
                       root=options.reports_dir)
     progress.finished(result)
@@ -147,7 +155,7 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
     clock.enter("probing", f"under emulation: every time bound x{plan.slowdown}, the main probe's {plan.timeout}s"
                            if plan.slowdown > 1 else "")
     copy_probe(container)
-    facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()))
+    facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()), options.selection)
     expect_path, facts_path = report_dir / "expect.json", report_dir / "facts.json"
     expected = expectations(plan, options, host_gpu_runtime, container.id)
     atomic_write_json(expect_path, expected, root=options.reports_dir)

@@ -20,18 +20,21 @@ from ..files import open_new, remove_file
 from ..model import InputError, PeerError, Problem
 from .container import ARBITRARY_UID
 from .plan import CHECKS, GPU_CHECKS, SUITE, Plan, VerifyOptions
+from .selection import CheckSelection
 
 SUITE_TIMEOUT_S = 300  # times the plan's slowdown: the checks run commands in the container
 
 
 def expectations(plan: Plan, options: VerifyOptions, host_gpu_runtime: bool, container_id: str) -> dict:
-    """What the checks compare against: the row, how the container was run, and which rows cover which GPUs."""
+    """What the checks compare against: the row, how the container was run, which rows cover which GPUs, and the
+    checks selected (the plugin skips the others' tests, whose facts the probe did not gather)."""
     rows = options.matrix_specs or (plan.spec,)
     return {
         "tag": plan.spec.tag, "image": plan.image, "image_id": plan.image_id, "container_id": container_id,
         "spec": plan.spec.to_json(), "gpus": plan.gpus.to_json(), "host_gpu_runtime": host_gpu_runtime,
         "shm_size": plan.shm_size, "arbitrary_uid": int(ARBITRARY_UID),
         "arch_rows": {row.tag: list(row.arch_list) for row in rows if row.is_gpu},
+        "selection": options.selection.to_json(),
     }
 
 
@@ -100,6 +103,14 @@ def complete_checks(reported: dict[str, dict], exit_code: int, log_path: Path) -
         return {name: {"status": "failed", "message": why, "tests": []} for name in CHECKS}
     missing = {"status": "failed", "message": f"no test reported on this check; see {log_path}", "tests": []}
     return {name: reported.get(name, missing) for name in CHECKS}
+
+
+def selected_verdicts(checks: dict[str, dict], selection: CheckSelection) -> dict[str, dict]:
+    """A check the selection leaves out is skipped, naming the option, however the run ended (a container that did not
+    start, a suite that did not run): a check that was not run neither passes nor fails."""
+    return {name: check if selection.runs(name) else {"status": "skipped", "message": selection.reason,
+                                                       "tests": check.get("tests", [])}
+            for name, check in checks.items()}
 
 
 def gpu_start_failure(error: docker.errors.APIError) -> str:
