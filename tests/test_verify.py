@@ -327,9 +327,9 @@ def test_the_probe_is_told_the_selection_and_the_side_work_follows_it():
     from torchimages.verify.container import probe_arguments, side_work_wanted
 
     devel = _spec(cuda=None, cudnn=None, flavor="devel", arch_list=(), builds_extensions=True)
-    assert probe_arguments(devel, 600, CheckSelection()) == ["--budget-s", "600", "--devel"]
+    assert probe_arguments(devel, 600, 1, CheckSelection()) == ["--budget-s", "600", "--slowdown", "1", "--devel"]
     skip_smoke = parse_selection(None, ["smoke"])
-    arguments = probe_arguments(devel, 600, skip_smoke)
+    arguments = probe_arguments(devel, 600, 1, skip_smoke)
     assert arguments[-1] == f"--checks={','.join(skip_smoke.selected())}"
     checks = probe.parse_arguments(arguments).checks
     assert not probe.runs_work_of(checks, "smoke") and probe.runs_work_of(checks, "devel")

@@ -34,6 +34,9 @@ import typing
 import warnings
 
 PROBE_VERSION = 3
+# Every time bound below is used through bound(), which multiplies it by --slowdown: the factor the host gives where
+# its engine runs the image under emulation (torchimages/verify/emulation.py, SLOWDOWN), 1 natively.
+SLOWDOWN: float = 1
 # A DataLoader test only means something when more than Docker's 64 MB default /dev/shm is in flight.
 DATALOADER_WORKERS = 4
 DATALOADER_ITEM_MB = 16
@@ -231,6 +234,11 @@ def last_error_line(error: BaseException) -> str:
     return last if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", last) else f"{type(error).__name__}: {last}"
 
 
+def bound(seconds: float) -> float:
+    """One of the time bounds above, as this run uses it: multiplied by --slowdown."""
+    return seconds * SLOWDOWN
+
+
 # ---------------------------------------------------------------- sections that need no torch
 
 def section(function, *args) -> dict:
@@ -246,8 +254,9 @@ def section(function, *args) -> dict:
 
 
 def run_tool(command: list[str], timeout: float = TOOL_TIMEOUT_S) -> dict:
+    """The command's exit and output, killed after timeout (one of the bounds above, unscaled: bound() applies)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=bound(timeout), check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"ok": False, "error": f"{type(error).__name__}: {error}"}
     return {"ok": done.returncode == 0, "returncode": done.returncode, "output": (done.stdout + done.stderr)[-4000:]}
@@ -481,7 +490,7 @@ def files_facts(os_caches: list[str]) -> dict:
 def import_facts(wheel: str | None, after_main: bool) -> dict:
     facts: dict[str, typing.Any] = {"part": "import", "user": user_facts()}
     if after_main:
-        facts["waited_for_main_import_s"] = wait_for_file(TORCH_IMPORTED, TORCH_IMPORTED_WAIT_S)
+        facts["waited_for_main_import_s"] = wait_for_file(TORCH_IMPORTED, bound(TORCH_IMPORTED_WAIT_S))
     try:
         import torch
 
@@ -666,7 +675,7 @@ def _dataloader_through_shm(torch) -> dict:
 
     try:
         loader: typing.Any = DataLoader(typing.cast(typing.Any, _BigItems(torch, DATALOADER_ITEMS, DATALOADER_ITEM_MB)), batch_size=1,
-                            num_workers=DATALOADER_WORKERS, prefetch_factor=2, timeout=DATALOADER_TIMEOUT_S)
+                            num_workers=DATALOADER_WORKERS, prefetch_factor=2, timeout=bound(DATALOADER_TIMEOUT_S))
         held, peak = [], 0
         for index, batch in enumerate(loader):
             if float(batch[0, -1]) != float(index):
@@ -680,7 +689,7 @@ def _dataloader_through_shm(torch) -> dict:
 
 def start_dataloader(torch) -> ChildSection:
     """In a forked child: a bus error or a hang kills the child, not the probe."""
-    return ChildSection("the DataLoader process", DATALOADER_TIMEOUT_S + 10, _dataloader_through_shm, torch)
+    return ChildSection("the DataLoader process", bound(DATALOADER_TIMEOUT_S + 10), _dataloader_through_shm, torch)
 
 
 def dataloader_facts(run: ChildSection) -> dict:
@@ -934,9 +943,9 @@ def multi_gpu_in_subprocess() -> dict:
     """NCCL can hang; a separate process with a timeout keeps the rest of the facts."""
     try:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--part", "multi-gpu"],
-                              capture_output=True, text=True, timeout=MULTI_GPU_TIMEOUT_S, check=False)
+                              capture_output=True, text=True, timeout=bound(MULTI_GPU_TIMEOUT_S), check=False)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"peer copies / NCCL all-reduce did not finish in {MULTI_GPU_TIMEOUT_S}s"}
+        return {"ok": False, "error": f"peer copies / NCCL all-reduce did not finish in {bound(MULTI_GPU_TIMEOUT_S)}s"}
     try:
         return json.loads(done.stdout)
     except ValueError:
@@ -1300,7 +1309,7 @@ class AllReduceRun:
         self.process: subprocess.Popen | None = None
         self.command = ["torchrun", "--standalone", "--nproc-per-node", str(processes),
                         os.path.abspath(__file__), "--part", "all-reduce", "--backend", backend,
-                        "--result-dir", self.result_dir]
+                        "--result-dir", self.result_dir, "--slowdown", str(SLOWDOWN)]
         try:
             # Its own session: on a timeout the whole tree (launcher and workers) is killed at once.
             self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
@@ -1311,13 +1320,14 @@ class AllReduceRun:
 
     def result(self) -> dict:
         facts = {"command": " ".join(self.command[:5]), "processes": self.processes, "returncode": None}
+        timeout = bound(DISTRIBUTED_TIMEOUT_S)
         if self.process is not None:
             try:
-                facts["returncode"] = self.process.wait(max(1.0, DISTRIBUTED_TIMEOUT_S - (time.monotonic() - self.started)))
+                facts["returncode"] = self.process.wait(max(1.0, timeout - (time.monotonic() - self.started)))
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, 9)
                 self.process.wait()
-                self.error = f"did not finish in {DISTRIBUTED_TIMEOUT_S}s (killed)"
+                self.error = f"did not finish in {timeout}s (killed)"
         self.log.seek(0)
         ranks = []
         for name in sorted(os.listdir(self.result_dir)):
@@ -1342,7 +1352,7 @@ def all_reduce_worker(result_dir: str, backend: str) -> None:
     device = f"cuda:{local_rank}" if nccl else "cpu"
     if nccl:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if nccl else "gloo", timeout=datetime.timedelta(seconds=DISTRIBUTED_TIMEOUT_S))
+    dist.init_process_group("nccl" if nccl else "gloo", timeout=datetime.timedelta(seconds=bound(DISTRIBUTED_TIMEOUT_S)))
     try:
         tensor = torch.full((1024,), float(rank + 1), device=device)
         dist.all_reduce(tensor)
@@ -1387,8 +1397,8 @@ def compile_timeout(budget_s: float | None) -> float:
     """The compile child's bound: inside the kill budget the probe was given (the container's `timeout -s KILL`),
     counted from the probe's start, so that a slow compile is reported as such and never costs every fact."""
     if budget_s is None:
-        return SMOKE_COMPILE_TIMEOUT_S
-    return max(1.0, budget_s - (time.monotonic() - PROBE_STARTED) - BUDGET_MARGIN_S)
+        return bound(SMOKE_COMPILE_TIMEOUT_S)
+    return max(1.0, budget_s - (time.monotonic() - PROBE_STARTED) - bound(BUDGET_MARGIN_S))
 
 
 def distributed_processes(device_count: int) -> int:
@@ -1416,7 +1426,7 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     smoke = runs_work_of(checks, "smoke")
     compiles = (ChildSection("the torch.compile process", compile_timeout(budget_s), smoke_compiles, torch, skip_gpu)
                 if smoke else None)
-    extension = (ChildSection("the extension build", EXTENSION_TIMEOUT_S, build_extension, torch, cuda_extension,
+    extension = (ChildSection("the extension build", bound(EXTENSION_TIMEOUT_S), build_extension, torch, cuda_extension,
                               arch_list, skip_gpu) if devel and runs_work_of(checks, "devel") else None)
     dataloader = start_dataloader(torch) if runs_work_of(checks, "shm") else None
     facts["torch"].update(torch_versions(torch))
@@ -1530,6 +1540,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--package-caches", default="", help="the files part: the OS family's caches, ';'-separated")
     parser.add_argument("--budget-s", type=float,
                         help="the main part and --gpu-only: seconds until the probe is killed (its compiles end before)")
+    parser.add_argument("--slowdown", type=float, default=1,
+                        help="multiply the probe's own time bounds by this (the image runs under emulation)")
     parser.add_argument("--checks", type=lambda text: frozenset(text.split(",")),
                         help="the main part: the checks to gather facts for, ','-separated (default: every check); the "
                              f"work only an unnamed check reads ({', '.join(SELECTIVE_WORK)}) is not done")
@@ -1537,7 +1549,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SLOWDOWN
     arguments = parse_arguments(argv)
+    SLOWDOWN = arguments.slowdown
     if arguments.part == "all-reduce":
         all_reduce_worker(arguments.result_dir, arguments.backend)
         return 0

@@ -163,7 +163,7 @@ class ConsoleProgress(verify.Progress):
 def checks_table(result: verify.VerifyResult) -> Table:
     verdict = Text("passed", "green") if result.passed else Text("FAILED", "red")
     title = Text.assemble(f"{result.tag}: ", verdict, f" ({result.duration:.1f}s, {result.image_id[:19]})")
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption=result.cpu_standin or None, caption_justify="left")
     for column in ("check", "status", "message"):
         table.add_column(column, no_wrap=column != "message")
     for name, check in result.checks.items():

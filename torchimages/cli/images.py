@@ -19,6 +19,7 @@ from ..files import atomic_write, read_json_document
 from ..model import ImageSpec, InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
+from ..verify import emulation
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
 from .options import (
     add_build_arguments,
@@ -295,7 +296,9 @@ def register(commands) -> None:
                          help="images verified at once where no GPU is given; with GPUs one at a time, since the GPU "
                               "checks measure them (default: %(default)s)")
     testing.add_argument("--timeout", type=integer, metavar="S",
-                         help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel {verify.DEVEL_TIMEOUT_S})")
+                         help=f"seconds for the in-container probe (default {verify.RUNTIME_TIMEOUT_S}, devel "
+                              f"{verify.DEVEL_TIMEOUT_S}; {emulation.SLOWDOWN} times that where the engine emulates "
+                              "the image's machine)")
     testing.add_argument("--only", action="append", metavar="CHECK[,CHECK]",
                          help="run only these checks (repeatable or comma-separated), the others reported skipped: "
                               "to re-run a failing check quickly; never enough to publish")

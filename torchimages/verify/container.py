@@ -29,7 +29,7 @@ PROBE_PATH = "/tmp/torchimages-probe.py"
 ARBITRARY_UID = "12345"
 # With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
 CONTAINER_HOSTNAME = "torchimages-verify"
-SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user
+SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user (times the plan's slowdown)
 # The work beside the main probe, and the checks that read its facts: where a selection runs none of them, it is not
 # done (the main probe leaves out the work of unselected checks itself, told by --checks).
 SIDE_WORK_READ_BY = {"files": ("hygiene",), "import": ("hygiene", "downstream"), "downstream": ("downstream",)}
@@ -44,7 +44,8 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
     """Created apart from started: a container that fails to start still exists and must be removed.
 
     Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are. An arm64
-    image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder."""
+    image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder,
+    and qemu emulates the core it names."""
     mounts = emulation.cpu_mounts(plan.standin_cpus, Path(reports) / plan.spec.tag, Path(reports))
     return docker_client.containers.create(
         plan.image_id, name=name,
@@ -52,7 +53,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
         entrypoint=["sleep", "infinity"], command=[],
         labels={VERIFY_LABEL: "1", f"{VERIFY_LABEL}.tag": plan.spec.tag, f"{VERIFY_LABEL}.reports": reports},
         shm_size=plan.shm_size, device_requests=plan.gpus.device_requests(plan.gpu_path), network_mode="none", detach=True,
-        environment={} if plan.gpus.wanted else engine.NO_GPUS,
+        environment={**({} if plan.gpus.wanted else engine.NO_GPUS), **emulation.cpu_environment(plan.standin_cpus)},
         hostname=CONTAINER_HOSTNAME, extra_hosts={CONTAINER_HOSTNAME: "127.0.0.1"}, mounts=mounts,
     )
 
@@ -109,10 +110,10 @@ def _version_mismatch(facts: dict) -> dict:
             "stderr_tail": ""}
 
 
-def probe_arguments(spec: ImageSpec, timeout: int, selection: CheckSelection) -> list[str]:
-    """The main part's flags: the devel extension, the kill budget its compile child must finish inside, and the
-    checks whose work it does (every check's by default)."""
-    arguments = ["--budget-s", str(timeout)]
+def probe_arguments(spec: ImageSpec, timeout: int, slowdown: int, selection: CheckSelection) -> list[str]:
+    """The main part's flags: the devel extension, the kill budget its compile child must finish inside, what the
+    probe's own bounds are multiplied by, and the checks whose work it does (every check's by default)."""
+    arguments = ["--budget-s", str(timeout), "--slowdown", str(slowdown)]
     if spec.builds_extensions:
         arguments.append("--devel")
         if spec.is_gpu:
@@ -133,19 +134,20 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
     static facts."""
     pool = ThreadPoolExecutor(max_workers=4)
     wanted = side_work_wanted(selection)
+    side_timeout = SIDE_PROBE_TIMEOUT_S * plan.slowdown
     # pip install --user of the wheel is downstream's alone: hygiene reads only how the arbitrary uid imports torch
     wheel = ["--wheel", f"{downstream.CONTAINER_DIR}/{downstream.WHEEL}"] if selection.runs("downstream") else []
     side_work = {
         "files": functools.partial(run_probe, container, ["--part", "files", "--package-caches",
-                                                          ";".join(plan.spec.package_caches)], "0", SIDE_PROBE_TIMEOUT_S),
-        "import": functools.partial(run_probe, container, ["--part", "import", "--after-main", *wheel], ARBITRARY_UID,
-                                    SIDE_PROBE_TIMEOUT_S),
+                                                          ";".join(plan.spec.package_caches)], "0", side_timeout),
+        "import": functools.partial(run_probe, container, ["--part", "import", "--after-main", *wheel, "--slowdown",
+                                                           str(plan.slowdown)], ARBITRARY_UID, side_timeout),
         "downstream": functools.partial(downstream.derived_image_facts, docker_client, plan.image_id,
                                         {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
     }
     try:
-        runs = {"main": pool.submit(run_probe, container, probe_arguments(plan.spec, plan.timeout, selection), "",
-                                    plan.timeout),
+        runs = {"main": pool.submit(run_probe, container,
+                                    probe_arguments(plan.spec, plan.timeout, plan.slowdown, selection), "", plan.timeout),
                 **{work: pool.submit(call) for work, call in side_work.items() if work in wanted}}
         facts = {part: run.result() for part, run in runs.items()}
     finally:

@@ -88,7 +88,7 @@ class VerifyOptions:
     gpus: str | None = None  # None: all for GPU rows, none for CPU rows
     shm_size: str | None = None  # None: the row's shm_size
     image: str | None = None  # check this image instead of the row's own (exactly one row)
-    timeout: int | None = None  # seconds for the main probe; None: by flavor
+    timeout: int | None = None  # seconds for the main probe; None: by flavor (times the slowdown under emulation)
     matrix_specs: tuple[ImageSpec, ...] = ()  # every row, to name the ones covering a GPU that is not covered
     suite: Path = SUITE
     jobs: int = 1  # images verified at once where no GPU is given (verification.jobs says why not with GPUs)
@@ -124,6 +124,7 @@ class Plan:
     # The CPUs a stand-in CPU identity describes where the engine emulates the image's arm64 machine (emulation.py);
     # 0 where the engine runs the image's machine itself.
     standin_cpus: int = 0
+    slowdown: int = 1  # what every time bound is multiplied by: emulation.SLOWDOWN under emulation, 1 natively
 
 
 class Progress:

@@ -48,12 +48,12 @@ class StageClock:
         self.seconds: dict[str, float] = {}
         self.current, self.since = "", time.monotonic()
 
-    def enter(self, stage: str) -> None:
+    def enter(self, stage: str, detail: str = "") -> None:
         self.stop()
         if self.cancelled and self.cancelled.is_set() and stage != "removing container":
             raise Cancelled(self.tag)
         self.current, self.since = stage, time.monotonic()
-        self.progress.stage(self.tag, stage)
+        self.progress.stage(self.tag, f"{stage} ({detail})" if detail else stage)
 
     def stop(self) -> dict[str, float]:
         if self.current:
@@ -152,7 +152,8 @@ def _checks_after_a_failed_start(docker_client, error: docker.errors.APIError, p
 
 def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOptions, host_gpu_runtime: bool,
                      report_dir: Path, clock: StageClock) -> dict[str, dict]:
-    clock.enter("probing")
+    clock.enter("probing", f"under emulation: every time bound x{plan.slowdown}, the main probe's {plan.timeout}s"
+                           if plan.slowdown > 1 else "")
     copy_probe(container)
     facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()), options.selection)
     expect_path, facts_path = report_dir / "expect.json", report_dir / "facts.json"
@@ -163,11 +164,14 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
     return run_suite(plan, options, container.id, report_dir, expect_path, facts_path)
 
 
-def for_this_engine(plan: Plan, access: engine.GpuAccess, engine_info: dict) -> Plan:
+def for_this_engine(plan: Plan, access: engine.GpuAccess, engine_info: dict, timeout_given: bool) -> Plan:
     """GPUs through CDI where that is the path the engine offers, --gpus otherwise (its start error says what is
-    wrong); a stand-in CPU identity where the engine emulates the image's arm64 machine."""
-    return dataclasses.replace(plan, gpu_path=access.path or "runtime",
-                               standin_cpus=emulation.standin_cpus(plan.image_architecture, engine_info))
+    wrong); where the engine emulates the image's arm64 machine, a stand-in CPU identity and every time bound
+    multiplied by emulation.SLOWDOWN: the main probe's too, unless --timeout gave it (timeout_given)."""
+    cpus = emulation.standin_cpus(plan.image_architecture, engine_info)
+    slowdown = emulation.slowdown(cpus)
+    return dataclasses.replace(plan, gpu_path=access.path or "runtime", standin_cpus=cpus, slowdown=slowdown,
+                               timeout=plan.timeout if timeout_given else plan.timeout * slowdown)
 
 
 def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], options: VerifyOptions,
@@ -175,7 +179,8 @@ def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], op
     """Verify each spec's image (or options.image against the one spec); writes every report. InputError on bad input."""
     progress = progress or Progress()
     access, info = engine.gpu_access(docker_client), engine.daemon_info(docker_client)
-    plans = [for_this_engine(plan, access, info) for plan in plan_all(docker_client, specs, options, progress)]
+    plans = [for_this_engine(plan, access, info, options.timeout is not None)
+             for plan in plan_all(docker_client, specs, options, progress)]
     check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
     results = verify_all(docker_client, plans, options, bool(access.path), progress)
     atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))

@@ -22,7 +22,7 @@ from .container import ARBITRARY_UID
 from .plan import CHECKS, GPU_CHECKS, SUITE, Plan, VerifyOptions
 from .selection import CheckSelection
 
-SUITE_TIMEOUT_S = 300
+SUITE_TIMEOUT_S = 300  # times the plan's slowdown: the checks run commands in the container
 
 
 def expectations(plan: Plan, options: VerifyOptions, host_gpu_runtime: bool, container_id: str) -> dict:
@@ -83,12 +83,13 @@ def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir:
             "-o", f"junit_suite_name={plan.spec.tag}", "-q", "--tb=short", "-rfs", "--color=no",
         ]
         remove_file(report_dir / "junit.xml", report_dir)  # pytest would write through a link there
+        timeout = SUITE_TIMEOUT_S * plan.slowdown
         with open_new(report_dir / "pytest.log", report_dir) as log:
             try:
                 exit_code = subprocess.run(command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT,
-                                           timeout=SUITE_TIMEOUT_S, check=False).returncode
+                                           timeout=timeout, check=False).returncode
             except subprocess.TimeoutExpired:
-                log.write(f"\nthe check suite did not finish in {SUITE_TIMEOUT_S}s\n")
+                log.write(f"\nthe check suite did not finish in {timeout}s\n")
                 exit_code = 124
         reported = json.loads(results_path.read_text()) if results_path.exists() else {}
     return complete_checks(reported, exit_code, report_dir / "pytest.log")
