@@ -89,6 +89,8 @@ def verify_all(docker_client: docker.DockerClient, plans: list[Plan], options: V
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        if cancelled.is_set():  # a derived image's build step may have ended after the first removal: removed too
+            remove_containers_of(docker_client, str(options.reports_dir.resolve()))
 
 
 def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOptions, host_gpu_runtime: bool,
