@@ -191,7 +191,7 @@ def test_the_verifiers_container_of_an_emulated_arm64_image_reads_the_stand_in_m
     assert plan.standin_cpus == info["NCPU"]
     lines = run_in_verifier_container(docker_client, plan, str(tmp_path),
                                       f"uname -m; cat {MIDR_PATH} {emulation.CPU_SYSFS}/online; {HWCAP}; "
-                                      f"echo x > {MIDR_PATH} || echo read-only")
+                                      f"{{ echo x > {MIDR_PATH}; }} 2>/dev/null || echo read-only")
     assert lines[:3] == ["aarch64", emulation.STANDIN_MIDR_EL1, emulation.standin_files(plan.standin_cpus)["online"][:-1]]
     assert not int(lines[3], 16) & HWCAP_SVE, f"qemu emulates a Neoverse N1, which has no SVE: AT_HWCAP {lines[3]}"
     assert "read-only" in lines, lines
@@ -208,7 +208,7 @@ def run_in_verifier_container(docker_client, plan: Plan, reports: str, script: s
     try:
         container = create_container(docker_client, plan, name, reports)
         container.start()
-        _, output = container.exec_run(["sh", "-c", script])
+        _, output = container.exec_run(["sh", "-c", script], stderr=False)
     finally:
         remove_container(docker_client, name)
     return output.decode().split("\n")
