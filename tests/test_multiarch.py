@@ -14,7 +14,16 @@ import pytest
 
 from torchimages import multiarch
 from torchimages.builder import local_name
-from torchimages.catalog import Catalog, ManifestList, PinnedIndex, forget_pinned, load_catalog, readme
+from torchimages.catalog import (
+    Catalog,
+    ManifestList,
+    PinnedIndex,
+    forget_pinned,
+    load_catalog,
+    matches_spec,
+    readme,
+    versions,
+)
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.publish import (
@@ -48,6 +57,16 @@ def test_a_multi_arch_row_is_one_index_tag_over_per_arch_tags():
     assert multiarch.image_tags(GRACE[X86], in_group=False) == [X86, "latest"], "published alone: as before"
     assert multiarch.index_tags(groups[X86]) == [X86, "latest"]
     assert multiarch.groups([GRACE[X86]]) == {}, "one machine's image alone is no manifest list"
+
+
+def test_the_x86_image_of_a_published_multi_arch_row_matches_its_row_with_its_per_arch_tags():
+    """The nightly leaves a published multi-arch row's x86_64 image alone: publish gave it only <tag>-amd64 (the row's
+    tag and aliases name the index), which is what the row now asks of it in its group; alone, it asks for both."""
+    published = dataclasses.replace(image_entry(X86), versions=versions(GRACE[X86]),
+                                    floating=multiarch.image_tags(GRACE[X86], in_group=True))
+    assert matches_spec(published, GRACE[X86], multiarch.image_tags(GRACE[X86], in_group=True))
+    assert not matches_spec(published, GRACE[X86], multiarch.image_tags(GRACE[X86], in_group=False)), \
+        "the arm64 row gone: the x86_64 image takes the row's tag and aliases again"
 
 
 def test_a_multi_arch_rows_pinned_tags_are_dated_from_the_tags_they_pin():

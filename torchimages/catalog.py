@@ -356,10 +356,10 @@ def platform_of(image: dict) -> str:
     return "/".join(part for part in parts if part)
 
 
-def matches_spec(entry: CatalogEntry, spec: ImageSpec) -> bool:
-    """Whether the entry says what publishing spec now would: same tags, versions and deprecation."""
-    return (entry.floating == [spec.tag, *spec.aliases] and entry.versions == versions(spec)
-            and entry.deprecated == spec.deprecated)
+def matches_spec(entry: CatalogEntry, spec: ImageSpec, floating: list[str]) -> bool:
+    """Whether the entry says what publishing spec now would: the floating tags publish gives it (multiarch.image_tags),
+    the same versions and deprecation."""
+    return entry.floating == floating and entry.versions == versions(spec) and entry.deprecated == spec.deprecated
 
 
 def versions(spec: ImageSpec) -> dict[str, str]:

@@ -26,7 +26,7 @@ import docker.errors
 from . import base_pins as lock_stage
 from . import builder as build_stage
 from . import catalog as catalog_stage
-from . import engine, rebuild
+from . import engine, multiarch, rebuild
 from . import publish as publish_stage
 from . import render as render_stage
 from . import security as security_stage
@@ -132,10 +132,12 @@ class Nightly:
         builder = build_stage.Builder(client, self.options.build)
         key = self.publishing.signing_key
         current = []
+        grouped = multiarch.groups(self.specs)
         for spec in self.specs:
             try:
                 state = rebuild.read_row_state(builder, spec, catalog, self.publishing.registry.name,
-                                               key.public.fingerprint if key else None, self.registry)
+                                               key.public.fingerprint if key else None, self.registry,
+                                               in_group=(spec.index_tag or spec.tag) in grouped)
             except (InputError, RegistryError) as error:
                 self.log(f"{spec.tag}: not taken as published ({error}); running it")
                 continue

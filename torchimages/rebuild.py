@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from .builder import Builder, input_hash, read_wheel_record, wheel_record_path
 from .catalog import Catalog, CatalogEntry, matches_spec
 from .model import ImageSpec
+from .multiarch import image_tags
 from .registry import RegistryClient
 
 # A published row -> (the OS security fixes its digest lacks, in words; why they could not be looked up), "" for none.
@@ -105,17 +106,18 @@ def _changes_after(built: dict[str, str], now: dict[str, str] | None, published_
 
 def read_row_state(builder: Builder, spec: ImageSpec, catalog: Catalog, repository: str,
                    signing_key: str | None, registry: RegistryClient | None = None,
-                   security: SecurityLookup | None = None) -> RowState:
+                   security: SecurityLookup | None = None, in_group: bool = False) -> RowState:
     """The row as the engine, the reports folder and the catalog see it now; the registry is asked for the entry's
     tags, and security for the published digest's missing OS fixes, only when given and nothing else already decides
-    that the row runs (a question per row saved)."""
+    that the row runs (a question per row saved). in_group: the row is published as one machine's image of a
+    multi-arch tag (multiarch.groups of the rows published together), so its entry has its per-arch tags."""
     entry, index = catalog.images.get(spec.tag), catalog.manifest_lists.get(spec.index_tag or spec.tag)
     inputs = builder.current_inputs(spec)
     record = read_wheel_record(wheel_record_path(builder.options.reports_dir, spec.tag))
     state = RowState(
         tag=spec.tag, inputs=inputs, input_hash=input_hash(inputs) if inputs is not None else None,
         built_inputs=record.get("inputs", {}), engine_hash=builder.engine_input_hash(spec), entry=entry,
-        entry_matches_row=entry is not None and matches_spec(entry, spec), repository=repository,
+        entry_matches_row=entry is not None and matches_spec(entry, spec, image_tags(spec, in_group)), repository=repository,
         signing_key=signing_key, registry_digests=None, forced=builder.options.force or builder.options.no_cache,
         index_keys=index.signing.get("keys", []) if index else None, index_unpinned=index is not None and not index.pinned)
     if entry is None or publish_reasons(state):

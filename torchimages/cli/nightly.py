@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import engine, rebuild
+from .. import engine, multiarch, rebuild
 from .. import sharding as plan_stage
 from ..builder import Builder
 from ..catalog import CatalogEntry, catalog_file, load_catalog
@@ -84,9 +84,12 @@ def cmd_why(project: Project, args) -> int:
         row = checker.check_published(spec.tag, spec.os, publishing.catalog_dir / entry.sbom)
         return (fixes_line(row) if row.fixable and not row.error else ""), row.error
 
+    specs = project.select(args.selectors)
+    grouped = multiarch.groups(specs)  # as `publish` of the same selection groups them
     states = [rebuild.read_row_state(builder, spec, catalog, publishing.registry.name, key,
-                                     registry, security_fixes if checker and not args.offline else None)
-              for spec in project.select(args.selectors)]
+                                     registry, security_fixes if checker and not args.offline else None,
+                                     in_group=(spec.index_tag or spec.tag) in grouped)
+              for spec in specs]
     if args.format == "json":
         print(json.dumps([rebuild.decision_document(state) for state in states], indent=2))
     else:
