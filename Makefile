@@ -3,7 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 ENGINE_ENV := .engine/env
-# Empty: every row on a host whose engine has the NVIDIA runtime, else the CPU rows (build.py says so).
+# Empty: the rows for the engine's machine (x86_64 or -arm64): all of them where the engine has the NVIDIA runtime,
+# else the CPU rows (build.py says so).
 SELECTION ?=
 WHEELHOUSE ?= wheelhouse
 PYTEST_ARGS ?=

@@ -50,9 +50,9 @@ class DiskPeak:
         self.stop.set()
 
 
-def build(selector: str, wheelhouse: Path, *extra: str) -> float:
+def build(selectors: list[str], wheelhouse: Path, *extra: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "build", selector, "--wheelhouse", str(wheelhouse), *extra],
+    subprocess.run([sys.executable, str(ROOT / "build.py"), "build", *selectors, "--wheelhouse", str(wheelhouse), *extra],
                    check=True, capture_output=True, text=True)
     return time.perf_counter() - started
 
@@ -65,12 +65,13 @@ def venv_bytes(image: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--selector", default="2.14.1-cuda13.0-*")
+    parser.add_argument("--selector", nargs="+", default=["2.14.1-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-devel"],
+                        help="rows to build (default the CUDA 13.0 x86_64 rows CI builds)")
     parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
     parser.add_argument("--data-root", type=Path, default=ROOT / ".engine" / "docker")
     parser.add_argument("--skip-cold", action="store_true", help="only sizes and the warm figure")
     args = parser.parse_args()
-    specs = select(load_matrix(ROOT / "matrix.yaml").specs, [args.selector])
+    specs = select(load_matrix(ROOT / "matrix.yaml").specs, args.selector)
     client = engine.client()
     cold = None
     if not args.skip_cold:
@@ -80,7 +81,7 @@ def main() -> int:
     warm = build(args.selector, args.wheelhouse)
     report = json.loads((ROOT / "reports" / "build-report.json").read_text())
     durations = {entry["tag"]: entry["last_build_duration"] for entry in report["images"]}
-    print(f"Date {date.today()}, {client.info().get('NCPU')} cores, selector {args.selector}\n")
+    print(f"Date {date.today()}, {client.info().get('NCPU')} cores, selector {' '.join(args.selector)}\n")
     print("| image | size | installed wheels (/opt/venv) | above the floor | cold build |")
     print("|---|---|---|---|---|")
     for spec in specs:

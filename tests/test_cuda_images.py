@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conftest import CUDA_DEVEL, CUDA_RUNTIME, ROOT, run_cli, run_cli_side_by_side
+from .conftest import CUDA_DEVEL, CUDA_ROWS, CUDA_RUNTIME, ROOT, run_cli, run_cli_side_by_side
 from .test_verify import GPU_CHECKS, assert_only_check_failed, containers_left, report_of, selection_for
 
 pytestmark = pytest.mark.engine
@@ -18,7 +18,7 @@ BROKEN = ROOT / "tests" / "data" / "broken-cuda"
 @pytest.fixture(scope="module")
 def cuda_baseline(cuda_images, tmp_path_factory) -> dict[str, dict]:
     reports = tmp_path_factory.mktemp("cuda-baseline")
-    process = run_cli("--reports", str(reports), "test", "2.14.1-cuda13.0-*", "--gpus", "none")
+    process = run_cli("--reports", str(reports), "test", *CUDA_ROWS, "--gpus", "none")
     by_tag = {tag: report_of(reports, tag) for tag in cuda_images}
     return {"process": process, "reports": reports, "by_tag": by_tag}
 

@@ -244,14 +244,28 @@ def _raw_host_answers(host) -> bool:
 
 
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:
-    """Every row on an engine that can give containers GPUs; the CPU rows elsewhere, saying so."""
-    specs = project.load().specs
+    """The rows for the engine's own machine, saying so when that leaves any out; of those, every row on an engine
+    that can give containers GPUs, the CPU rows elsewhere, saying so."""
+    every = project.load().specs
+    machine = str(engine.daemon_info(docker_client).get("Architecture") or "")
+    specs = for_machine(every, machine)
+    if len(specs) < len(every):
+        others = ", ".join(spec.tag for spec in every if spec not in specs)
+        print(f"taking the rows for this engine's machine ({machine}); another machine's images build and verify "
+              f"here only under emulation, about {emulation.SLOWDOWN}x slower: name them to take them ({others})",
+              file=sys.stderr)
     if engine.has_gpu_runtime(docker_client):
         return specs
     cpu_rows = [spec for spec in specs if not spec.is_gpu]
     print(f"no NVIDIA runtime on this Docker engine: taking the CPU rows ({', '.join(s.tag for s in cpu_rows)}); "
           "name tags or globs to build GPU rows anyway", file=sys.stderr)
     return cpu_rows
+
+
+def for_machine(specs: list[ImageSpec], machine: str) -> list[ImageSpec]:
+    """The rows whose images are for this machine (`uname -m` or an OCI architecture; every row when unknown)."""
+    own = emulation.oci_architecture(machine)
+    return [spec for spec in specs if spec.platform.split("/")[1] == own] if own else list(specs)
 
 
 def register(commands) -> None:
