@@ -47,18 +47,24 @@ def make_key(folder: Path, name: str) -> Key:
     """A throwaway signing key (ed25519, no passphrase) and a keyring holding its public half, as gpgv reads one."""
     home = folder / f"gnupg-{name}"
     home.mkdir(mode=0o700, parents=True)
-    gpg = ["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
-    subprocess.run([*gpg, "--quick-gen-key", f"{name} <{name}@example.invalid>", "ed25519", "sign", "never"],
-                   check=True, capture_output=True)
+    _gpg(home, "--quick-gen-key", f"{name} <{name}@example.invalid>", "ed25519", "sign", "never")
     keyring = folder / f"{name}.gpg"
-    keyring.write_bytes(subprocess.run([*gpg, "--export"], check=True, capture_output=True).stdout)
+    keyring.write_bytes(_gpg(home, "--export"))
     return Key(home, keyring)
 
 
 def clearsign(key: Key, text: str) -> bytes:
-    return subprocess.run(["gpg", "--homedir", str(key.home), "--batch", "--quiet", "--pinentry-mode", "loopback",
-                           "--passphrase", "", "--clearsign"], input=text.encode(), check=True,
-                          capture_output=True).stdout
+    return _gpg(key.home, "--clearsign", stdin=text.encode())
+
+
+def _gpg(home: Path, *arguments: str, stdin: bytes | None = None) -> bytes:
+    """gpg's output. gpg starts an agent for the home folder that outlives it: stopped here, so that no test leaves
+    one running."""
+    try:
+        return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback",
+                               "--passphrase", "", *arguments], input=stdin, check=True, capture_output=True).stdout
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
 
 
 def ar(members: dict[str, bytes]) -> bytes:
