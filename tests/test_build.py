@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
 from torchimages.builder import INPUT_HASH_LABEL
 
 from .conftest import CPU_SELECTOR, ROOT, interruptible, run_cli, wait_until, with_live_compat
@@ -73,7 +74,9 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
                                                                          docker_client):
     """Issue 20: /opt/venv comes in layers (torch, then the rest, for a CPU row), one tree with one owner, mode g=u
     and one file time; a no-cache rebuild from the same wheels gives the very same venv layers (their diff ids), so a
-    republish uploads none of them again."""
+    republish uploads none of them again. The rebuild fetches its wheels from the build-input server in a container
+    on the engine (as for a remote engine), the first build from this host's loopback: the layers do not depend on
+    where the server runs, and its container and network are gone afterwards."""
     name = cpu_images["2.13.0-cpu-runtime"]
     listing = docker_client.containers.run(name, ["sh", "-c", "find /opt/venv -printf '%Ts %u %g\\n' | sort -u; "
                                                   "find /opt/venv ! -type l ! -perm -g+w -print"], remove=True).decode()
@@ -82,7 +85,10 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
     with_live_compat(matrix)
     run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
-            "--wheelhouse", str(wheelhouse), "--no-cache", "--force", check_exit=0)
+            "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
+    assert "Looking in links: http://torchimages-build-inputs:8679/wheels/" in \
+        (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
+    assert build_input_servers_left(docker_client) == ([], [])
     again = "localhost:5000/test/again:2.13.0-cpu-runtime"
     try:
         first = docker_client.api.inspect_image(name)["RootFS"]["Layers"]
@@ -94,6 +100,22 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
         assert rebuilt[-6] != first[-6], "a no-cache build really ran the RUN steps again"
     finally:
         docker_client.images.remove(again, force=True)
+
+
+def build_input_servers_left(docker_client) -> tuple[list[str], list[str]]:
+    """The containers and networks of build-input servers on the engine (the label container.py gives them)."""
+    label = {"label": SERVER_LABEL}
+    return ([c["Id"] for c in docker_client.api.containers(all=True, filters=label)],
+            [n["Name"] for n in docker_client.api.networks(filters=label)])
+
+
+def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_nothing(docker_client, engine_env):
+    """The python stage's image without that Python (here the bare base): the server's exit is the error, and the
+    container and network made for it are removed."""
+    with pytest.raises(ServerFailed, match="the build-input server could not start in image debian:bookworm .*python3.11.* not found"):
+        with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None):
+            pytest.fail("the server should not have started")
+    assert build_input_servers_left(docker_client) == ([], [])
 
 
 def tiny_matrix(tmp_path: Path) -> Path:
@@ -195,7 +217,9 @@ def test_no_intermediate_containers_are_left(docker_client, engine_env, tmp_path
     assert leftovers == []
 
 
-def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_client, tmp_path):
+@pytest.mark.parametrize("inputs_server", ["loopback", "container"])
+def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_images, docker_client, tmp_path):
+    """Also the build-input servers' containers and networks on the engine, where they run there."""
     import signal
     import subprocess
     import sys
@@ -210,15 +234,18 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
 
     for tag in ("2.13.0-cpu-runtime", "2.12.0-cpu-runtime"):
         (images / tag).mkdir(parents=True)
-        (images / tag / "Dockerfile").write_text(f"FROM debian:bookworm\nRUN echo {token} {tag} && sleep 600\n")
+        # A python stage (with the row's Python 3.11) for the server on the engine to run in.
+        (images / tag / "Dockerfile").write_text(f"FROM {cpu_images['2.13.0-cpu-runtime']} AS python\nFROM python\n"
+                                                 f"RUN echo {token} {tag} && sleep 600\n")
     command = [sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "--images", str(images),
-               "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache"]
+               "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache",
+               "--inputs-server", inputs_server]
     process = interruptible(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     running = 0
     while running < 2 and time.monotonic() < deadline:
         line = process.stderr.readline()
-        running += ": step 2/" in line
+        running += ": step 3/" in line
     assert running == 2, "both builds should have reached their RUN step"
     wait_until(lambda: len([c for c in sleepers() if c["State"] == "running"]) == 2, "both RUN containers running")
     process.send_signal(signal.SIGINT)
@@ -230,6 +257,7 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(engine_env, docker_cli
     assert process.returncode == 130
     # The engine removes a cancelled build's RUN container itself, just after the client goes.
     wait_until(lambda: not sleepers(), "the cancelled builds' containers being removed", timeout_s=60)
+    assert build_input_servers_left(docker_client) == ([], [])
 
 
 def test_report_keeps_the_last_real_build_time_across_skipped_runs(tmp_path):

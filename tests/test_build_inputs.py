@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from torchimages.build_inputs import install_layer
+from torchimages.build_inputs.container import upload
 from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
-from torchimages.builder import engine_is_local
+from torchimages.builder import default_inputs_server, engine_is_local
 
 
 def make_wheel(folder: Path, name: str, version: str, body: bytes = b"") -> Path:
@@ -96,9 +97,27 @@ def test_only_what_the_step_wrote_gets_the_fixed_time(tmp_path):
 
 @pytest.mark.parametrize(("host", "local"), [("", True), ("unix:///run/x.sock", True), ("tcp://127.0.0.1:2375", True),
                                              ("tcp://build-host.example:2376", False), ("ssh://me@far", False)])
-def test_builds_need_an_engine_on_this_host(monkeypatch, host, local):
+def test_an_engine_on_another_host_gets_the_build_input_server_on_the_engine(monkeypatch, host, local):
     monkeypatch.setenv("DOCKER_HOST", host)
     assert engine_is_local() is local
+    assert default_inputs_server() == ("loopback" if local else "container")
+
+
+def test_the_server_uploaded_to_the_engine_runs_on_the_standard_library_alone(tmp_path):
+    """What container.py uploads is all the server imports: run with the host's Python without site-packages (no
+    docker, no PyYAML, no pip), it starts from the uploaded folder as it does in the python stage's image."""
+    wheel = make_wheel(tmp_path / "wheels", "typing_extensions", "4.16.0")
+    with tarfile.open(fileobj=upload(b'{"pip_conf": "", "ca_bundle": null}', {wheel.name: wheel})) as archive:
+        archive.extractall(tmp_path / "root", filter="data")
+    folder = tmp_path / "root" / "build-inputs"
+    assert (folder / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
+    assert zipfile.ZipFile(folder / "planner.zip").getinfo("pip/__main__.py")
+    probe = ("import sys; from pathlib import Path; import torchimages.build_inputs.server as server; "
+             "assert 'pip' not in sys.modules and 'docker' not in sys.modules; "
+             "print(server.BuildInputsServer({}, '', None).planner is None, server.INSTALL_SCRIPT.exists())")
+    result = subprocess.run([sys.executable, "-S", "-c", probe], env={"PYTHONPATH": str(folder / "code")},
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout.split() == ["True", "True"], result.stderr
 
 
 def make_full_wheel(folder: Path) -> Path:

@@ -24,6 +24,7 @@ import urllib3
 
 from . import engine
 from .bases_lock import LOCK_NAME, read_lock
+from .build_inputs.container import BuildInputsContainer
 from .build_inputs.layers import install_code_digest, layer_args
 from .build_inputs.server import BUILD_INPUTS_HOST, BUILD_INPUTS_URL, BuildInputsServer
 from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
@@ -43,6 +44,8 @@ STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
 LOG_TAIL_LINES = 15
 SECURITY_REFRESH_ARG = "OS_SECURITY_REFRESH"  # the build arg the OS security layer's cache depends on
 CA_BUNDLE_FIX = "--ca-bundle names the PEM file of the proxy's CA (a regular file)"
+# Where the build-input server runs: this host's loopback (the engine shares its network), or a container on the engine.
+INPUTS_SERVERS = ("loopback", "container")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class BuildOptions:
     # inputs are unchanged, and only its OS security layer again (templates/os/<family>.j2 `security_upgrade`). Not
     # an input of the image's hash: the matrix row is the same, the published row stays current once it has them.
     security_refresh: dict = field(default_factory=dict)
+    inputs_server: str = "loopback"  # one of INPUTS_SERVERS: default_inputs_server() for the engine in use
 
 
 @dataclass
@@ -133,6 +137,16 @@ def engine_is_local() -> bool:
     """Whether the engine shares this host's network: a socket, or TCP to a loopback address."""
     host = os.environ.get("DOCKER_HOST", "")
     return not host or host.startswith(("unix://", "npipe://")) or urlsplit(host).hostname in ("localhost", "127.0.0.1", "::1")
+
+
+def default_inputs_server() -> str:
+    """The build-input server on this host's loopback for an engine on this host; on the engine for another one."""
+    return "loopback" if engine_is_local() else "container"
+
+
+def interpreter(spec: ImageSpec) -> str:
+    """The row's Python in its `python` stage, as the rendered venv step names it (templates/macros.j2)."""
+    return f"python{spec.python}" if spec.python_from_os else f"/opt/python/python{spec.python}"
 
 
 def without_credentials(url: str) -> str:
@@ -292,10 +306,10 @@ class Builder:
             if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
                                          input_hash=context.input_hash, log=str(self._log_path(spec)))
-        if not engine_is_local():
+        if self.options.inputs_server == "loopback" and not engine_is_local():
             return None, BuildResult(spec.tag, "failed", error=f"DOCKER_HOST {os.environ['DOCKER_HOST']} is another "
-                                     "host: builds fetch their wheels from a server on this host's loopback, which "
-                                     "only a local engine reaches; build on the engine's host")
+                                     "host: it cannot reach the build-input server on this host's loopback; build "
+                                     "with `--inputs-server container` (the server runs on the engine)")
         return context, None
 
     def build_all(self, specs: list[ImageSpec]) -> list[BuildResult]:
@@ -361,10 +375,9 @@ class Builder:
         api = docker.APIClient(timeout=BUILD_SILENCE_S, version=self.client.api.api_version,
                                **docker.utils.kwargs_from_env())
         try:
-            served = BuildInputsServer(context.wheels, pip_settings(spec, self.options, bool(context.wheels)),
-                                       context.ca_bundle)
-            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, served:
-                image_id = self._stream_build(api, spec, context, tar, log, served.address)
+            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, \
+                    self._inputs_server(api, spec, context, tar, log) as served:
+                image_id = self._stream_build(api, spec, context, tar, log, *served.build_network)
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
@@ -381,14 +394,26 @@ class Builder:
             result.error = _with_log_tail(result.error, log_path)
         return result
 
+    def _inputs_server(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar,
+                       log) -> BuildInputsServer | BuildInputsContainer:
+        """The build-input server for this build, not started yet. On the engine, it runs in the image of the row's
+        `python` stage, built here first (the image's own build then takes those layers from the cache)."""
+        pip_conf = pip_settings(spec, self.options, bool(context.wheels))
+        if self.options.inputs_server == "loopback":
+            return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle)
+        python_stage = self._stream_build(api, spec, context, tar, log, "default", {}, target="python")
+        tar.seek(0)
+        return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle)
+
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
-                      inputs_address: str) -> str:
-        # The steps reach the build-input server on the engine's host network, by a name that maps to its address.
+                      network_mode: str, extra_hosts: dict[str, str], target: str | None = None) -> str:
+        """The image built (only up to the stage target names, when given): its steps reach the build-input server
+        on network_mode (the host's, or the server's own network on the engine), extra_hosts naming it there."""
         stream = api.build(
-            fileobj=tar, custom_context=True, tag=local_name(spec),
+            fileobj=tar, custom_context=True, tag=None if target else local_name(spec), target=target,
             buildargs=build_args(self.options, context, spec.tag),
-            network_mode="host", extra_hosts={BUILD_INPUTS_HOST: inputs_address},
-            labels=runtime_labels(context.input_hash, context.base_image_id),
+            network_mode=network_mode, extra_hosts=extra_hosts or None,
+            labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
             cache_from=self._cache_sources(spec),
             nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
             timeout=BUILD_SILENCE_S,  # docker-py's build ignores the client's timeout: without it, no bound at all

@@ -2,10 +2,13 @@
 
 It serves the row's wheelhouse as a find-links page (with PEP 658 metadata, so that pip's dry runs read no wheel),
 pip's settings (index URLs with their credentials, the CA bundle), the layer install script, and each venv layer a
-step planned, unpacked here as a tar stream (unpack.py), on a loopback address
-of its own: the build runs with the host's network (`network_mode="host"`) and reaches it by the host name
-BUILD_INPUTS_HOST, which the builder maps to that address. The name and port never change, so the rendered Dockerfile
-and the engine's cache key do not either; builds running side by side each get another 127.x.y.z."""
+step planned, unpacked here as a tar stream (unpack.py). The build reaches it by the host name BUILD_INPUTS_HOST
+on a fixed port, so the rendered Dockerfile and the engine's cache key never change with where it runs:
+- on this host (a local engine), on a loopback address of its own: the build runs with the host's network
+  (`network_mode="host"`) and the builder maps the name to that address; builds side by side each get a 127.x.y.z;
+- in a container on the engine (a remote one, or Docker Desktop's, which does not share this host's loopback):
+  container.py runs this module there (`python -m torchimages.build_inputs.server FOLDER`, stdlib only) on a network
+  of the build's own, under that name."""
 from __future__ import annotations
 
 import functools
@@ -22,8 +25,6 @@ from pathlib import Path
 from typing import IO, Self, cast
 from urllib.parse import quote, unquote
 
-import pip
-
 from .layers import INSTALL_SCRIPT
 from .unpack import LayerWheel, Venv, WheelError, read_wheels, unpack
 
@@ -36,8 +37,13 @@ BIND_TRIES = 50
 class BuildInputsServer:
     """A context manager: started on entry, always stopped (and its socket closed) on exit."""
 
-    def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None):
+    def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None, listen: str | None = None,
+                 planner: bytes | None = None):
+        """listen: the address to serve on (a free loopback address when None); planner: planner.zip's bytes (made
+        from this interpreter's pip when None)."""
         self.wheels = wheels
+        self.listen = listen
+        self.planner = planner
         self.metadata = {name: _metadata(path) for name, path in wheels.items() if name.endswith(".whl")}
         self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle}).encode()
         self.address = ""
@@ -45,7 +51,7 @@ class BuildInputsServer:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Self:
-        server = self._server = _bind(self)
+        server = self._server = _bind(self) if self.listen is None else _listen(self, self.listen)
         self.address = str(server.server_address[0])
         self._thread = threading.Thread(target=server.serve_forever, name="build-inputs", daemon=True)
         self._thread.start()
@@ -57,6 +63,11 @@ class BuildInputsServer:
             self._server.server_close()
             self._thread.join()
             self._server = None
+
+    @property
+    def build_network(self) -> tuple[str, dict[str, str]]:
+        """How a build's steps reach this server: the host's network, where its name maps to its loopback address."""
+        return "host", {BUILD_INPUTS_HOST: self.address}
 
     def page(self) -> bytes:
         meta = ' data-dist-info-metadata="true" data-core-metadata="true"'
@@ -79,6 +90,12 @@ def _bind(owner: BuildInputsServer) -> ThreadingHTTPServer:
     raise OSError(f"no free loopback address for the build-input server on port {BUILD_INPUTS_PORT}")
 
 
+def _listen(owner: BuildInputsServer, address: str) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer((address, BUILD_INPUTS_PORT), _handler(owner))
+    server.daemon_threads = True
+    return server
+
+
 def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -86,7 +103,7 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             if path == "/inputs.json":
                 self._send(owner.inputs, "application/json")
             elif path == "/planner.zip":
-                self._send(planner_zip(), "application/zip")
+                self._send(owner.planner if owner.planner is not None else planner_zip(), "application/zip")
             elif path == "/install_layer.py":
                 self._send(INSTALL_SCRIPT.read_bytes(), "text/x-python")
             elif path in ("/wheels", "/wheels/"):
@@ -164,6 +181,8 @@ def planner_zip() -> bytes:
     """The builder's own pip as a zip the build steps put on PYTHONPATH to plan a layer: `pip install --dry-run
     --report` with it reads only the served metadata, where an image's older pip (Debian 12's 23.0) downloads every
     wheel to plan and compares names unnormalised. The image's own pip then installs the plan (the same files)."""
+    import pip  # the builder's own; the server in a container is given the zip instead
+
     root = Path(pip.__file__).parent
     stream = io.BytesIO()
     with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED) as archive:
@@ -171,3 +190,22 @@ def planner_zip() -> bytes:
             if path.is_file() and "__pycache__" not in path.parts:
                 archive.write(path, str(path.relative_to(root.parent)))
     return stream.getvalue()
+
+
+# In a container on the engine (container.py): the folder it was given holds inputs.json, planner.zip and wheels/.
+SERVING = "build-input server: serving"
+
+
+def serve_folder(folder: Path) -> None:
+    inputs = json.loads((folder / "inputs.json").read_text())
+    wheels = {path.name: path for path in sorted((folder / "wheels").iterdir())}
+    with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], "0.0.0.0",
+                           (folder / "planner.zip").read_bytes()):
+        print(f"{SERVING} {len(wheels)} files on port {BUILD_INPUTS_PORT}", flush=True)
+        threading.Event().wait()  # until the builder removes the container
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve_folder(Path(sys.argv[1]))

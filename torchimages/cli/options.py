@@ -48,6 +48,10 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
     parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")
+    parser.add_argument("--inputs-server", choices=build_stage.INPUTS_SERVERS,
+                        help="where the server the build fetches its wheels from runs: on this host's loopback, or in "
+                             "a container on the engine, for a remote engine or Docker Desktop's (default: loopback "
+                             "when DOCKER_HOST is on this host, else container)")
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +72,7 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
         wheelhouse=args.wheelhouse,
         pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
         proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
+        inputs_server=args.inputs_server or build_stage.default_inputs_server(),
     )
 
 
