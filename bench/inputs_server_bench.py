@@ -22,21 +22,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cold_build_bench import ROOT, drop_page_cache, log  # bench/ is on sys.path: this script's folder
+
 SERVERS = ("loopback", "container")
 SCRATCH = "localhost:5000/bench/inputs-server"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=True)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as error:
-        log(f"page cache not dropped ({error})")
 
 
 def cold_build(row: str, wheelhouse: Path, server: str, scratch: Path) -> float:
