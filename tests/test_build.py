@@ -217,25 +217,18 @@ def test_no_intermediate_containers_are_left(docker_client, engine_env, tmp_path
     assert leftovers == []
 
 
-@pytest.mark.parametrize("inputs_server", ["loopback", "container"])
-def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_images, docker_client, tmp_path):
-    """Also the build-input servers' containers and networks on the engine, where they run there."""
-    import signal
+def sleeping_builds(tmp_path: Path, python_image: str, token: str, inputs_server: str):
+    """build.py building two rows whose RUN step sleeps, started as a user would; returned once both steps run."""
     import subprocess
     import sys
     import time
 
     matrix = tiny_matrix(tmp_path)
     images = tmp_path / "images"
-    token = f"torchimages-ctrl-c-test-{os.getpid()}"  # finds this test's containers, whatever else the engine runs
-
-    def sleepers():  # listed without inspecting each: another run's container may go in between (a 404)
-        return [c for c in docker_client.api.containers(all=True) if token in c["Command"]]
-
     for tag in ("2.13.0-cpu-runtime", "2.12.0-cpu-runtime"):
         (images / tag).mkdir(parents=True)
         # A python stage (with the row's Python 3.11) for the server on the engine to run in.
-        (images / tag / "Dockerfile").write_text(f"FROM {cpu_images['2.13.0-cpu-runtime']} AS python\nFROM python\n"
+        (images / tag / "Dockerfile").write_text(f"FROM {python_image} AS python\nFROM python\n"
                                                  f"RUN echo {token} {tag} && sleep 600\n")
     command = [sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "--images", str(images),
                "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache",
@@ -247,6 +240,21 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_ima
         line = process.stderr.readline()
         running += ": step 3/" in line
     assert running == 2, "both builds should have reached their RUN step"
+    return process
+
+
+@pytest.mark.parametrize("inputs_server", ["loopback", "container"])
+def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_images, docker_client, tmp_path):
+    """Also the build-input servers' containers and networks on the engine, where they run there."""
+    import signal
+    import subprocess
+
+    token = f"torchimages-ctrl-c-test-{os.getpid()}"  # finds this test's containers, whatever else the engine runs
+
+    def sleepers():  # listed without inspecting each: another run's container may go in between (a 404)
+        return [c for c in docker_client.api.containers(all=True) if token in c["Command"]]
+
+    process = sleeping_builds(tmp_path, cpu_images["2.13.0-cpu-runtime"], token, inputs_server)
     wait_until(lambda: len([c for c in sleepers() if c["State"] == "running"]) == 2, "both RUN containers running")
     process.send_signal(signal.SIGINT)
     try:
@@ -258,6 +266,23 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_ima
     # The engine removes a cancelled build's RUN container itself, just after the client goes.
     wait_until(lambda: not sleepers(), "the cancelled builds' containers being removed", timeout_s=60)
     assert build_input_servers_left(docker_client) == ([], [])
+
+
+def test_a_killed_builder_leaves_no_server_container_on_the_engine(cpu_images, docker_client, tmp_path):
+    """SIGKILL: the builder cleans up nothing. Its servers' standard input (held by the builder) closes, they exit and
+    the engine removes them with their uploaded wheels; only their empty networks stay, as the module says."""
+    token = f"torchimages-kill-test-{os.getpid()}"
+    process = sleeping_builds(tmp_path, cpu_images["2.13.0-cpu-runtime"], token, "container")
+    containers, networks = build_input_servers_left(docker_client)
+    assert len(containers) == 2 and len(networks) == 2
+    process.kill()
+    process.wait(timeout=60)
+    wait_until(lambda: not build_input_servers_left(docker_client)[0], "the servers' containers being removed",
+               timeout_s=60)
+    wait_until(lambda: not [c for c in docker_client.api.containers(all=True) if token in c["Command"]],
+               "the killed builds' RUN containers being removed", timeout_s=60)
+    for network in networks:
+        docker_client.api.remove_network(network)
 
 
 def test_report_keeps_the_last_real_build_time_across_skipped_runs(tmp_path):

@@ -4,7 +4,10 @@ Docker Desktop's VM): a container on a network made for one build, answering to 
 It runs server.py (stdlib only) on the row's own Python: the image of the Dockerfile's `python` stage, which the
 build makes first anyway (its layers are the image's first ones, so the build takes them from the cache). Its
 folder is uploaded before it starts: the server's code, pip's settings, the builder's planner.zip and the row's
-wheels. The container and the network are labelled and always removed, also when the build fails or is cancelled."""
+wheels. The container and the network are labelled and always removed, also when the build fails or is cancelled.
+If the builder itself is killed, the server still goes: it serves until its standard input closes, and the builder
+holds that open (attached) for the build's length; the engine then removes the container (auto-remove), and with it
+the uploaded wheels. Only the network, which holds nothing, is left (`docker network prune --filter label=...`)."""
 from __future__ import annotations
 
 import io
@@ -48,6 +51,7 @@ class BuildInputsContainer:
         self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle}).encode()
         self.network = f"torchimages-build-inputs-{secrets.token_hex(6)}"
         self._container: str | None = None
+        self._lifeline = None  # the attached standard input of the server: closed, the server exits
 
     def __enter__(self) -> Self:
         labels = {SERVER_LABEL: self.network}
@@ -56,11 +60,13 @@ class BuildInputsContainer:
             self._container = self.api.create_container(
                 self.image, [self.python, "-m", "torchimages.build_inputs.server", FOLDER], user="0",
                 environment={"PYTHONPATH": f"{FOLDER}/code", "PYTHONDONTWRITEBYTECODE": "1"}, labels=labels,
-                entrypoint=[], host_config=self.api.create_host_config(network_mode=self.network),
+                entrypoint=[], stdin_open=True,  # not detached: StdinOnce, its input closes with the builder's attach
+                host_config=self.api.create_host_config(network_mode=self.network, auto_remove=True),
                 networking_config=self.api.create_networking_config(
                     {self.network: self.api.create_endpoint_config(aliases=[BUILD_INPUTS_HOST])}))["Id"]
             with upload(self.inputs, self.wheels) as folder:
                 self.api.put_archive(self._container, "/", folder)
+            self._lifeline = self.api.attach_socket(self._container, params={"stdin": 1, "stream": 1})
             try:
                 self.api.start(self._container)
             except docker.errors.APIError as error:  # its Python is not there
@@ -80,18 +86,26 @@ class BuildInputsContainer:
         if self._container:
             try:
                 self.api.remove_container(self._container, force=True)
-            except docker.errors.NotFound:
-                pass  # removed already (a cancelled build's cleanup)
+            except docker.errors.APIError as error:
+                if error.status_code not in (404, 409):  # gone, or going: it exited and the engine removes it
+                    raise
             self._container = None
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
         _remove_network(self.api, self.network)
 
     def _wait_until_serving(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            logs = self.api.logs(self._container).decode(errors="replace")
+            try:
+                logs = self.api.logs(self._container).decode(errors="replace")
+                running = self.api.inspect_container(self._container)["State"]["Running"]
+            except docker.errors.NotFound:  # it exited, and the engine removed it
+                raise ServerFailed(f"{self._failed}: it exited") from None
             if SERVING in logs:
                 return
-            if not self.api.inspect_container(self._container)["State"]["Running"]:
+            if not running:
                 raise ServerFailed(f"{self._failed}: it exited: {logs.strip()[-2000:]}")
             time.sleep(0.2)
         raise ServerFailed(f"{self._failed}: it did not answer within {READY_TIMEOUT_S} s")

@@ -17,6 +17,7 @@ import io
 import json
 import random
 import socket
+import sys
 import threading
 import zipfile
 from http import HTTPStatus
@@ -202,10 +203,8 @@ def serve_folder(folder: Path) -> None:
     with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], "0.0.0.0",
                            (folder / "planner.zip").read_bytes()):
         print(f"{SERVING} {len(wheels)} files on port {BUILD_INPUTS_PORT}", flush=True)
-        threading.Event().wait()  # until the builder removes the container
+        sys.stdin.buffer.read()  # until the builder closes it (it is done, or was killed)
 
 
 if __name__ == "__main__":
-    import sys
-
     serve_folder(Path(sys.argv[1]))
