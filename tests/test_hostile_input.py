@@ -596,15 +596,17 @@ class SilentEngine:
 
 
 def test_engine_that_accepts_and_never_answers_is_an_error_not_a_hang():
-    folder = Path(tempfile.mkdtemp(prefix="ti-", dir="/tmp"))  # a unix socket path must stay under 108 bytes
-    engine = SilentEngine(folder)
-    try:
-        scratch = make_scratch(folder)
-        # In this process, with the ping's bound cut to a second: the product's 10 s is the same code path.
-        with mock.patch("torchimages.engine.PING_TIMEOUT_S", 1):
-            result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME), env={"DOCKER_HOST": f"unix://{engine.path}"})
-    finally:
-        engine.close()
+    with tempfile.TemporaryDirectory(prefix="ti-", dir="/tmp") as name:  # a unix socket path must stay under 108 bytes
+        folder = Path(name)
+        engine = SilentEngine(folder)
+        try:
+            scratch = make_scratch(folder)
+            # In this process, with the ping's bound cut to a second: the product's 10 s is the same code path.
+            with mock.patch("torchimages.engine.PING_TIMEOUT_S", 1):
+                result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME),
+                                     env={"DOCKER_HOST": f"unix://{engine.path}"})
+        finally:
+            engine.close()
     assert_contract(result, 1, 2)
     assert "DOCKER_HOST" in result.stderr or str(engine.path) in result.stderr, result.stderr
 

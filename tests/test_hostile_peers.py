@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import socketserver
 import tempfile
@@ -248,6 +249,7 @@ class FakeEngine:
         self.stalled.set()
         self.server.shutdown()
         self.server.server_close()
+        shutil.rmtree(self.path.parent)
 
 
 def an_image(**changes) -> dict:
@@ -446,6 +448,8 @@ def test_a_wheel_fetch_from_an_index_that_trickles_ends_at_its_bound(tmp_path, m
     monkeypatch.setattr(wheels, "FETCH_BOUND_S", 3)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where a killed pip would leave its own folders
     spec = next(spec for spec in load_matrix(FIXTURE_MATRIX).specs if spec.tag == CPU_RUNTIME)
     try:
         with pytest.raises(PeerError, match="within 3 s") as raised:
@@ -454,6 +458,8 @@ def test_a_wheel_fetch_from_an_index_that_trickles_ends_at_its_bound(tmp_path, m
         index.close()
     assert_no_secret(str(raised.value), PASSWORD, quote(PASSWORD, safe=""))
     assert not list((tmp_path / "wheelhouse").rglob("*.whl"))
+    assert not list((tmp_path / "tmp").iterdir()) and not list((tmp_path / "wheelhouse").rglob(".*")), \
+        "the killed pip's temporary folders were left"
 
 
 def test_no_output_shows_a_login_given_in_the_registry_flag(scratch):

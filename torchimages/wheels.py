@@ -121,9 +121,13 @@ def staging(dest: Path) -> Iterator[Path]:
 def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None) -> None:
     command = download_command(replace(download, dest=into), index_url, extra_index_url)
     secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
+    # pip's temporary folders go beside the staging folder and are removed with it: a pip killed at the bound
+    # removes none of its own, which would stay in the system's temporary folder.
     try:
-        result = subprocess.run(command, check=False, capture_output=True, timeout=FETCH_BOUND_S,
-                                text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+        with tempfile.TemporaryDirectory(prefix=".pip-tmp-", dir=into.parent) as pip_tmp:
+            result = subprocess.run(command, check=False, capture_output=True, timeout=FETCH_BOUND_S,
+                                    env={**os.environ, "TMPDIR": pip_tmp},
+                                    text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
     except subprocess.TimeoutExpired:  # pip is killed
         index = secrets.redact(index_url or download.index_url)
         raise WheelFetchError(f"pip did not fetch the wheels of {download.dest.name} within {FETCH_BOUND_S} s from "
