@@ -57,7 +57,9 @@ class BuildOptions:
     pull: bool = False
     force: bool = False
     fail_fast: bool = False
-    keep_build_stages: bool = False  # keep the untagged images of build stages (warm rebuilds, more disk)
+    # Remove the untagged images of the build stages after the run. Kept by default: they are small (the venv stage,
+    # a devel row's toolkit) and a rebuild takes them from the cache instead of running their apt and venv steps again.
+    prune_build_stages: bool = False
     wheelhouse: Path | None = None
     pip_index_url: str | None = None
     extra_index_url: str | None = None
@@ -347,7 +349,7 @@ class Builder:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             self._remove_intermediate_containers()
-            if not self.options.keep_build_stages:
+            if self.options.prune_build_stages:
                 self._prune_build_stages()
         for spec, _ in todo:
             results.setdefault(spec.tag, BuildResult(spec.tag, "cancelled", error="not started: build cancelled"))

@@ -277,14 +277,16 @@ class Publisher:
             return [PublishResult(spec.tag, "failed", message=f"nothing published: {error}") for spec in specs]
         results: list[PublishResult] = []
         grouped = multiarch.groups(specs)
-        for spec in specs:
-            if results and results[-1].status == "failed" and not self.registry.answers():
-                results.append(PublishResult(spec.tag, "failed", message="not attempted: the registry stopped answering"))
-                continue
-            targets = multiarch.image_tags(spec, (spec.index_tag or spec.tag) in grouped)
-            result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag], targets)
-            results.append(result)
-            all_tags = sorted(set(all_tags) | set(result.created))
+        with self.registry.pushes_share_a_cache():
+            for spec in specs:
+                if results and results[-1].status == "failed" and not self.registry.answers():
+                    results.append(PublishResult(spec.tag, "failed",
+                                                 message="not attempted: the registry stopped answering"))
+                    continue
+                targets = multiarch.image_tags(spec, (spec.index_tag or spec.tag) in grouped)
+                result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag], targets)
+                results.append(result)
+                all_tags = sorted(set(all_tags) | set(result.created))
         by_tag = {result.tag: result for result in results}
         for tag, members in grouped.items():
             results.append(self._publish_index_guarded(tag, members, [by_tag[spec.tag] for spec in members], catalog,
