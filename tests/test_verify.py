@@ -541,7 +541,7 @@ def assert_only_check_failed(report: dict, good: dict, check: str, says: tuple[s
 @pytest.mark.engine
 def test_a_row_expecting_another_python_fails_identity(baseline, tmp_path, docker_client):
     result = run_cli("--matrix", str(BROKEN / "python-3.12-matrix.yaml"), "--compat", str(ROOT / "compat.yaml"),
-                     "--reports", str(tmp_path), "test", RUNTIME)
+                     "--reports", str(tmp_path), "test", RUNTIME, *selection_for("identity"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "identity",
                              ("runs Python 3.11", "expects Python 3.12"))
@@ -569,11 +569,13 @@ def test_only_runs_just_that_check_and_skips_the_rest_naming_the_option(images, 
 
 @pytest.mark.engine
 def test_too_little_shm_fails_shm_through_the_api(baseline, images, tmp_path, docker_client):
-    """The nightly job's way in: verify_images with options, here with Docker's default-sized /dev/shm."""
+    """The nightly job's way in: verify_images with options, here with Docker's default-sized /dev/shm (and without
+    the smoke check's compiles, as the broken images: selection_for)."""
     from torchimages.matrix import load_matrix, select
 
     specs = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
-    [result] = verify_images(docker_client, specs, VerifyOptions(reports_dir=tmp_path, shm_size="64m"))
+    [result] = verify_images(docker_client, specs, VerifyOptions(reports_dir=tmp_path, shm_size="64m",
+                                                                 selection=parse_selection(None, ["smoke"])))
     assert result.report_dir == tmp_path / RUNTIME and result.passed is False
     assert result.image_id == docker_client.api.inspect_image(images[RUNTIME])["Id"]
     assert_only_check_failed(report_of(tmp_path, RUNTIME), baseline.by_tag[RUNTIME], "shm",
