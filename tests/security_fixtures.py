@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -135,25 +135,30 @@ def _packages_index(root: Path, packages: list[Package]) -> bytes:
 
 
 class _Handler(SimpleHTTPRequestHandler):
-    delay_s = 0.0
+    drips = False
 
-    def copyfile(self, source, outputfile):
-        if self.delay_s:  # a server that answers at once, then sends its body slowly
-            for chunk in iter(lambda: source.read(16), b""):
-                outputfile.write(chunk)
-                outputfile.flush()
-                time.sleep(self.delay_s)
-        else:
-            super().copyfile(source, outputfile)
+    def do_GET(self):
+        if not self.drips:
+            return super().do_GET()
+        # A server that answers at once, then sends a byte at a time, each well within any read timeout.
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 30))
+        self.end_headers()
+        with suppress(OSError):  # the client gave up
+            for _ in range(600):  # 60 s at most, then it stops short: the test cannot hang when the deadline fails
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
+        return None
 
     def log_message(self, *args):
         pass
 
 
 @contextmanager
-def serve(root: Path, delay_s: float = 0.0):
-    """root over HTTP on 127.0.0.1; yields its URL."""
-    handler = type("Handler", (_Handler,), {"delay_s": delay_s})
+def serve(root: Path, drips: bool = False):
+    """root over HTTP on 127.0.0.1 (or, dripping, an endless body a byte at a time for every path); yields its URL."""
+    handler = type("Handler", (_Handler,), {"drips": drips})
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)

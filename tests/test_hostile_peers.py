@@ -404,8 +404,9 @@ def test_a_failed_wheel_fetch_is_one_line_without_the_index_or_proxy_login(scrat
     fake = make_engine(engine_answering())
     index = f"http://alice:{quote(PASSWORD, safe='')}@{refusing_index.host}/simple"
     flag = "--dest" if command == "wheels" else "--wheelhouse"
+    # One retry of the refused proxy, not pip's five with their 7.75 s of back-off: the messages are the same.
     pip_alone = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(scratch / "no-wheels"), "NO_PROXY": "127.0.0.1",
-                 "HTTPS_PROXY": f"http://p:{PROXY_PASSWORD}@127.0.0.1:9", **fake.env}
+                 "HTTPS_PROXY": f"http://p:{PROXY_PASSWORD}@127.0.0.1:9", "PIP_RETRIES": "1", **fake.env}
     result = run_in(scratch, command, CPU_RUNTIME, flag, str(scratch / "wheelhouse"), "--pip-index-url", index,
                     env=pip_alone)
     assert_names_the_peer(result, "pip could not fetch the wheels")

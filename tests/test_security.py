@@ -230,7 +230,7 @@ def test_an_index_that_unpacks_to_too_much_is_refused(tmp_path, keys, monkeypatc
 def test_a_slow_server_is_given_up_on_within_the_deadline(tmp_path, keys):
     archive, _ = keys
     root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
-    with serve(root, delay_s=0.2) as url:
+    with serve(root, drips=True) as url:
         row = check(url, str(archive.keyring), read_timeout=5, deadline=1.0)
     assert "not read within 1 s" in row.error
 

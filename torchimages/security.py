@@ -25,6 +25,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path, PurePosixPath
 
 import requests
+import urllib3
 from debian import changelog as debian_changelog
 from debian import deb822
 from debian.debian_support import version_compare
@@ -370,7 +371,9 @@ class Fetcher:
                 if response.status_code != 200:
                     raise SecurityIndexError(f"{self.where(path)}: HTTP {response.status_code}")
                 body = bytearray()
-                for chunk in response.iter_content(CHUNK):
+                # read1 returns what has come, up to a chunk: iter_content waits for a whole chunk, so a server
+                # sending a few bytes at a time held one read (and the deadline's next look) for as long as it liked.
+                while chunk := response.raw.read1(CHUNK, decode_content=True):
                     body += chunk
                     if len(body) > limit:
                         raise SecurityIndexError(f"{self.where(path)}: larger than {_amount(limit)}; refused")
@@ -378,8 +381,9 @@ class Fetcher:
                         raise SecurityIndexError(f"{self.where(path)}: not read within {self.deadline:g} s (the "
                                                  "server is too slow); try again or name a mirror")
                 return bytes(body)
-        except requests.RequestException as error:
-            kind = "timed out" if isinstance(error, requests.Timeout) or "timed out" in str(error).lower() else "failed"
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as error:  # the latter: read1's own
+            timeout = (requests.Timeout, urllib3.exceptions.TimeoutError)
+            kind = "timed out" if isinstance(error, timeout) or "timed out" in str(error).lower() else "failed"
             raise SecurityIndexError(f"{self.where(path)}: {kind} ({type(error).__name__}); try again or name a "
                                      "mirror") from None
 
