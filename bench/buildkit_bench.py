@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""What BuildKit would give the cold build (issue 27): the same rendered Dockerfile, the same build inputs (this
+builder's loopback build-input server, its build args and labels), built cold by the engine's classic builder (what
+`build.py build --no-cache` does through the Docker SDK) and by the engine's own BuildKit (the same build driven by
+the Docker 20.10 CLI with DOCKER_BUILDKIT=1: docker-py cannot drive BuildKit), side by side in one run with the host
+pip floor; then the two images' /opt/venv compared file by file, and the disk each build took at its peak.
+
+The classic builder writes each step's files twice (the step's container, then its commit into a new layer); BuildKit
+keeps a step's snapshot as the layer. This measures what that is worth here, before anything is built on it.
+
+Needs the project's engine (`make engine`, `source .engine/env`), Debian's docker.io CLI at /usr/bin/docker and the
+row's wheelhouse. Leaves nothing behind: its two images and BuildKit's build cache are removed.
+
+    python bench/buildkit_bench.py [--row TAG] [--wheelhouse DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cold_build_bench import (  # bench/ is on sys.path: this script's folder
+    ROOT,
+    DiskSampler,
+    drop_page_cache,
+    floors,
+    layers,
+    log,
+    spec_of,
+    venv_listing,
+)
+
+from devtools import localengine
+from torchimages import engine
+from torchimages.builder import Builder, BuildOptions, build_args, local_name, runtime_labels
+
+DOCKER_20_10 = "/usr/bin/docker"  # Debian's docker.io: BuildKit built into `docker build` (later CLIs need buildx)
+BUILDERS = ("classic", "buildkit")
+
+
+class BuildKitBuilder(Builder):
+    """This builder, but each build is `DOCKER_BUILDKIT=1 docker build` of the same context, args and labels."""
+
+    def _stream_build(self, api, spec, context, tar, log, network_mode, extra_hosts, target=None) -> str:
+        tar.seek(0)
+        with tempfile.NamedTemporaryFile(prefix="buildkit-bench-iid-") as iid:
+            command = [DOCKER_20_10, "build", "--progress=plain", "--iidfile", iid.name, "--network", network_mode]
+            command += [f"--add-host={host}:{address}" for host, address in extra_hosts.items()]
+            command += [f"--build-arg={name}={value}" for name, value in build_args(self.options, context, spec.tag).items()]
+            if target:
+                command += ["--target", target]
+            else:
+                command += ["--tag", local_name(spec)]
+                command += [f"--label={name}={value}"
+                            for name, value in runtime_labels(context.input_hash, context.base_image_id).items()]
+            command += ["--no-cache"] if self.options.no_cache else []
+            subprocess.run([*command, "-"], stdin=tar, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           env={**os.environ, "DOCKER_BUILDKIT": "1"})
+            return Path(iid.name).read_text().strip()
+
+
+def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> dict:
+    """A cold build of row by kind into a repository of its own: seconds, the engine's disk at its peak above where
+    it started, the image's size, layers and /opt/venv listing."""
+    spec = replace(spec_of(row), repository=f"localhost:5000/bench-builders/{kind}")
+    options = BuildOptions(images_dir=ROOT / "images", reports_dir=scratch / kind, wheelhouse=wheelhouse,
+                           no_cache=True, force=True, prune_build_stages=True)
+    builder = (BuildKitBuilder if kind == "buildkit" else Builder)(client, options)
+    drop_page_cache()
+    log(f"{row}: cold build, {kind} builder")
+    with DiskSampler([localengine.DATA_ROOT]) as disk:
+        started = time.perf_counter()
+        [result] = builder.build_all([spec])
+        seconds = time.perf_counter() - started
+    if result.status != "built":
+        raise SystemExit(f"{kind}: {result.status}: {result.error}")
+    image = local_name(spec)
+    return {"seconds": round(seconds, 1), "disk_peak": disk.peak - disk.start, "image": image,
+            "size": client.api.inspect_image(image)["Size"], "layers": layers(client, image),
+            "tree": venv_listing(client, image)}
+
+
+def remove(client, image: str) -> None:
+    """The image, the untagged ones it leaves, and BuildKit's build cache."""
+    client.images.remove(image, force=True)
+    client.images.prune(filters={"dangling": True})
+    subprocess.run([DOCKER_20_10, "builder", "prune", "--all", "--force"], check=True, capture_output=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--row", default="2.14.1-cuda13.0-cudnn9-runtime")
+    parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
+    args = parser.parse_args()
+    client = engine.client()
+    sides = {}
+    with tempfile.TemporaryDirectory(prefix="buildkit-bench-", dir=ROOT / ".engine") as scratch:
+        floor = floors(args.row, args.wheelhouse, Path(scratch), ("pip",))["pip_s"]
+        for kind in BUILDERS:
+            try:
+                sides[kind] = cold_build(client, kind, args.row, args.wheelhouse, Path(scratch))
+            finally:  # the disk is shared: each side's image goes before the next side builds
+                remove(client, f"localhost:5000/bench-builders/{kind}:{args.row}")
+            log(f"{kind}: {sides[kind]['seconds']} s, disk peak {sides[kind]['disk_peak']:,} B")
+    classic, buildkit = sides["classic"], sides["buildkit"]
+    same_tree = classic["tree"] == buildkit["tree"]
+    same_layers = [a == b for a, b in zip(classic["layers"], buildkit["layers"], strict=False)]
+    print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.node()}; "
+          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; row `{args.row}`; load {os.getloadavg()[0]:.1f}\n")
+    print("| | classic builder (today) | BuildKit (the engine's own, via the Docker 20.10 CLI) |\n|---|---|---|")
+    print(f"| floor: host `pip install` of the same wheels | {floor} s | {floor} s |")
+    print("| cold build (`--no-cache`) | " + " | ".join(
+        f"{side['seconds']} s ({side['seconds'] / floor:.1f}x the floor)" for side in (classic, buildkit)) + " |")
+    print("| disk peak of the cold build | " + " | ".join(
+        f"{side['disk_peak'] / 1e9:.2f} GB ({side['disk_peak'] / side['size']:.2f}x the image)"
+        for side in (classic, buildkit)) + " |")
+    print(f"| image size | {classic['size']:,} B | {buildkit['size']:,} B |")
+    print(f"| layers | {len(classic['layers'])} | {len(buildkit['layers'])}, "
+          f"{sum(same_layers)} with the classic build's diff id at the same place |")
+    print(f"| /opt/venv, file by file | {len(classic['tree'])} entries | "
+          f"{'the same' if same_tree else 'DIFFERENT'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
