@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import replace
@@ -50,20 +52,27 @@ class BuildKitBuilder(Builder):
 
     def _stream_build(self, api, spec, context, tar, log, network_mode, extra_hosts, target=None) -> str:
         tar.seek(0)
-        with tempfile.NamedTemporaryFile(prefix="buildkit-bench-iid-") as iid:
-            command = [DOCKER_20_10, "build", "--progress=plain", "--iidfile", iid.name, "--network", network_mode]
-            command += [f"--add-host={host}:{address}" for host, address in extra_hosts.items()]
-            command += [f"--build-arg={name}={value}" for name, value in build_args(self.options, context, spec.tag).items()]
-            if target:
-                command += ["--target", target]
-            else:
-                command += ["--tag", local_name(spec)]
-                command += [f"--label={name}={value}"
-                            for name, value in runtime_labels(context.input_hash, context.base_image_id).items()]
-            command += ["--no-cache"] if self.options.no_cache else []
-            subprocess.run([*command, "-"], stdin=tar, stdout=log, stderr=subprocess.STDOUT, check=True,
-                           env={**os.environ, "DOCKER_BUILDKIT": "1"})
-            return Path(iid.name).read_text().strip()
+        with tempfile.TemporaryDirectory(prefix="buildkit-bench-") as folder:
+            # The context as a folder: the 20.10 CLI's BuildKit path takes an uncompressed tar on stdin for a Dockerfile.
+            with tarfile.open(fileobj=tar) as archive:
+                archive.extractall(f"{folder}/context", filter="data")
+            return self._buildkit_build(spec, context, log, network_mode, extra_hosts, target, Path(folder))
+
+    def _buildkit_build(self, spec, context, log, network_mode, extra_hosts, target, folder: Path) -> str:
+        iid = folder / "iid"
+        command = [DOCKER_20_10, "build", "--progress=plain", "--iidfile", str(iid), "--network", network_mode]
+        command += [f"--add-host={host}:{address}" for host, address in extra_hosts.items()]
+        command += [f"--build-arg={name}={value}" for name, value in build_args(self.options, context, spec.tag).items()]
+        if target:
+            command += ["--target", target]
+        else:
+            command += ["--tag", local_name(spec)]
+            command += [f"--label={name}={value}"
+                        for name, value in runtime_labels(context.input_hash, context.base_image_id).items()]
+        command += ["--no-cache"] if self.options.no_cache else []
+        subprocess.run([*command, str(folder / "context")], stdout=log, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        return iid.read_text().strip()
 
 
 def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> dict:
@@ -84,7 +93,16 @@ def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> 
     image = local_name(spec)
     return {"seconds": round(seconds, 1), "disk_peak": disk.peak - disk.start, "image": image,
             "size": client.api.inspect_image(image)["Size"], "layers": layers(client, image),
-            "tree": venv_listing(client, image)}
+            "tree": venv_listing(client, image), "steps": step_seconds(Path(result.log).read_text())}
+
+
+def step_seconds(build_log: str) -> dict[str, float]:
+    """BuildKit's plain progress: each step's name (`#7 [venv 2/3] RUN ...`) and time (`#7 DONE 4.2s`); the classic
+    builder's log has no times (empty)."""
+    names = dict(re.findall(r"^#(\d+) (\[.*)$", build_log, re.MULTILINE))
+    return {names[number][:100]: float(seconds) for number, seconds in re.findall(r"^#(\d+) DONE ([0-9.]+)s$",
+                                                                                   build_log, re.MULTILINE)
+            if number in names}
 
 
 def remove(client, image: str) -> None:
@@ -126,6 +144,10 @@ def main() -> int:
           f"{sum(same_layers)} with the classic build's diff id at the same place |")
     print(f"| /opt/venv, file by file | {len(classic['tree'])} entries | "
           f"{'the same' if same_tree else 'DIFFERENT'} |")
+    print("\nBuildKit's steps over a second (stages run side by side where they do not depend on each other):\n")
+    for name, seconds in buildkit["steps"].items():
+        if seconds >= 1:
+            print(f"- {seconds:.1f} s `{name}`")
     return 0
 
 
