@@ -248,8 +248,10 @@ def test_no_intermediate_containers_are_left(docker_client, engine_env, tmp_path
     assert leftovers == []
 
 
-def sleeping_builds(tmp_path: Path, python_image: str, token: str, inputs_server: str):
-    """build.py building two rows whose RUN step sleeps, started as a user would; returned once both steps run."""
+def sleeping_builds(tmp_path: Path, python_image: str, token: str, inputs_server: str, *extra: str,
+                    run_step: str = ": step 3/"):
+    """build.py building two rows whose RUN step sleeps, started as a user would; returned once both steps run (the
+    progress line run_step says so)."""
     import subprocess
     import sys
     import time
@@ -260,17 +262,19 @@ def sleeping_builds(tmp_path: Path, python_image: str, token: str, inputs_server
         (images / tag).mkdir(parents=True)
         # A python stage (with the row's Python 3.11) for the server on the engine to run in.
         (images / tag / "Dockerfile").write_text(f"FROM {python_image} AS python\nFROM python\n"
-                                                 f"RUN echo {token} {tag} && sleep 600\n")
+                                                 f"RUN echo {token} {tag} && sh -c 'sleep 600; : {token}'\n")
     command = [sys.executable, str(ROOT / "build.py"), "--matrix", str(matrix), "--images", str(images),
                "--reports", str(tmp_path / "reports"), "build", "--jobs", "2", "--no-cache",
-               "--inputs-server", inputs_server]
+               "--inputs-server", inputs_server, *extra]
     process = interruptible(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     running = 0
     while running < 2 and time.monotonic() < deadline:
         line = process.stderr.readline()
-        running += ": step 3/" in line
-    assert running == 2, "both builds should have reached their RUN step"
+        running += run_step in line
+    if running < 2:
+        process.kill()
+        pytest.fail("both builds should have reached their RUN step")
     return process
 
 
@@ -297,6 +301,80 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_ima
     # The engine removes a cancelled build's RUN container itself, just after the client goes.
     wait_until(lambda: not sleepers(), "the cancelled builds' containers being removed", timeout_s=60)
     assert build_input_servers_left(docker_client) == ([], [])
+
+
+def step_processes(token: str) -> list[int]:
+    """The processes of this host whose command line holds token: BuildKit runs a step's command with runc, not in a
+    container the engine lists, and the project's engine runs on this host. (dash execs the last command of
+    `sh -c`: a step's own `sh -c '...; : token'` stays to be found.)"""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue  # ended while listed
+    return found
+
+
+def test_ctrl_c_stops_buildkit_builds_and_their_steps(cpu_images, tmp_path):
+    """With `--builder buildkit` the builder cancels each build by its id: the steps' processes end and no server is
+    left on the engine."""
+    import signal
+    import subprocess
+
+    token = f"torchimages-buildkit-ctrl-c-{os.getpid()}"
+    process = sleeping_builds(tmp_path, cpu_images["2.13.0-cpu-runtime"], token, "loopback", "--builder", "buildkit",
+                              run_step=": step 1/1")  # BuildKit numbers a stage's own steps: [stage-1 1/1] RUN
+    try:
+        wait_until(lambda: len(step_processes(token)) >= 2, "both RUN steps running")
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Ctrl-C did not stop the BuildKit builds within 120 s")
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    wait_until(lambda: not step_processes(token), "the cancelled steps' processes ending", timeout_s=60)
+
+
+def test_buildkit_builds_the_venv_file_for_file_as_the_classic_builder(cpu_images, wheelhouse, tmp_path, docker_client):
+    """Issue 27: `--builder buildkit` builds the CPU rows with the venv file for file as the classic builder's (same
+    sizes, modes, owners, times, links and contents), in its three layers, and the devel row shares every runtime layer
+    below its own. BuildKit cannot reach a build-input server on the engine (its steps join no network of a
+    container's): that is refused, naming what to do."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/bk"))
+    with_live_compat(matrix)
+    build = ("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", CPU_SELECTOR, "--builder",
+             "buildkit", "--wheelhouse", str(wheelhouse))
+    refused = run_cli(*build, "--inputs-server", "container", check_exit=1)
+    assert "build with `--builder classic`, or with `--inputs-server loopback`" in " ".join(refused.stderr.split())
+
+    def venv(image: str) -> str:
+        return docker_client.containers.run(image, ["sh", "-c", "cd /opt/venv && find . -printf '%p %s %m %u %g %Ts %l\\n' "
+                                                    "| sort && find . -type f -print0 | sort -z | xargs -0 sha256sum"],
+                                            remove=True).decode()
+
+    # From an empty BuildKit cache: after no-cache builds it holds several layers for one step, and two flavors may
+    # take different ones (only this test builds with BuildKit).
+    docker_client.api.prune_builds(all=True)
+    try:
+        run_cli(*build, check_exit=0)
+        log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
+        assert "] RUN /opt/venv/bin/python -c 'import sys, urllib.request;" in log and "DONE" in log  # plain progress
+        assert venv("localhost:5000/test/bk:2.13.0-cpu-runtime") == venv(cpu_images["2.13.0-cpu-runtime"])
+        runtime, devel = (docker_client.api.inspect_image(f"localhost:5000/test/bk:{tag}")["RootFS"]["Layers"]
+                          for tag in ("2.13.0-cpu-runtime", "2.13.0-cpu-devel"))
+        classic = docker_client.api.inspect_image(cpu_images["2.13.0-cpu-runtime"])["RootFS"]["Layers"]
+        # [..., the venv's own files, RUN torch, RUN the rest, COPY entrypoint, RUN the OS security upgrade], and
+        # BuildKit's WORKDIR adds an empty last layer; devel adds its toolchain above the entrypoint, then its own OS
+        # security layer.
+        assert len(runtime) == len(classic) + 1 and devel[:len(runtime) - 2] == runtime[:-2]
+    finally:
+        for tag in ("2.13.0-cpu-runtime", "2.13.0-cpu-devel"):
+            docker_client.images.remove(f"localhost:5000/test/bk:{tag}", force=True)
+        docker_client.api.prune_builds(all=True)
 
 
 def test_a_killed_builder_leaves_no_server_container_on_the_engine(cpu_images, docker_client, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,23 @@ def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | 
         raise PeerError(f"the Docker engine at {where()} described image {brief(reference)} with {problem}: "
                         f"{brief(image)}; is DOCKER_HOST a Docker engine?")
     return image
+
+
+def buildkit_build(api: docker.APIClient, context, params: dict, timeout: int) -> Iterator[dict]:
+    """POST /build for the engine's BuildKit (params: buildkit.build_params), the context as the request's tar body:
+    the engine's JSON events as they come, each within timeout. docker-py's build() cannot ask for BuildKit, so this
+    posts with its client's own helpers (its registry credentials included, for a base `--pull` refreshes)."""
+    headers = {"Content-Type": "application/x-tar"}
+    api._set_auth_headers(headers)
+    response = api._post(api._url("/build"), params=params, data=context, headers=headers, stream=True, timeout=timeout)
+    return api._stream_helper(response, decode=True)
+
+
+def cancel_build(docker_client: docker.DockerClient, build_id: str) -> None:
+    """Cancel a running BuildKit build (POST /build/cancel); one that has ended already is no error."""
+    api = docker_client.api
+    with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+        api._raise_for_status(api._post(api._url("/build/cancel"), params={"id": build_id}, timeout=QUESTION_TIMEOUT_S))
 
 
 def _image_shape_problem(image: dict) -> str | None:

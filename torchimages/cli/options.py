@@ -53,6 +53,10 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the server the build fetches its wheels from runs: on this host's loopback, or in "
                              "a container on the engine, for a remote engine or Docker Desktop's (default: loopback "
                              "when DOCKER_HOST is on this host, else container)")
+    parser.add_argument("--builder", choices=build_stage.BUILDERS, default="classic",
+                        help="the engine's builder: its classic one, or its BuildKit (faster, and no second copy of "
+                             "the layers on disk; the layers' bits differ from the classic builder's, so a switch "
+                             "uploads every layer once) (default: %(default)s)")
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +77,7 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
         wheelhouse=args.wheelhouse,
         pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
         proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
-        inputs_server=args.inputs_server or build_stage.default_inputs_server(),
+        inputs_server=args.inputs_server or build_stage.default_inputs_server(), builder=args.builder,
     )
 
 
