@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
-"""What BuildKit would give the cold build (issue 27): the same rendered Dockerfile, the same build inputs (this
-builder's loopback build-input server, its build args and labels), built cold by the engine's classic builder (what
-`build.py build --no-cache` does through the Docker SDK) and by the engine's own BuildKit (the same build driven by
-the Docker 20.10 CLI with DOCKER_BUILDKIT=1: docker-py cannot drive BuildKit), side by side in one run with the host
-pip floor; then the two images' /opt/venv compared file by file, and the disk each build took at its peak.
+"""What BuildKit gives the cold build (issue 27): the same rendered Dockerfile and build inputs, built cold by the
+engine's classic builder (`build.py build --no-cache`) and by its BuildKit (`--builder buildkit`: the same builder,
+driving BuildKit through the Docker API), side by side in one run with the host pip floor; then the two images'
+/opt/venv compared file by file, and the disk each build took at its peak.
 
 The classic builder writes each step's files twice (the step's container, then its commit into a new layer); BuildKit
-keeps a step's snapshot as the layer. This measures what that is worth here, before anything is built on it.
+keeps a step's snapshot as the layer. This measures what that is worth here.
 
-Needs the project's engine (`make engine`, `source .engine/env`), Debian's docker.io CLI at /usr/bin/docker and the
-row's wheelhouse. Leaves nothing behind: its two images and BuildKit's build cache are removed.
+Needs the project's engine (`make engine`, `source .engine/env`) and the row's wheelhouse. Leaves nothing behind: its
+two images and BuildKit's build cache are removed.
 
     python bench/buildkit_bench.py [--row TAG] [--wheelhouse DIR]
 """
@@ -19,9 +18,7 @@ import argparse
 import os
 import platform
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import replace
@@ -41,38 +38,9 @@ from cold_build_bench import (  # bench/ is on sys.path: this script's folder
 
 from devtools import localengine
 from torchimages import engine
-from torchimages.builder import Builder, BuildOptions, build_args, local_name, runtime_labels
+from torchimages.builder import Builder, BuildOptions, local_name
 
-DOCKER_20_10 = "/usr/bin/docker"  # Debian's docker.io: BuildKit built into `docker build` (later CLIs need buildx)
 BUILDERS = ("classic", "buildkit")
-
-
-class BuildKitBuilder(Builder):
-    """This builder, but each build is `DOCKER_BUILDKIT=1 docker build` of the same context, args and labels."""
-
-    def _stream_build(self, api, spec, context, tar, log, network_mode, extra_hosts, target=None) -> str:
-        tar.seek(0)
-        with tempfile.TemporaryDirectory(prefix="buildkit-bench-") as folder:
-            # The context as a folder: the 20.10 CLI's BuildKit path takes an uncompressed tar on stdin for a Dockerfile.
-            with tarfile.open(fileobj=tar) as archive:
-                archive.extractall(f"{folder}/context", filter="data")
-            return self._buildkit_build(spec, context, log, network_mode, extra_hosts, target, Path(folder))
-
-    def _buildkit_build(self, spec, context, log, network_mode, extra_hosts, target, folder: Path) -> str:
-        iid = folder / "iid"
-        command = [DOCKER_20_10, "build", "--progress=plain", "--iidfile", str(iid), "--network", network_mode]
-        command += [f"--add-host={host}:{address}" for host, address in extra_hosts.items()]
-        command += [f"--build-arg={name}={value}" for name, value in build_args(self.options, context, spec.tag).items()]
-        if target:
-            command += ["--target", target]
-        else:
-            command += ["--tag", local_name(spec)]
-            command += [f"--label={name}={value}"
-                        for name, value in runtime_labels(context.input_hash, context.base_image_id).items()]
-        command += ["--no-cache"] if self.options.no_cache else []
-        subprocess.run([*command, str(folder / "context")], stdout=log, stderr=subprocess.STDOUT, check=True,
-                       env={**os.environ, "DOCKER_BUILDKIT": "1"})
-        return iid.read_text().strip()
 
 
 def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> dict:
@@ -80,8 +48,8 @@ def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> 
     it started, the image's size, layers and /opt/venv listing."""
     spec = replace(spec_of(row), repository=f"localhost:5000/bench-builders/{kind}")
     options = BuildOptions(images_dir=ROOT / "images", reports_dir=scratch / kind, wheelhouse=wheelhouse,
-                           no_cache=True, force=True, prune_build_stages=True)
-    builder = (BuildKitBuilder if kind == "buildkit" else Builder)(client, options)
+                           no_cache=True, force=True, prune_build_stages=True, builder=kind)
+    builder = Builder(client, options)
     drop_page_cache()
     log(f"{row}: cold build, {kind} builder")
     with DiskSampler([localengine.DATA_ROOT]) as disk:
@@ -109,7 +77,7 @@ def remove(client, image: str) -> None:
     """The image, the untagged ones it leaves, and BuildKit's build cache."""
     client.images.remove(image, force=True)
     client.images.prune(filters={"dangling": True})
-    subprocess.run([DOCKER_20_10, "builder", "prune", "--all", "--force"], check=True, capture_output=True)
+    client.api.prune_builds(all=True)
 
 
 def main() -> int:
@@ -132,7 +100,7 @@ def main() -> int:
     same_layers = [a == b for a, b in zip(classic["layers"], buildkit["layers"], strict=False)]
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.node()}; "
           f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; row `{args.row}`; load {os.getloadavg()[0]:.1f}\n")
-    print("| | classic builder (today) | BuildKit (the engine's own, via the Docker 20.10 CLI) |\n|---|---|---|")
+    print("| | classic builder | BuildKit (`--builder buildkit`) |\n|---|---|---|")
     print(f"| floor: host `pip install` of the same wheels | {floor} s | {floor} s |")
     print("| cold build (`--no-cache`) | " + " | ".join(
         f"{side['seconds']} s ({side['seconds'] / floor:.1f}x the floor)" for side in (classic, buildkit)) + " |")

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .model import PeerError
+
 TRACE_ID = "moby.buildkit.trace"
 IMAGE_ID = "moby.image.id"
 # A Dockerfile step's vertex: "[venv 2/3] RUN ..." (a named stage) or "[2/3] RUN ..." (an unnamed one).
@@ -45,8 +47,8 @@ class StatusUpdate:
     logs: list[VertexLog] = field(default_factory=list)
 
 
-class TraceError(ValueError):
-    """A trace event that is not a StatusResponse."""
+class TraceError(PeerError):
+    """A trace event that is not a StatusResponse (the builder notes it in the log and reads on)."""
 
 
 def build_params(*, tag: str | None, target: str | None, build_args: dict[str, str], labels: dict[str, str] | None,
