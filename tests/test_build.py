@@ -340,9 +340,11 @@ def test_ctrl_c_stops_buildkit_builds_and_their_steps(cpu_images, tmp_path):
 
 def test_buildkit_builds_the_venv_file_for_file_as_the_classic_builder(cpu_images, wheelhouse, tmp_path, docker_client):
     """Issue 27: `--builder buildkit` builds the CPU rows with the venv file for file as the classic builder's (same
-    sizes, modes, owners, times, links and contents), in its three layers, and the devel row shares every runtime layer
-    below its own. BuildKit cannot reach a build-input server on the engine (its steps join no network of a
-    container's): that is refused, naming what to do."""
+    sizes, modes, owners, times, links and contents), the devel row shares every runtime layer below its own, and a
+    no-cache rebuild from the same wheels gives the very same venv layers (Docker 20.10's BuildKit left the build's
+    time on /etc in each RUN layer until the venv stage brought /etc/hosts and /etc/resolv.conf). BuildKit cannot
+    reach a build-input server on the engine (its steps join no network of a container's): that is refused, naming
+    what to do."""
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/bk"))
     with_live_compat(matrix)
@@ -371,6 +373,10 @@ def test_buildkit_builds_the_venv_file_for_file_as_the_classic_builder(cpu_image
         # BuildKit's WORKDIR adds an empty last layer; devel adds its toolchain above the entrypoint, then its own OS
         # security layer.
         assert len(runtime) == len(classic) + 1 and devel[:len(runtime) - 2] == runtime[:-2]
+        run_cli(*build[:5], "2.13.0-cpu-runtime", *build[6:], "--no-cache", "--force", check_exit=0)
+        again = docker_client.api.inspect_image("localhost:5000/test/bk:2.13.0-cpu-runtime")["RootFS"]["Layers"]
+        assert again[-6:-3] == runtime[-6:-3], "the venv layers of a no-cache rebuild"
+        assert again[-7] != runtime[-7], "a no-cache build really ran the RUN steps again"
     finally:
         for tag in ("2.13.0-cpu-runtime", "2.13.0-cpu-devel"):
             docker_client.images.remove(f"localhost:5000/test/bk:{tag}", force=True)

@@ -143,6 +143,7 @@ def test_any_bytes_are_an_update_or_a_trace_error(payload):
 
 @pytest.mark.parametrize(("name", "step"), [("[venv 2/3] RUN python3.11 -m venv /opt/venv", (2, 3)),
                                             ("[4/9] COPY entrypoint.sh /usr/local/bin/", (4, 9)),
+                                            ("[stage-2  4/10] RUN /opt/venv/bin/python -c", (4, 10)),
                                             ("[internal] load remote build context", None),
                                             ("exporting to image", None)])
 def test_a_dockerfile_steps_number_is_read_from_its_name(name, step):

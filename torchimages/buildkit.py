@@ -17,8 +17,9 @@ from .model import PeerError
 
 TRACE_ID = "moby.buildkit.trace"
 IMAGE_ID = "moby.image.id"
-# A Dockerfile step's vertex: "[venv 2/3] RUN ..." (a named stage) or "[2/3] RUN ..." (an unnamed one).
-STEP_NAME = re.compile(r"^\[(?:\S+ )?([0-9]+)/([0-9]+)\] ", re.ASCII)
+# A Dockerfile step's vertex: "[venv 2/3] RUN ..." (a named stage), "[2/3] RUN ..." (an unnamed one); the number is
+# padded to the width of the total: "[stage-2  4/10] RUN ...".
+STEP_NAME = re.compile(r"^\[(?:\S+)? *([0-9]+)/([0-9]+)\] ", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,16 @@ RUN apt-get update \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 # What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
+# Empty /etc/hosts and /etc/resolv.conf come with the venv's own files (every runtime mounts its own over them): a
+# BuildKit before 0.12 (Docker 20.10's) makes them for each RUN where they are missing and removes them after it,
+# leaving the time of the build on /etc in the step's layer, so the same wheels would not give the same venv layers.
 ARG WHEELS_REST
 RUN python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
- && mkdir -p /opt/venv-tree/opt \
+ && mkdir -p /opt/venv-tree/opt /opt/venv-tree/etc \
+ && touch /opt/venv-tree/etc/hosts /opt/venv-tree/etc/resolv.conf \
  && mv /opt/venv /opt/venv-tree/opt/venv \
  && chown -R 1000:0 /opt/venv-tree/opt/venv \
  && chmod -R g=u /opt/venv-tree/opt/venv \
