@@ -321,11 +321,6 @@ class Builder:
             return None, BuildResult(spec.tag, "failed", error=f"DOCKER_HOST {os.environ['DOCKER_HOST']} is another "
                                      "host: it cannot reach the build-input server on this host's loopback; build "
                                      "with `--inputs-server container` (the server runs on the engine)")
-        if self.options.builder == "buildkit" and self.options.inputs_server == "container":
-            return None, BuildResult(spec.tag, "failed", error="BuildKit runs a build's steps on the engine's default, "
-                                     "host or no network only, so they cannot reach the build-input server's own "
-                                     "network on the engine: build with `--builder classic`, or with `--inputs-server "
-                                     "loopback` where the engine is on this host")
         return context, None
 
     def build_all(self, specs: list[ImageSpec]) -> list[BuildResult]:
@@ -421,7 +416,8 @@ class Builder:
             return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle)
         python_stage = self._stream_build(api, spec, context, tar, log, "default", {}, target="python")
         tar.seek(0)
-        return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle)
+        return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle,
+                                    host_network=self.options.builder == "buildkit")
 
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
                       network_mode: str, extra_hosts: dict[str, str], target: str | None = None) -> str:

@@ -1,5 +1,6 @@
 """The build-input server on the engine, for an engine that cannot reach this host's loopback (a remote DOCKER_HOST,
-Docker Desktop's VM): a container on a network made for one build, answering to BUILD_INPUTS_HOST there.
+Docker Desktop's VM): a container on a network made for one build, answering to BUILD_INPUTS_HOST there (for a
+BuildKit build, on the engine host's network, on a loopback address of its own, as server.py serves on this host).
 
 It runs server.py (stdlib only) on the row's own Python: the image of the Dockerfile's `python` stage, which the
 build makes first anyway (its layers are the image's first ones, so the build takes them from the cache). Its
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import secrets
 import tarfile
 import tempfile
@@ -43,8 +45,12 @@ class BuildInputsContainer:
     """A context manager: the network and the serving container on entry, both removed on exit."""
 
     def __init__(self, api: docker.APIClient, image: str, python: str, wheels: dict[str, Path], pip_conf: str,
-                 ca_bundle: str | None):
+                 ca_bundle: str | None, host_network: bool = False):
+        """host_network: serve on a loopback address of the engine's host instead of a network of the build's own
+        (BuildKit runs a build's steps on the host's network or the default one, never on a container's)."""
         self.api = api
+        self.host_network = host_network
+        self.address = ""  # where it serves on the engine's host (host_network)
         self.image = image  # the row's python stage
         self.python = python  # its interpreter (python3.11, or /opt/python/python3.12)
         self.wheels = wheels
@@ -56,13 +62,16 @@ class BuildInputsContainer:
     def __enter__(self) -> Self:
         labels = {SERVER_LABEL: self.network}
         try:
-            self.api.create_network(self.network, driver="bridge", labels=labels)
+            if not self.host_network:
+                self.api.create_network(self.network, driver="bridge", labels=labels)
+            network = "host" if self.host_network else self.network
             self._container = self.api.create_container(
-                self.image, [self.python, "-m", "torchimages.build_inputs.server", FOLDER], user="0",
+                self.image, [self.python, "-m", "torchimages.build_inputs.server", FOLDER,
+                             *(["--loopback"] if self.host_network else [])], user="0",
                 environment={"PYTHONPATH": f"{FOLDER}/code", "PYTHONDONTWRITEBYTECODE": "1"}, labels=labels,
                 entrypoint=[], stdin_open=True,  # not detached: StdinOnce, its input closes with the builder's attach
-                host_config=self.api.create_host_config(network_mode=self.network, auto_remove=True),
-                networking_config=self.api.create_networking_config(
+                host_config=self.api.create_host_config(network_mode=network, auto_remove=True),
+                networking_config=None if self.host_network else self.api.create_networking_config(
                     {self.network: self.api.create_endpoint_config(aliases=[BUILD_INPUTS_HOST])}))["Id"]
             with upload(self.inputs, self.wheels) as folder:
                 self.api.put_archive(self._container, "/", folder)
@@ -79,8 +88,9 @@ class BuildInputsContainer:
 
     @property
     def build_network(self) -> tuple[str, dict[str, str]]:
-        """How a build's steps reach this server: on its network, where it answers to BUILD_INPUTS_HOST."""
-        return self.network, {}
+        """How a build's steps reach this server: on its network, where it answers to BUILD_INPUTS_HOST; or on the
+        host's network, where that name maps to its loopback address."""
+        return ("host", {BUILD_INPUTS_HOST: self.address}) if self.host_network else (self.network, {})
 
     def __exit__(self, *exc) -> None:
         if self._container:
@@ -93,7 +103,8 @@ class BuildInputsContainer:
         if self._lifeline is not None:
             self._lifeline.close()
             self._lifeline = None
-        _remove_network(self.api, self.network)
+        if not self.host_network:
+            _remove_network(self.api, self.network)
 
     def _wait_until_serving(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -103,7 +114,9 @@ class BuildInputsContainer:
                 running = self.api.inspect_container(self._container)["State"]["Running"]
             except docker.errors.NotFound:  # it exited, and the engine removed it
                 raise ServerFailed(f"{self._failed}: it exited") from None
-            if SERVING in logs:
+            serving = re.search(rf"{SERVING} [0-9]+ files at (\S+) port", logs)
+            if serving:
+                self.address = serving.group(1)
                 return
             if not running:
                 raise ServerFailed(f"{self._failed}: it exited: {logs.strip()[-2000:]}")

@@ -8,7 +8,8 @@ on a fixed port, so the rendered Dockerfile and the engine's cache key never cha
   (`network_mode="host"`) and the builder maps the name to that address; builds side by side each get a 127.x.y.z;
 - in a container on the engine (a remote one, or Docker Desktop's, which does not share this host's loopback):
   container.py runs this module there (`python -m torchimages.build_inputs.server FOLDER`, stdlib only) on a network
-  of the build's own, under that name."""
+  of the build's own, under that name; for a BuildKit build, whose steps join no container's network, on a loopback
+  address of the engine's host (`--loopback`), as on this host."""
 from __future__ import annotations
 
 import functools
@@ -197,14 +198,16 @@ def planner_zip() -> bytes:
 SERVING = "build-input server: serving"
 
 
-def serve_folder(folder: Path) -> None:
+def serve_folder(folder: Path, listen: str | None) -> None:
+    """Serve the folder on listen (every address of a network of the build's own), or on a free loopback address
+    of the engine's host (None: a BuildKit build's steps on the host's network); say where, once serving."""
     inputs = json.loads((folder / "inputs.json").read_text())
     wheels = {path.name: path for path in sorted((folder / "wheels").iterdir())}
-    with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], "0.0.0.0",
-                           (folder / "planner.zip").read_bytes()):
-        print(f"{SERVING} {len(wheels)} files on port {BUILD_INPUTS_PORT}", flush=True)
+    with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], listen,
+                           (folder / "planner.zip").read_bytes()) as server:
+        print(f"{SERVING} {len(wheels)} files at {server.address} port {BUILD_INPUTS_PORT}", flush=True)
         sys.stdin.buffer.read()  # until the builder closes it (it is done, or was killed)
 
 
 if __name__ == "__main__":
-    serve_folder(Path(sys.argv[1]))
+    serve_folder(Path(sys.argv[1]), None if sys.argv[2:] == ["--loopback"] else "0.0.0.0")
