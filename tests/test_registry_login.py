@@ -7,6 +7,7 @@ flag, and that no credential reaches a log, report, catalog or image. The nightl
 """
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from torchimages.base_pins import Resolver
-from torchimages.builder import Builder, BuildOptions, cache_name, local_name
+from torchimages.builder import BUILDERS, Builder, BuildOptions, cache_name, local_name
 from torchimages.redaction import Secrets
 from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
 
@@ -363,21 +364,25 @@ def _present(docker_client, reference: str) -> bool:
     return True
 
 
-def test_a_changed_row_builds_on_the_layers_of_its_last_published_image(space, docker_client):
-    """On an engine without the row's image, the copy of its last published image lends its layers to the build."""
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_a_changed_row_builds_on_the_layers_of_its_last_published_image(builder, space, docker_client):
+    """On an engine without the row's image, the copy of its last published image lends its layers to the build:
+    pushed and pulled back by skopeo; BuildKit's from the inline cache its images carry."""
     spec = space.specs[RUNTIME]
     folder = space.images / spec.tag
     folder.mkdir(parents=True)
     dockerfile = "FROM debian:bookworm\nRUN echo {nonce} > /first\nRUN echo {step} > /second\n"
     nonce = uuid.uuid4().hex
     (folder / "Dockerfile").write_text(dockerfile.format(nonce=nonce, step="one"))
-    options = BuildOptions(images_dir=space.images, reports_dir=space.reports)
+    options = BuildOptions(images_dir=space.images, reports_dir=space.reports, builder=builder)
     [first] = Builder(docker_client, options).build_all([spec])
     registry, _ = image_registry(space.repository)
     client = RegistryClient(registry, registry_access(registry, space.secure.docker_config, space.secure.certs_d),
                             RetryPolicy(retries=0), print)
     digest = client.push(first.image_id, "published", os.environ["DOCKER_HOST"])
     docker_client.api.remove_image(first.image_id, force=True)  # a fresh runner: none of its layers
+    if builder == "buildkit":
+        docker_client.api.prune_builds(all=True)  # nor BuildKit's cache of its steps
 
     client.pull(digest, cache_name(spec), os.environ["DOCKER_HOST"])
     (folder / "Dockerfile").write_text(dockerfile.format(nonce=nonce, step="two"))
@@ -387,4 +392,9 @@ def test_a_changed_row_builds_on_the_layers_of_its_last_published_image(space, d
         docker_client.api.remove_image(cache_name(spec))
     assert changed.status == "built", changed.error
     log = Path(changed.log).read_text()
-    assert log.split(f"RUN echo {nonce}")[1].split("Step 3/3")[0].count("Using cache") == 1
+    if builder == "classic":
+        assert log.split(f"RUN echo {nonce}")[1].split("Step 3/3")[0].count("Using cache") == 1
+    else:  # BuildKit's plain progress: `#5 [2/3] RUN echo ...`, and later `#5 CACHED`
+        steps = dict(re.findall(r"^(#[0-9]+) \[[0-9]/3\] (RUN echo \S+)", log, re.MULTILINE))
+        cached = set(re.findall(r"^(#[0-9]+) CACHED$", log, re.MULTILINE))
+        assert sorted(steps[number] for number in cached if number in steps) == [f"RUN echo {nonce}"], log
