@@ -114,7 +114,7 @@ class BuildInputsContainer:
                 running = self.api.inspect_container(self._container)["State"]["Running"]
             except docker.errors.NotFound:  # it exited, and the engine removed it
                 raise ServerFailed(f"{self._failed}: it exited") from None
-            serving = re.search(rf"{SERVING} [0-9]+ files at (\S+) port", logs)
+            serving = re.search(rf"{SERVING} [0-9]+ files at (\S+) port", logs, re.ASCII)
             if serving:
                 self.address = serving.group(1)
                 return
