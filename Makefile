@@ -7,6 +7,8 @@ ENGINE_ENV := .engine/env
 # else the CPU rows (build.py says so).
 SELECTION ?=
 WHEELHOUSE ?= wheelhouse
+# classic (the default) or buildkit: the engine's builder the main job builds with (README, "The builder").
+BUILDER ?= classic
 PYTEST_ARGS ?=
 
 .PHONY: setup engine engine-down cosign render render-check lint images test test-fast bench clean
@@ -42,7 +44,7 @@ lint: setup
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 images: render-check engine
-	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE)
+	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE) --builder $(BUILDER)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
 # The engine-free tests on both cores, then the engine tests in order (devtools/test_lanes.sh).
