@@ -467,14 +467,19 @@ class Builder:
         try:
             if self.cancelled.is_set():
                 raise BuildFailed("build cancelled")
-            return self._read_buildkit_events(spec.tag, engine.buildkit_build(api, tar, params, BUILD_SILENCE_S), log)
+            events = engine.buildkit_build(api, tar, params, BUILD_SILENCE_S)
+            return self._read_buildkit_events(spec.tag, events, log, build_id)
         finally:
             with self._lock:
                 self._buildkit_builds.discard(build_id)
 
-    def _read_buildkit_events(self, tag: str, events, log) -> str:
-        plain, image_id = buildkit.PlainLog(), ""
+    def _read_buildkit_events(self, tag: str, events, log, build_id: str = "") -> str:
+        plain, image_id, cancel_sent_again = buildkit.PlainLog(), "", False
         for event in events:
+            if build_id and self.cancelled.is_set() and not cancel_sent_again:
+                # A cancel that reached the engine before it knew the build is lost: sent once more now that it does.
+                engine.cancel_build(self.client, build_id)
+                cancel_sent_again = True
             if event.get("id") == buildkit.TRACE_ID:
                 self._write_trace(tag, plain, event.get("aux"), log)
             elif event.get("id") == buildkit.IMAGE_ID and isinstance(event.get("aux"), dict):
