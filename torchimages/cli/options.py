@@ -55,8 +55,8 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
                              "when DOCKER_HOST is on this host, else container)")
     parser.add_argument("--builder", choices=build_stage.BUILDERS, default="classic",
                         help="the engine's builder: its classic one, or its BuildKit (faster, and no second copy of "
-                             "the layers on disk; the layers' bits differ from the classic builder's, so a switch "
-                             "uploads every layer once) (default: %(default)s)")
+                             "the layers on disk; the venv layers are the same bits with either, the OS layers are "
+                             "not) (default: %(default)s)")
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
