@@ -443,13 +443,8 @@ class Builder:
                 self._observe(spec.tag, text)
             if "aux" in event and "ID" in event["aux"]:
                 image_id = event["aux"]["ID"]
-            if "error" in event:
-                error = self.secrets.redact(str(event["error"]))
-                log.write(f"ERROR: {error}\n")
-                raise BuildFailed(error.strip())
-        if not image_id:
-            raise BuildFailed("the engine ended the build without an image")
-        return image_id
+            self._fail_on_engine_error(event, log)
+        return _built(image_id)
 
     def _buildkit_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
                         network_mode: str, extra_hosts: dict[str, str], target: str | None) -> str:
@@ -486,13 +481,15 @@ class Builder:
                 image_id = str(event["aux"].get("ID", ""))
             elif "stream" in event:
                 log.write(self.secrets.redact(str(event["stream"])))
-            if "error" in event:
-                message = self.secrets.redact(str(event["error"]))
-                log.write(f"ERROR: {message}\n")
-                raise BuildFailed(message.strip())
-        if not image_id:
-            raise BuildFailed("the engine ended the build without an image")
-        return image_id
+            self._fail_on_engine_error(event, log)
+        return _built(image_id)
+
+    def _fail_on_engine_error(self, event: dict, log) -> None:
+        """The engine's error event ends the build: written to its log and raised (credentials redacted)."""
+        if "error" in event:
+            message = self.secrets.redact(str(event["error"]))
+            log.write(f"ERROR: {message}\n")
+            raise BuildFailed(message.strip())
 
     def _write_trace(self, tag: str, plain: buildkit.PlainLog, aux: object, log) -> None:
         """One progress event into the log (as plain progress), and a Dockerfile step starting to the progress."""
@@ -615,6 +612,12 @@ def _file_sha256(path: Path) -> str:
 
 class BuildFailed(TorchImagesError):
     """One row's build failed; the message says why (the other rows build on)."""
+
+
+def _built(image_id: str) -> str:
+    if not image_id:
+        raise BuildFailed("the engine ended the build without an image")
+    return image_id
 
 
 def _build_error(error: Exception) -> str:
