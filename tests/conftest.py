@@ -192,15 +192,7 @@ def cuda_wheelhouse(wheelhouse):
     return wheelhouse
 
 
-@pytest.fixture(scope="session")
-def cuda_images(engine_env, cuda_wheelhouse):
-    """The CUDA rows, really built from the real wheels: {tag: local image name}."""
-    result = run_cli("build", *CUDA_ROWS, "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return _local_names(*CUDA_ROWS)
-
-
-def _local_names(*selectors: str) -> dict[str, str]:
+def local_names(*selectors: str) -> dict[str, str]:
     from torchimages.builder import local_name
     from torchimages.matrix import load_matrix, select
 
@@ -212,7 +204,7 @@ def cpu_images(engine_env, wheelhouse):
     """The CI-buildable rows, really built on the engine: {tag: local image name}."""
     result = run_cli("build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    return _local_names(CPU_SELECTOR)
+    return local_names(CPU_SELECTOR)
 
 
 def interruptible(command: list[str], **popen_kwargs) -> subprocess.Popen:

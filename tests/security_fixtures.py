@@ -65,6 +65,27 @@ def _gpg(home: Path, *arguments: str, stdin: bytes | None = None) -> bytes:
                                "--passphrase", "", *arguments], input=stdin, check=True, capture_output=True).stdout
     finally:
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
+        _wait_for_no_agent(home)
+
+
+def _wait_for_no_agent(home: Path, timeout_s: float = 10.0) -> None:
+    """`gpgconf --kill` only asks the agent to stop: it may still be exiting when gpgconf returns (seen in CI)."""
+    deadline = time.monotonic() + timeout_s
+    while agents_of(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def agents_of(home: Path) -> list[bytes]:
+    """The command lines of the gpg-agents running for this home folder."""
+    return [command for command in map(_command_line, Path("/proc").glob("[0-9]*/cmdline"))
+            if b"gpg-agent" in command and str(home).encode() in command]
+
+
+def _command_line(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
 
 
 def ar(members: dict[str, bytes]) -> bytes:

@@ -7,12 +7,28 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conftest import CUDA_DEVEL, CUDA_ROWS, CUDA_RUNTIME, ROOT, run_cli, run_cli_side_by_side
+from .conftest import CUDA_DEVEL, CUDA_ROWS, CUDA_RUNTIME, ROOT, local_names, run_cli, run_cli_side_by_side
 from .test_verify import GPU_CHECKS, assert_only_check_failed, containers_left, report_of, selection_for
 
 pytestmark = pytest.mark.engine
 
 BROKEN = ROOT / "tests" / "data" / "broken-cuda"
+# The CUDA images take about 6.5 GB of the engine's disk, and the engine tests after this module grow it by about
+# 4 GB more (publishing spools each image to a temporary file as large as itself): a runner with less free disk
+# than this after the module gets them removed (one CI runner's disk filled; docs/benchmarks.md).
+KEEP_CUDA_IMAGES_WITH_FREE_BYTES = 20 * 2**30
+
+
+@pytest.fixture(scope="module")
+def cuda_images(engine_env, cuda_wheelhouse, docker_client):
+    """The CUDA rows, really built from the real wheels: {tag: local image name}."""
+    result = run_cli("build", *CUDA_ROWS, "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = local_names(*CUDA_ROWS)
+    yield names
+    if shutil.disk_usage(docker_client.info()["DockerRootDir"]).free < KEEP_CUDA_IMAGES_WITH_FREE_BYTES:
+        for name in names.values():
+            docker_client.images.remove(name, force=True)
 
 
 @pytest.fixture(scope="module")
