@@ -22,6 +22,19 @@ FIXTURE_MATRIX, FIXTURE_COMPAT = FIXTURE_PROJECT / "matrix.yaml", FIXTURE_PROJEC
 ENGINE_FIXTURES = {"engine_env", "wheelhouse", "cosign"}
 
 
+# What the engine lane adds to the disk at its peak on a fresh clone: the wheels, the engine's images and layers, and
+# publishing's temporary copy of an image (measured with `df` every 20 s over a run; docs/benchmarks.md).
+ENGINE_LANE_PEAK_DISK_BYTES = 15 * 10**9
+
+
+def pytest_report_header(config):
+    """The free disk, first thing in the log: a runner short of it fails late, with 'no space left on device'."""
+    free = shutil.disk_usage(ROOT).free
+    verdict = "" if free >= ENGINE_LANE_PEAK_DISK_BYTES else ": too little, engine tests will fail for want of disk"
+    return (f"disk: {free / 1e9:.1f} GB free under {ROOT}; the engine tests need about "
+            f"{ENGINE_LANE_PEAK_DISK_BYTES / 1e9:.0f} GB{verdict}")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if ENGINE_FIXTURES & set(item.fixturenames):

@@ -3,8 +3,10 @@ tests/test_publish.py, on the engine's registry)."""
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from torchimages import registry
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry, registry_access
+from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry, registry_access
 
 
 def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(monkeypatch, tmp_path):
@@ -19,8 +21,7 @@ def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(mo
         return subprocess.CompletedProcess(command, 0, b'{"Tags": []}', b"")
 
     monkeypatch.setattr(registry.subprocess, "run", skopeo)
-    address, _ = image_registry("127.0.0.1:5999/ml/pytorch:1")
-    client = RegistryClient(address, registry_access(address, config_dir=tmp_path), RetryPolicy(retries=0), print)
+    client = client_for(tmp_path)
     with client.pushes_share_a_cache():
         client.push("sha256:" + "1" * 64, "runtime", None)
         client.tags()
@@ -30,3 +31,53 @@ def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(mo
     assert runtime == devel, "the run's second push had a cache of its own"
     assert question != runtime and later != runtime, "a run outside the pushes' shared the cache"
     assert not Path(runtime).exists(), "the run's cache was left behind"
+
+
+def recording_skopeo(monkeypatch, stderr: bytes = b"", returncode: int = 0) -> list[list[str]]:
+    """skopeo's runs recorded, each answering returncode and stderr."""
+    commands: list[list[str]] = []
+
+    def skopeo(command, **_):
+        commands.append(command)
+        if returncode == 0 and "--digestfile" in command:
+            Path(command[command.index("--digestfile") + 1]).write_text("sha256:" + "a" * 64)
+        return subprocess.CompletedProcess(command, returncode, b"", stderr)
+
+    monkeypatch.setattr(registry.subprocess, "run", skopeo)
+    return commands
+
+
+def client_for(tmp_path) -> RegistryClient:
+    address, _ = image_registry("127.0.0.1:5999/ml/pytorch:1")
+    return RegistryClient(address, registry_access(address, config_dir=tmp_path), RetryPolicy(retries=0), print)
+
+
+def test_a_push_spools_the_image_where_tmpdir_says(monkeypatch, tmp_path):
+    """skopeo 1.9.3 writes an engine's image to a temporary file in /var/tmp whatever TMPDIR says (seen here); only its
+    --tmpdir moves it, so TMPDIR is passed on, before the subcommand (a global option)."""
+    commands = recording_skopeo(monkeypatch)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    client_for(tmp_path).push("sha256:" + "1" * 64, "runtime", None)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "big"))
+    client_for(tmp_path).push("sha256:" + "1" * 64, "runtime", None)
+    without, with_tmpdir = commands
+    assert "--tmpdir" not in without
+    assert with_tmpdir[with_tmpdir.index("--tmpdir") + 1] == str(tmp_path / "big")
+    assert with_tmpdir.index("--tmpdir") < with_tmpdir.index("copy")
+
+
+def test_a_full_disk_is_said_with_the_folder_and_not_retried(monkeypatch, tmp_path):
+    """What skopeo said when a CI runner's disk filled during a publish (its words mention a 'temporary file', which
+    was taken for a transient failure and retried three times)."""
+    recording_skopeo(monkeypatch, returncode=1, stderr=(
+        b'time="2026-11-26T20:56:01Z" level=fatal msg="initializing source docker-daemon:sha256:' + b"5" * 64 +
+        b': copying contents to temporary file \\"/var/tmp/docker-tar1148341603\\": write /var/tmp/docker-tar1148341603:'
+        b' no space left on device"\n'))
+    monkeypatch.delenv("TMPDIR", raising=False)
+    with pytest.raises(RegistryError) as raised:
+        client_for(tmp_path).push("sha256:" + "5" * 64, "runtime", None)
+    assert not raised.value.transient
+    assert "no space left on device" in str(raised.value)
+    assert "a temporary file as large as the image, in /var/tmp: free space there, or set TMPDIR" in str(raised.value)
+    assert registry.is_transient("Temporary failure in name resolution")
+    assert registry.is_transient("503 Service Unavailable: temporarily overloaded")

@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -49,7 +49,7 @@ REPOSITORY_PATTERN = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0
                                 re.ASCII)
 # What a registry or the engine says when the same request may work a little later.
 TRANSIENT_MESSAGE = re.compile(
-    r"connection refused|connection reset|broken pipe|timed? ?out|\beof\b|temporar|too many requests|"
+    r"connection refused|connection reset|broken pipe|timed? ?out|\beof\b|temporar(?:y failure|ily)|too many requests|"
     r"service unavailable|bad gateway|gateway time|internal server error|no such host|tls handshake|"
     r"deadline exceeded",
     re.IGNORECASE | re.ASCII,
@@ -62,9 +62,13 @@ MISSING_MESSAGE = re.compile(r"manifest unknown|name unknown|404 \(Not Found\)|r
 AUTH_MESSAGE = re.compile(r"unauthorized|authentication required|invalid username/password|denied|\b403\b",
                           re.IGNORECASE | re.ASCII)
 TLS_MESSAGE = re.compile(r"x509|certificate|server gave HTTP response to HTTPS client", re.IGNORECASE | re.ASCII)
+NO_SPACE_MESSAGE = re.compile(r"no space left on device", re.IGNORECASE | re.ASCII)
 DELETE_REFUSED = re.compile(r"unsupported|405|method not allowed", re.IGNORECASE | re.ASCII)
 SKOPEO_MESSAGE = re.compile(r'msg="((?:[^"\\]|\\.)*)"', re.ASCII)
 SKOPEO = "skopeo"
+# skopeo copies an image it reads from an engine (docker-daemon:) into a temporary file as large as the image first,
+# in containers/image's folder for big files: /var/tmp, whatever TMPDIR says (skopeo 1.9.3, seen here).
+SKOPEO_BIG_FILES_FOLDER = "/var/tmp"
 # Bounds on one skopeo run, read when it starts (tests shorten them): a question (a manifest, the tag list, a
 # delete) is answered in seconds by any registry that works; a push of a CUDA image moves several GB.
 QUESTION_TIMEOUT_S = 30
@@ -338,7 +342,17 @@ def with_retries(operation: Callable[[], T], policy: RetryPolicy, on_retry: Call
 
 
 def is_transient(message: str) -> bool:
-    return bool(TRANSIENT_MESSAGE.search(message))
+    return bool(TRANSIENT_MESSAGE.search(message)) and not NO_SPACE_MESSAGE.search(message)
+
+
+def big_files_folder(environ: Mapping[str, str]) -> str:
+    """Where skopeo writes an image's temporary copy: TMPDIR, as for every other program, else its own default."""
+    return environ.get("TMPDIR") or SKOPEO_BIG_FILES_FOLDER
+
+
+def big_files_flags(environ: Mapping[str, str]) -> list[str]:
+    """skopeo's --tmpdir when TMPDIR names a folder: skopeo itself would still write to /var/tmp."""
+    return ["--tmpdir", environ["TMPDIR"]] if environ.get("TMPDIR") else []
 
 
 # ------------------------------------------------------------------------------------------------------ operations
@@ -581,7 +595,7 @@ class RegistryClient:
         bound: a question's or a transfer's, after which the registry is said not to answer. Its blob-info cache is
         in cache, else in a folder of its own."""
         bound = TRANSFER_TIMEOUT_S if transfer else QUESTION_TIMEOUT_S
-        command = [SKOPEO, f"--command-timeout={bound}s", *arguments]
+        command = [SKOPEO, f"--command-timeout={bound}s", *big_files_flags(os.environ), *arguments]
         try:
             with nullcontext(str(cache)) if cache else tempfile.TemporaryDirectory(prefix="torchimages-skopeo-") as private:
                 done = subprocess.run(command, capture_output=True, timeout=bound + KILL_GRACE_S, check=False,
@@ -621,6 +635,9 @@ class RegistryClient:
         if TLS_MESSAGE.search(message):
             return (f" (trust the registry's CA: put it in /etc/docker/certs.d/{host}/ca.crt or pass --registry-ca FILE; "
                     f"--insecure-registry only for a registry without TLS)")
+        if NO_SPACE_MESSAGE.search(message):
+            return (f" (skopeo copies each image out of the engine into a temporary file as large as the image, in "
+                    f"{big_files_folder(os.environ)}: free space there, or set TMPDIR to a folder on a larger disk)")
         if DELETE_REFUSED.search(message):
             return " (the registry refuses this operation: deleting needs storage.delete.enabled: true in its config)"
         return ""
