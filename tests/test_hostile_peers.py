@@ -129,7 +129,8 @@ class FakeRegistry:
                 self.send_header("Docker-Distribution-API-Version", "registry/2.0")
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(body)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client stopped reading at its bound
+                        self.wfile.write(body)
 
             def do_GET(self):
                 prefix = f"/v2/{fake.repository}/"
