@@ -166,6 +166,15 @@ def cosign():
     return found
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache_folder(tmp_path_factory):
+    """A user cache folder of this session's own, for the CLI runs too: publishing keeps its pushes' blob-info caches
+    there (shared by the session's tests, as by a CI runner's nights), and never in the developer's."""
+    import os
+
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+
+
 @pytest.fixture(scope="session")
 def engine_env():
     """A real Docker engine (started by the project when none answers); exports DOCKER_HOST for the CLI."""

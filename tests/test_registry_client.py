@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 from torchimages import registry
+from torchimages.files import brief
 from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry, registry_access
 
 
-def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(monkeypatch, tmp_path):
-    """A devel image's push finds the runtime layers it shares through the cache the runtime's push wrote, instead
-    of compressing them again; no other skopeo run sees that cache, and it is removed when the run ends."""
+def caches_of_skopeo_runs(monkeypatch) -> list[str]:
+    """The blob-info cache folder (XDG_DATA_HOME) of each skopeo run, recorded instead of run."""
     caches: list[str] = []
 
     def skopeo(command, env, **_):
@@ -21,6 +21,13 @@ def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(mo
         return subprocess.CompletedProcess(command, 0, b'{"Tags": []}', b"")
 
     monkeypatch.setattr(registry.subprocess, "run", skopeo)
+    return caches
+
+
+def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(monkeypatch, tmp_path):
+    """A devel image's push finds the runtime layers it shares through the cache the runtime's push wrote, instead
+    of compressing them again; no other skopeo run sees that cache, and it is removed when the run ends."""
+    caches = caches_of_skopeo_runs(monkeypatch)
     client = client_for(tmp_path)
     with client.pushes_share_a_cache():
         client.push("sha256:" + "1" * 64, "runtime", None)
@@ -31,6 +38,38 @@ def test_the_pushes_of_one_run_share_a_blob_info_cache_that_goes_with_the_run(mo
     assert runtime == devel, "the run's second push had a cache of its own"
     assert question != runtime and later != runtime, "a run outside the pushes' shared the cache"
     assert not Path(runtime).exists(), "the run's cache was left behind"
+
+
+def test_a_kept_cache_serves_the_next_run_and_each_compression_has_its_own(monkeypatch, tmp_path):
+    """Kept between runs (last night's unchanged layers are not compressed again), but never shared between
+    compressions: skopeo 1.9 offers a cached zstd blob to a gzip push (issue 20's trap)."""
+    caches = caches_of_skopeo_runs(monkeypatch)
+    kept = tmp_path / "cache" / "push-blob-info"
+    for compression in ("gzip", "zstd", "gzip"):  # three runs, each with a client of its own as each command makes
+        client = client_for(tmp_path)
+        with client.pushes_share_a_cache(kept):
+            client.push("sha256:" + "1" * 64, "runtime", None, compression=compression)
+    first_gzip, zstd, second_gzip = caches
+    assert first_gzip == second_gzip == str(kept / "gzip") and zstd == str(kept / "zstd")
+    assert Path(first_gzip).is_dir() and Path(zstd).is_dir()
+
+
+def test_a_cache_folder_that_cannot_be_made_is_said_and_the_run_keeps_its_own(monkeypatch, tmp_path):
+    caches = caches_of_skopeo_runs(monkeypatch)
+    (tmp_path / "file").write_text("not a folder")
+    said: list[str] = []
+    client = RegistryClient(client_for(tmp_path).registry, client_for(tmp_path).access, RetryPolicy(retries=0),
+                            said.append)
+    with client.pushes_share_a_cache(tmp_path / "file" / "push-blob-info"):
+        client.push("sha256:" + "1" * 64, "runtime", None)
+    assert not caches[0].startswith(str(tmp_path / "file")) and not Path(caches[0]).exists()
+    assert said == [f"pushes' blob-info cache: {brief(str(tmp_path / 'file' / 'push-blob-info'))}: Not a directory; "
+                    "this run keeps its own"]
+
+
+def test_the_kept_cache_is_in_the_users_cache_folder():
+    assert registry.publish_cache_folder({"XDG_CACHE_HOME": "/c"}) == Path("/c/torchimages/push-blob-info")
+    assert registry.publish_cache_folder({}) == Path.home() / ".cache" / "torchimages" / "push-blob-info"
 
 
 def recording_skopeo(monkeypatch, stderr: bytes = b"", returncode: int = 0) -> list[list[str]]:

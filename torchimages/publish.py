@@ -238,6 +238,8 @@ class PublishOptions:
     signing_key: SigningKey | None = None  # None: publish unsigned (the CLI refuses that where signing is required)
     # The OS's security index (compat.yaml's os.<name>.security); None: not consulted, and the verdict says so.
     security: security_stage.Checker | None = None
+    # Where the pushes' blob-info caches are kept between runs (registry.publish_cache_folder); None: this run's own.
+    push_cache: Path | None = None
 
 
 @dataclass
@@ -277,7 +279,7 @@ class Publisher:
             return [PublishResult(spec.tag, "failed", message=f"nothing published: {error}") for spec in specs]
         results: list[PublishResult] = []
         grouped = multiarch.groups(specs)
-        with self.registry.pushes_share_a_cache():
+        with self.registry.pushes_share_a_cache(self.options.push_cache):
             for spec in specs:
                 if results and results[-1].status == "failed" and not self.registry.answers():
                     results.append(PublishResult(spec.tag, "failed",

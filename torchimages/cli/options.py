@@ -17,7 +17,15 @@ from ..matrix import load_compat
 from ..model import InputError, Problem
 from ..project import Project
 from ..publish import ALLOWLIST_NAME, PublishOptions
-from ..registry import COMPRESSIONS, DEFAULT_CERTS_D, DEFAULT_COMPRESSION, AccessSettings, RetryPolicy, parse_registry
+from ..registry import (
+    COMPRESSIONS,
+    DEFAULT_CERTS_D,
+    DEFAULT_COMPRESSION,
+    AccessSettings,
+    RetryPolicy,
+    parse_registry,
+    publish_cache_folder,
+)
 from .display import log
 
 
@@ -164,6 +172,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
         security=security_stage.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
+        push_cache=publish_cache_folder(os.environ),
     )
 
 

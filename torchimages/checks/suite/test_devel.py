@@ -43,7 +43,7 @@ def test_extension_compiles_and_links(main, torch_facts, spec):
     result = main["extension"]
     what = f"a CUDA torch extension for arch list {';'.join(spec.arch_list)}" if spec.is_gpu else "a C++ torch extension"
     assert result.get("compiled") and result.get("cpu_ok"), (
-        f"{what} (load_inline) did not compile, link and run its CPU function: {(result.get('error') or result)!s:.1500}"
+        f"{what} (torch.utils.cpp_extension) did not compile, link and run its CPU function: {(result.get('error') or result)!s:.1500}"
         "; expected it to build with the image's toolchain: devel images need a compiler, ninja, Python headers"
         + (" and nvcc" if spec.is_gpu else ""))
 
