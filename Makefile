@@ -13,9 +13,6 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for the engine-free tests: twice the cores, since about a third of their time is spent waiting
 # (the bound tests' deliberate stalls, subprocesses): 83 s with 2 workers, 65 s with 4 on 2 cores (docs/benchmarks.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
-# Bytecode written (some machines set PYTHONDONTWRITEBYTECODE): every test worker and CLI run would compile the
-# project's modules from source again, about 0.1 s a run, a quarter of the engine-free lane's CPU (docs/benchmarks.md).
-unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup engine engine-down cosign render render-check lint images test test-fast bench clean
 
