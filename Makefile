@@ -50,9 +50,10 @@ images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE) --builder $(BUILDER)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
-# The engine-free tests on both cores, then the engine tests in order (devtools/test_lanes.sh).
-test: render-check lint engine cosign
-	source $(ENGINE_ENV) && TEST_WORKERS=$(TEST_WORKERS) devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
+# The engine and cosign set up while the render check, lint and the engine-free tests run, then the engine tests in
+# order (devtools/test_lanes.sh).
+test: setup
+	TEST_WORKERS=$(TEST_WORKERS) devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
 # On TEST_WORKERS processes (pytest-xdist): these tests share no engine, port or folder. The engine tests stay serial.

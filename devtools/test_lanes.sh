@@ -1,13 +1,36 @@
 #!/usr/bin/env bash
-# `make test`: the engine-free tests first, on $TEST_WORKERS processes (pytest-xdist; 2 when unset), then the engine
-# tests in one process, in order (they share built images, tags, the engine's build cache and the reports folder's
-# lock, which the engine-free tests' CLI runs take too: the two lanes do not run at once). Exits non-zero if either
-# lane failed.
+# `make test`: the engine (its debootstrapped bases, the registry) and cosign are set up in the background while the
+# render check, the lint and the engine-free tests run, on $TEST_WORKERS processes (pytest-xdist; 2 when unset): none
+# of those needs the engine, and a fresh runner's engine takes about two minutes to start. Then the engine tests, in
+# one process, in order (they share built images, tags, the engine's build cache and the reports folder's lock, which
+# the engine-free tests' CLI runs take too: the two lanes do not run at once). Exits non-zero if anything failed.
 set -uo pipefail
 python=$1
 shift
+engine_log=$(mktemp)
+make --no-print-directory engine cosign >"$engine_log" 2>&1 &
+engine_setup=$!
+trap 'rm -f "$engine_log"' EXIT
+engine_setup_done() {  # waits for it (an engine half started could not be stopped), then shows its log
+    wait "$engine_setup"
+    local rc=$?
+    cat "$engine_log"
+    return $rc
+}
+if ! make --no-print-directory render-check lint; then
+    engine_setup_done
+    exit 1
+fi
 "$python" -m pytest -m "not engine" -n "${TEST_WORKERS:-2}" -q "$@"
 engine_free_rc=$?
+engine_setup_done
+engine_setup_rc=$?
+if [ "$engine_setup_rc" != 0 ]; then
+    echo "test_lanes: the engine's set-up failed (above); the engine tests did not run" >&2
+    exit 1
+fi
+# shellcheck source=/dev/null
+source .engine/env
 "$python" -m pytest -m engine --durations=15 "$@"
 engine_rc=$?
 exit $((engine_rc != 0 || engine_free_rc != 0))
