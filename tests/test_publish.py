@@ -515,6 +515,8 @@ def test_nightly_publishes_what_passed_prunes_and_a_second_run_does_nothing(real
     assert all(change["before"] is None for change in summary["size_changes"])
     assert sorted(summary["new_tags"]) == sorted([*ids, *(p["pinned"] for p in summary["published"])])
     assert "## Published" in first.stdout and "## Size changes against the last catalog" in first.stdout
+    kept = Path(os.environ["XDG_CACHE_HOME"]) / "torchimages" / "push-blob-info" / "gzip"
+    assert list(kept.rglob("blob-info-cache-*")), "the pushes' blob-info cache was not kept for the next run"
     catalog = real_rows.catalog_json()["images"]
     for tag, entry in catalog.items():
         assert real_rows.digest_of(tag) == real_rows.digest_of(entry["pinned"][0]["tag"]) == entry["digest"]
