@@ -50,15 +50,16 @@ images: render-check engine
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE) --builder $(BUILDER)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
-# The engine and cosign set up while the render check, lint and the engine-free tests run, then the engine tests in
-# order (devtools/test_lanes.sh).
+# The engine and cosign set up while the render check, lint and the engine-free tests run, then the engine tests on
+# two processes (devtools/test_lanes.sh).
 test: setup
 	TEST_WORKERS=$(TEST_WORKERS) devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
-# On TEST_WORKERS processes (pytest-xdist): these tests share no engine, port or folder. The engine tests stay serial.
+# On TEST_WORKERS processes (pytest-xdist): these tests share no engine, port or folder; those that import torch run on
+# one of them (tests/conftest.py's groups).
 test-fast: render-check lint
-	$(PYTHON) -m pytest -m "not engine" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: engine
 	source $(ENGINE_ENV) && for script in bench/*_bench.py; do $(PYTHON) $$script || exit 1; done

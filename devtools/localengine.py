@@ -482,7 +482,8 @@ def _port_is_free(port: int) -> bool:
 
 def _registry_answers(address: str) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{address}/v2/", timeout=2) as response:
+        # A stopped registry refuses at once; a busy one (the engine tests push from two processes) may be slow.
+        with urllib.request.urlopen(f"http://{address}/v2/", timeout=10) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -6,9 +6,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 # The toolkit's tests run on a frozen project of their own (tests/project/README.md): the repository's live
@@ -20,6 +22,39 @@ FIXTURE_MATRIX, FIXTURE_COMPAT = FIXTURE_PROJECT / "matrix.yaml", FIXTURE_PROJEC
 # Tests that use these fixtures need a Docker engine (or fetch wheels for one): the slow lane. `make test-fast`
 # runs the rest, with no engine, in under a minute.
 ENGINE_FIXTURES = {"engine_env", "wheelhouse", "cosign"}
+
+# The engine tests run on two processes (`-n 2 --dist loadgroup`), each taking whole modules in their order: a serial
+# lane keeps the machine's two cores about 60% busy (builds wait on the disk, verifications on one container). These
+# modules run beside the others (the builds, publishing and logins): modules that share build stages (a test prunes
+# them), BuildKit's cache (tests prune it) or local image names stay on one side (docs/benchmarks.md: the audit).
+BESIDE_THE_BUILDS = {"test_cuda_images.py", "test_verify.py", "test_multiarch.py", "test_signing.py"}
+# Modules whose tests import torch in the test process (about 2 s of CPU, once per process): on one worker, not on each.
+IMPORT_TORCH = {"test_gpu_simulation.py", "test_gpu_record.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`, grouped by module: the engine-free lane (`-m "not engine"`) keeps the torch importers
+    together, any other run every module in one of the two engine groups. (pytest-xdist 3.8 names a test's group in
+    its node id, which pytest 9 no longer lets a plugin change: `xdist_group` marks do nothing here.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    engine_free = config.getoption("markexpr") == "not engine"
+
+    def group_of(nodeid: str) -> str:
+        module = Path(nodeid.split("::", 1)[0]).name
+        if module in IMPORT_TORCH:
+            return "imports-torch"
+        if engine_free:
+            return nodeid  # a group of its own
+        return "beside-the-builds" if module in BESIDE_THE_BUILDS else "builds-and-publishing"
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ModuleGroupScheduling(config, log)
 
 
 # What the engine lane adds to the disk at its peak on a fresh clone: the wheels, the engine's images and layers, and
@@ -197,20 +232,32 @@ def docker_client(engine_env):
     client.close()
 
 
+@contextmanager
+def one_process_at_a_time(tmp_path_factory, name: str):
+    """A session fixture's work done by one test process at a time (the engine lane runs on two): the other waits,
+    then finds it done (wheels fetched, images built and skipped as unchanged)."""
+    shared = tmp_path_factory.getbasetemp().parent  # the run's, above each xdist worker's own
+    with FileLock(shared / f"{name}.lock"):
+        yield
+
+
 @pytest.fixture(scope="session")
-def wheelhouse():
+def wheelhouse(tmp_path_factory):
     """Wheels for the CPU rows, fetched once on the host (the builds then need no index)."""
     path = ROOT / "wheelhouse"
-    if not list(path.glob("cpu-py3.11/torch-*.whl")):
-        run_cli("wheels", CPU_SELECTOR, "--dest", str(path), "--pip-index-url", "https://pypi.org/simple", check_exit=0)
+    with one_process_at_a_time(tmp_path_factory, "wheelhouse"):
+        if not list(path.glob("cpu-py3.11/torch-*.whl")):
+            run_cli("wheels", CPU_SELECTOR, "--dest", str(path), "--pip-index-url", "https://pypi.org/simple",
+                    check_exit=0)
     return path
 
 
 @pytest.fixture(scope="session")
-def cuda_wheelhouse(wheelhouse):
+def cuda_wheelhouse(wheelhouse, tmp_path_factory):
     """The cu130 wheel set (about 3 GB), fetched once and shared by the runtime and devel rows."""
-    if not list(wheelhouse.glob("cu130-py3.11/torch-2.14.1-*.whl")):
-        run_cli("wheels", *CUDA_ROWS, "--dest", str(wheelhouse), check_exit=0)
+    with one_process_at_a_time(tmp_path_factory, "wheelhouse"):
+        if not list(wheelhouse.glob("cu130-py3.11/torch-2.14.1-*.whl")):
+            run_cli("wheels", *CUDA_ROWS, "--dest", str(wheelhouse), check_exit=0)
     return wheelhouse
 
 
@@ -222,9 +269,11 @@ def local_names(*selectors: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def cpu_images(engine_env, wheelhouse):
+def cpu_images(engine_env, wheelhouse, tmp_path_factory):
     """The CI-buildable rows, really built on the engine: {tag: local image name}."""
-    result = run_cli("build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse), "--jobs", "2")
+    with one_process_at_a_time(tmp_path_factory, "cpu-images"):
+        result = run_cli("--reports", str(tmp_path_factory.mktemp("cpu-images")), "build", CPU_SELECTOR,
+                         "--wheelhouse", str(wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     return local_names(CPU_SELECTOR)
 

@@ -20,9 +20,10 @@ KEEP_CUDA_IMAGES_WITH_FREE_BYTES = 20 * 2**30
 
 
 @pytest.fixture(scope="module")
-def cuda_images(engine_env, cuda_wheelhouse, docker_client):
+def cuda_images(engine_env, cuda_wheelhouse, docker_client, tmp_path_factory):
     """The CUDA rows, really built from the real wheels: {tag: local image name}."""
-    result = run_cli("build", *CUDA_ROWS, "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
+    result = run_cli("--reports", str(tmp_path_factory.mktemp("cuda-images")), "build", *CUDA_ROWS,
+                     "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     names = local_names(*CUDA_ROWS)
     yield names
