@@ -1,8 +1,6 @@
 """The builder on a real Docker engine: CPU rows from a wheelhouse, skip-unchanged, isolation, secrets."""
 import json
 import os
-import tarfile
-import tempfile
 from pathlib import Path
 
 import docker
@@ -96,8 +94,10 @@ def test_a_rebuild_takes_the_build_stages_from_the_cache_unless_they_are_pruned(
     assert cached, "the venv stage of the run before was not kept"
     with pytest.raises(docker.errors.ImageNotFound):  # --prune-build-stages removed it
         docker_client.images.get(stage_image)
-    cached, _ = build()
-    assert not cached, "the pruned venv stage was still in the cache"
+    cached, rebuilt_stage = build()
+    # Not taken from the cache unless another build made that stage again meanwhile (the engine tests run on two
+    # processes): whichever it is, it is not the pruned one.
+    assert rebuilt_stage != stage_image, "the pruned venv stage was still in the cache"
     docker_client.images.remove("localhost:5000/test/stages:2.13.0-cpu-runtime", force=True)
 
 
@@ -177,48 +177,6 @@ def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):
     assert "about to break" in report["2.12.0-cpu-runtime"]["error"], "the error shows the last log lines"
     assert "returned a non-zero code: 3" in result.stderr
     assert str(reports / "2.12.0-cpu-runtime" / "build.log") in result.stderr
-
-
-def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhouse, tmp_path):
-    """A CA bundle and an index token given to a build are in no layer and no history entry."""
-    ca_marker, token_marker = "CA-MARKER-5f1e2d", "TOKEN-MARKER-9a8b7c"
-    ca_bundle = tmp_path / "corporate-ca.pem"
-    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
-    matrix = tmp_path / "matrix.yaml"
-    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/secrets"))
-    with_live_compat(matrix)
-    reports = tmp_path / "reports"
-    run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
-            "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
-            "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
-    image = docker_client.images.get("localhost:5000/test/secrets:2.13.0-cpu-runtime")
-    history = json.dumps(image.history()) + json.dumps(image.attrs["Config"])
-    assert ca_marker not in history and token_marker not in history
-    assert "mirror.example.com" not in history
-    for member_name, content in image_layer_files(image):
-        assert ca_marker.encode() not in content, f"CA bundle found in layer file {member_name}"
-        assert token_marker.encode() not in content, f"token found in layer file {member_name}"
-    docker_client.images.remove(image.id, force=True)
-
-
-def image_layer_files(image):
-    """Every regular file of every layer of an image (from `docker save`)."""
-    with tempfile.TemporaryFile() as saved:
-        for chunk in image.save(named=False):
-            saved.write(chunk)
-        saved.seek(0)
-        with tarfile.open(fileobj=saved) as outer:
-            for layer in (m for m in outer.getmembers() if m.name.endswith(".tar") or "/blobs/" in m.name):
-                data = outer.extractfile(layer)
-                if data is None:
-                    continue
-                try:
-                    inner = tarfile.open(fileobj=data)
-                except tarfile.ReadError:
-                    continue
-                for member in inner.getmembers():
-                    if member.isfile() and member.size < 50_000_000:
-                        yield member.name, inner.extractfile(member).read()
 
 
 def test_unreachable_engine_is_exit_2_with_what_to_do(tmp_path):
@@ -420,19 +378,6 @@ def test_without_a_wheelhouse_the_build_installs_from_the_index(engine_env, tmp_
     log = (reports / "2.13.0-cpu-runtime" / "build.log").read_text()
     assert f"Looking in indexes: {index}" in log
     assert "Looking in links:" not in log
-
-
-def test_main_job_takes_the_cpu_rows_without_gpus_and_verifies_them(cpu_images, wheelhouse, tmp_path,
-                                                                   engine_without_gpus):
-    """`make images` runs `build.py images`: on an engine without the NVIDIA runtime it says it takes the CPU
-    rows, builds them (skipping what is unchanged) and verifies them."""
-    result = run_cli("--reports", str(tmp_path), "images", "--wheelhouse", str(wheelhouse))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "no NVIDIA runtime on this Docker engine: taking the CPU rows" in result.stderr
-    for tag in cpu_images:
-        report = json.loads((tmp_path / tag / "verify.json").read_text())
-        assert report["passed"] is True and report["checks"]["gpu"]["status"] == "skipped"
-    assert not any("cuda" in path.name for path in tmp_path.iterdir()), "GPU rows were not selected"
 
 
 def test_the_user_survives_a_base_that_already_has_its_uid(docker_client, engine_env, tmp_path):

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -22,6 +23,8 @@ from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 from torchimages.builder import default_inputs_server, engine_is_local
+
+from .conftest import ROOT, run_cli, with_live_compat
 
 
 def make_wheel(folder: Path, name: str, version: str, body: bytes = b"") -> Path:
@@ -224,3 +227,47 @@ def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
             with pytest.raises(urllib.error.HTTPError) as error:
                 post(refused)
             assert error.value.code == 400 and error.value.read().startswith(b"no layer: ")
+
+
+# ---------------------------------------------------------------------------------------- on the engine
+
+def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhouse, tmp_path):
+    """A CA bundle and an index token given to a build are in no layer and no history entry."""
+    ca_marker, token_marker = "CA-MARKER-5f1e2d", "TOKEN-MARKER-9a8b7c"
+    ca_bundle = tmp_path / "corporate-ca.pem"
+    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/secrets"))
+    with_live_compat(matrix)
+    reports = tmp_path / "reports"
+    run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
+            "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
+            "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
+    image = docker_client.images.get("localhost:5000/test/secrets:2.13.0-cpu-runtime")
+    history = json.dumps(image.history()) + json.dumps(image.attrs["Config"])
+    assert ca_marker not in history and token_marker not in history
+    assert "mirror.example.com" not in history
+    for member_name, content in image_layer_files(image):
+        assert ca_marker.encode() not in content, f"CA bundle found in layer file {member_name}"
+        assert token_marker.encode() not in content, f"token found in layer file {member_name}"
+    docker_client.images.remove(image.id, force=True)
+
+
+def image_layer_files(image):
+    """Every regular file of every layer of an image (from `docker save`)."""
+    with tempfile.TemporaryFile() as saved:
+        for chunk in image.save(named=False):
+            saved.write(chunk)
+        saved.seek(0)
+        with tarfile.open(fileobj=saved) as outer:
+            for layer in (m for m in outer.getmembers() if m.name.endswith(".tar") or "/blobs/" in m.name):
+                data = outer.extractfile(layer)
+                if data is None:
+                    continue
+                try:
+                    inner = tarfile.open(fileobj=data)
+                except tarfile.ReadError:
+                    continue
+                for member in inner.getmembers():
+                    if member.isfile() and member.size < 50_000_000:
+                        yield member.name, inner.extractfile(member).read()

@@ -626,3 +626,16 @@ def test_images_are_verified_side_by_side_only_where_no_gpu_is_given():
     assert verification_jobs([without, without, without], 2) == 2
     assert verification_jobs([without], 2) == 1 and verification_jobs([without, without], 1) == 1
     assert verification_jobs([without, with_gpus], 2) == 1
+
+
+def test_main_job_takes_the_cpu_rows_without_gpus_and_verifies_them(cpu_images, wheelhouse, tmp_path,
+                                                                   engine_without_gpus):
+    """`make images` runs `build.py images`: on an engine without the NVIDIA runtime it says it takes the CPU
+    rows, builds them (skipping what is unchanged) and verifies them."""
+    result = run_cli("--reports", str(tmp_path), "images", "--wheelhouse", str(wheelhouse))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no NVIDIA runtime on this Docker engine: taking the CPU rows" in result.stderr
+    for tag in cpu_images:
+        report = json.loads((tmp_path / tag / "verify.json").read_text())
+        assert report["passed"] is True and report["checks"]["gpu"]["status"] == "skipped"
+    assert not any("cuda" in path.name for path in tmp_path.iterdir()), "GPU rows were not selected"
