@@ -75,6 +75,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if ENGINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
+    # The CUDA rows' module last: on its side of the engine lane it then builds while the other side is past the tests
+    # that make new layers for the steps every row shares (SHARED_STEPS), which would otherwise wait for it.
+    items.sort(key=lambda item: item.path.name == "test_cuda_images.py")
 
 
 def run_cli(*args: str, check_exit: int | None = None, env=None, timeout=1800) -> subprocess.CompletedProcess:
@@ -233,6 +236,14 @@ def docker_client(engine_env):
     client.close()
 
 
+# Builds that make new layers for the steps every row's Dockerfile shares (the `python` stage, the venv stage's apt
+# step) take this lock, as the CUDA rows' build does: the engine's classic builder takes a cached step from the newest
+# image that step made, so such a build between a CUDA row's runtime and devel builds parts the flavors' layers (seen
+# once with the engine tests on two processes: the devel image shared only its base with the runtime). The secrets
+# build does not take it: it runs on the CUDA rows' side, before them.
+SHARED_STEPS = "builds-of-the-shared-steps"
+
+
 @contextmanager
 def one_process_at_a_time(tmp_path_factory, name: str):
     """A session fixture's work done by one test process at a time (the engine lane runs on two): the other waits,
@@ -272,7 +283,7 @@ def local_names(*selectors: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def cpu_images(engine_env, wheelhouse, tmp_path_factory):
     """The CI-buildable rows, really built on the engine: {tag: local image name}."""
-    with one_process_at_a_time(tmp_path_factory, "cpu-images"):
+    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):
         result = run_cli("--reports", str(tmp_path_factory.mktemp("cpu-images")), "build", CPU_SELECTOR,
                          "--wheelhouse", str(wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,7 +9,16 @@ import pytest
 from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
 from torchimages.builder import INPUT_HASH_LABEL
 
-from .conftest import CPU_SELECTOR, ROOT, interruptible, run_cli, wait_until, with_live_compat
+from .conftest import (
+    CPU_SELECTOR,
+    ROOT,
+    SHARED_STEPS,
+    interruptible,
+    one_process_at_a_time,
+    run_cli,
+    wait_until,
+    with_live_compat,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -76,7 +85,7 @@ def venv_stage_step(build_log: str) -> tuple[bool, str]:
 
 
 def test_a_rebuild_takes_the_build_stages_from_the_cache_unless_they_are_pruned(cpu_images, wheelhouse, tmp_path,
-                                                                                docker_client):
+                                                                                docker_client, tmp_path_factory):
     """The build stages' images stay in the engine (the venv stage's own layers are about 13 MB): a rebuild takes
     them from the cache instead of running their apt and venv steps again (about 16 s a row here, in every rebuild
     after a change). `--prune-build-stages` removes them after the run."""
@@ -89,20 +98,21 @@ def test_a_rebuild_takes_the_build_stages_from_the_cache_unless_they_are_pruned(
                 "--wheelhouse", str(wheelhouse), "--force", *extra, check_exit=0)
         return venv_stage_step((tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text())
 
-    build()
-    cached, stage_image = build("--prune-build-stages")
-    assert cached, "the venv stage of the run before was not kept"
-    with pytest.raises(docker.errors.ImageNotFound):  # --prune-build-stages removed it
-        docker_client.images.get(stage_image)
-    cached, rebuilt_stage = build()
-    # Not taken from the cache unless another build made that stage again meanwhile (the engine tests run on two
-    # processes): whichever it is, it is not the pruned one.
+    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # its last build makes the venv stage again
+        build()
+        cached, stage_image = build("--prune-build-stages")
+        assert cached, "the venv stage of the run before was not kept"
+        with pytest.raises(docker.errors.ImageNotFound):  # --prune-build-stages removed it
+            docker_client.images.get(stage_image)
+        cached, rebuilt_stage = build()
+    # Not taken from the cache, unless a build on the engine tests' other process made that stage again meanwhile:
+    # whichever it is, it is not the pruned one.
     assert rebuilt_stage != stage_image, "the pruned venv stage was still in the cache"
     docker_client.images.remove("localhost:5000/test/stages:2.13.0-cpu-runtime", force=True)
 
 
 def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_images, wheelhouse, tmp_path,
-                                                                         docker_client):
+                                                                         docker_client, tmp_path_factory):
     """Issue 20: /opt/venv comes in layers (torch, then the rest, for a CPU row), one tree with one owner, mode g=u
     and one file time; a no-cache rebuild from the same wheels gives the very same venv layers (their diff ids), so a
     republish uploads none of them again. The rebuild fetches its wheels from the build-input server in a container
@@ -115,8 +125,9 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
     with_live_compat(matrix)
-    run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
-            "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
+    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # no cache: it makes every step again
+        run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
+                "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
     assert "Looking in links: http://torchimages-build-inputs:8679/wheels/" in \
         (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
     assert build_input_servers_left(docker_client) == ([], [])

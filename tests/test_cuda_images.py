@@ -7,7 +7,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conftest import CUDA_DEVEL, CUDA_ROWS, CUDA_RUNTIME, ROOT, local_names, run_cli, run_cli_side_by_side
+from .conftest import (
+    CUDA_DEVEL,
+    CUDA_ROWS,
+    CUDA_RUNTIME,
+    ROOT,
+    SHARED_STEPS,
+    local_names,
+    one_process_at_a_time,
+    run_cli,
+    run_cli_side_by_side,
+)
 from .test_verify import GPU_CHECKS, assert_only_check_failed, containers_left, report_of, selection_for
 
 pytestmark = pytest.mark.engine
@@ -22,8 +32,9 @@ KEEP_CUDA_IMAGES_WITH_FREE_BYTES = 20 * 2**30
 @pytest.fixture(scope="module")
 def cuda_images(engine_env, cuda_wheelhouse, docker_client, tmp_path_factory):
     """The CUDA rows, really built from the real wheels: {tag: local image name}."""
-    result = run_cli("--reports", str(tmp_path_factory.mktemp("cuda-images")), "build", *CUDA_ROWS,
-                     "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
+    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # the devel row takes the runtime's layers
+        result = run_cli("--reports", str(tmp_path_factory.mktemp("cuda-images")), "build", *CUDA_ROWS,
+                         "--wheelhouse", str(cuda_wheelhouse), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     names = local_names(*CUDA_ROWS)
     yield names
