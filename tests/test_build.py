@@ -1,6 +1,7 @@
 """The builder on a real Docker engine: CPU rows from a wheelhouse, skip-unchanged, isolation, secrets."""
 import json
 import os
+import re
 from pathlib import Path
 
 import docker
@@ -117,7 +118,9 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
     and one file time; a no-cache rebuild from the same wheels gives the very same venv layers (their diff ids), so a
     republish uploads none of them again. The rebuild fetches its wheels from the build-input server in a container
     on the engine (as for a remote engine), the first build from this host's loopback: the layers do not depend on
-    where the server runs, and its container and network are gone afterwards."""
+    where the server runs, and its container and network are gone afterwards. Without the cache, the devel row still
+    shares every runtime layer below its own (it takes them from its runtime, built moments before), its own steps
+    run again, and the python stage built for the server first runs once."""
     name = cpu_images["2.13.0-cpu-runtime"]
     listing = docker_client.containers.run(name, ["sh", "-c", "find /opt/venv -printf '%Ts %u %g\\n' | sort -u; "
                                                   "find /opt/venv ! -type l ! -perm -g+w -print"], remove=True).decode()
@@ -126,22 +129,38 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
     with_live_compat(matrix)
     with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # no cache: it makes every step again
-        run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-runtime",
+        run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-*",
                 "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
-    assert "Looking in links: http://torchimages-build-inputs:8679/wheels/" in \
-        (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
+    runtime_log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
+    assert "Looking in links: http://torchimages-build-inputs:8679/wheels/" in runtime_log
+    run_steps = [step for step in steps_run(runtime_log) if step.startswith("RUN ")]
+    assert len(run_steps) == len(set(run_steps)), "each RUN step ran once: the image's build took the python stage " \
+                                                  "built for the server from it"
     assert build_input_servers_left(docker_client) == ([], [])
-    again = "localhost:5000/test/again:2.13.0-cpu-runtime"
+    again = {flavor: f"localhost:5000/test/again:2.13.0-cpu-{flavor}" for flavor in ("runtime", "devel")}
     try:
         first = docker_client.api.inspect_image(name)["RootFS"]["Layers"]
-        rebuilt = docker_client.api.inspect_image(again)["RootFS"]["Layers"]
+        rebuilt, devel = (docker_client.api.inspect_image(again[flavor])["RootFS"]["Layers"]
+                          for flavor in ("runtime", "devel"))
         # [..., RUN useradd, COPY the venv's own files, RUN torch, RUN the rest, COPY entrypoint, RUN the OS security
         # upgrade]: the other RUN steps' layers (apt's logs, the user's password date) and the entrypoint's (its file
         # time) differ; the venv's do not, though its steps really ran again (issue 27: they install in the final stage).
         assert len(rebuilt) == len(first) and rebuilt[-5:-2] == first[-5:-2]
         assert rebuilt[-6] != first[-6], "a no-cache build really ran the RUN steps again"
+        # devel: the runtime's layers up to the entrypoint's, then its toolchain and its own OS security layer.
+        assert devel[:-2] == rebuilt[:-1], "devel shares every runtime layer below its own"
+        cached_devel = docker_client.api.inspect_image(cpu_images["2.13.0-cpu-devel"])["RootFS"]["Layers"]
+        assert devel[-2] != cached_devel[-2], "devel's toolchain step ran again, not taken from an earlier build"
     finally:
-        docker_client.images.remove(again, force=True)
+        for image in again.values():
+            docker_client.images.remove(image, force=True)
+
+
+def steps_run(log: str) -> list[str]:
+    """The instructions a classic builder's log shows run, not taken from the cache, in order (a log may hold two
+    builds: the python stage for the server on the engine, then the image)."""
+    steps = re.split(r"^Step [0-9]+/[0-9]+ : ", log, flags=re.MULTILINE)[1:]
+    return [step.splitlines()[0] for step in steps if " ---> Using cache" not in step]
 
 
 def build_input_servers_left(docker_client) -> tuple[list[str], list[str]]:

@@ -378,6 +378,7 @@ class Builder:
     def _build_one(self, spec: ImageSpec, context: BuildContext, donor: Future | None = None) -> BuildResult:
         if donor is not None:
             wait([donor])
+        fresh = self._fresh_layers(donor)
         if self.cancelled.is_set():
             return BuildResult(spec.tag, "cancelled", error="not started: build cancelled")
         log_path = self._log_path(spec)
@@ -389,8 +390,10 @@ class Builder:
                                **docker.utils.kwargs_from_env())
         try:
             with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, \
-                    self._inputs_server(api, spec, context, tar, log) as served:
-                image_id = self._stream_build(api, spec, context, tar, log, *served.build_network)
+                    self._inputs_server(api, spec, context, tar, log, fresh) as served:
+                python_stage = served.image if isinstance(served, BuildInputsContainer) else None
+                image_id = self._stream_build(api, spec, context, tar, log, *served.build_network,
+                                              fresh=fresh or self._fresh_layers_of(python_stage))
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
@@ -407,22 +410,24 @@ class Builder:
             result.error = _with_log_tail(result.error, log_path)
         return result
 
-    def _inputs_server(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar,
-                       log) -> BuildInputsServer | BuildInputsContainer:
+    def _inputs_server(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
+                       fresh: str | None) -> BuildInputsServer | BuildInputsContainer:
         """The build-input server for this build, not started yet. On the engine, it runs in the image of the row's
         `python` stage, built here first (the image's own build then takes those layers from the cache)."""
         pip_conf = pip_settings(spec, self.options, bool(context.wheels))
         if self.options.inputs_server == "loopback":
             return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle)
-        python_stage = self._stream_build(api, spec, context, tar, log, "default", {}, target="python")
+        python_stage = self._stream_build(api, spec, context, tar, log, "default", {}, target="python", fresh=fresh)
         tar.seek(0)
         return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle,
                                     host_network=self.options.builder == "buildkit")
 
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
-                      network_mode: str, extra_hosts: dict[str, str], target: str | None = None) -> str:
+                      network_mode: str, extra_hosts: dict[str, str], target: str | None = None,
+                      fresh: str | None = None) -> str:
         """The image built (only up to the stage target names, when given): its steps reach the build-input server
-        on network_mode (the host's, or the server's own network on the engine), extra_hosts naming it there."""
+        on network_mode (the host's, or the server's own network on the engine), extra_hosts naming it there. fresh:
+        an image this run made without the cache, whose layers this build takes (_fresh_layers)."""
         if self.options.builder == "buildkit":
             return self._buildkit_build(api, spec, context, tar, log, network_mode, extra_hosts, target)
         stream = api.build(
@@ -430,8 +435,8 @@ class Builder:
             buildargs=build_args(self.options, context, spec.tag),
             network_mode=network_mode, extra_hosts=extra_hosts or None,
             labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
-            cache_from=self._cache_sources(spec),
-            nocache=self.options.no_cache, pull=self.options.pull, rm=True, forcerm=True, decode=True,
+            cache_from=[fresh] if fresh else self._cache_sources(spec),
+            nocache=self.options.no_cache and not fresh, pull=self.options.pull, rm=True, forcerm=True, decode=True,
             timeout=BUILD_SILENCE_S,  # docker-py's build ignores the client's timeout: without it, no bound at all
         )
         image_id = ""
@@ -544,6 +549,19 @@ class Builder:
             self.client.api.remove_container(container_id, force=True)
         except docker.errors.APIError:
             pass  # already gone, or removed by the engine itself (rm/forcerm)
+
+    def _fresh_layers(self, donor: Future | None) -> str | None:
+        """The image of the row's first flavor, where it was built without the cache on this run."""
+        built = donor.result() if donor is not None and not donor.cancelled() else None
+        return self._fresh_layers_of(built.image_id if built and built.status == "built" else None)
+
+    def _fresh_layers_of(self, image_id: str | None) -> str | None:
+        # --no-cache means nothing from before this run, not that a row's builds share nothing: a later build of the
+        # row (its devel flavor, or the image after its python stage was built for the server on the engine) takes
+        # the layers this run just made for the steps they share, where the classic builder can be held to them: given
+        # a cache source, it takes a cached step only from that image's own layers, so the steps it lacks (a devel
+        # row's toolchain, the build stages) run again. BuildKit cannot be held so: it would take any cached layer.
+        return image_id if self.options.no_cache and self.options.builder == "classic" and image_id else None
 
     def _cache_sources(self, spec: ImageSpec) -> list[str] | None:
         # Only when there is such an image: given any cache source, the engine's classic builder takes its own cached
