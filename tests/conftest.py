@@ -33,6 +33,7 @@ BESIDE_THE_BUILDS = {"test_build_inputs.py", "test_cuda_images.py", "test_multia
 IMPORT_TORCH = {"test_gpu_simulation.py", "test_gpu_record.py"}
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`, to debug one test) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`, grouped by module: the engine-free lane (`-m "not engine"`) keeps the torch importers
     together, any other run every module in one of the two engine groups. (pytest-xdist 3.8 names a test's group in

@@ -755,6 +755,18 @@ def test_list_inside_a_list_where_names_belong_is_refused(tmp_path):
     assert_refused(path, "flavor")
 
 
+@pytest.mark.parametrize(("text", "line"), [
+    ("registry: lökâl\n" * 19 + "defaults:\n  os: x\x00y\n", 21),  # libyaml counts its offset in UTF-8 bytes
+    ("registry: x\nvariants: [", 2),  # libyaml marks the end of a text without a last newline a line below it
+], ids=["forbidden character after non-ASCII lines", "unclosed at the end"])
+def test_a_syntax_problem_names_its_own_line(tmp_path, text, line):
+    """Found by comparing PyYAML's own reader with libyaml's on generated texts (issue 27: libyaml reads them)."""
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    error = assert_refused(path)
+    assert [problem.line for problem in error.problems] == [line], str(error)
+
+
 def test_deeply_nested_yaml_is_refused(tmp_path):
     path = variant_matrix(tmp_path, CPU_VARIANT + "  aliases: " + "[" * 20_000 + "]" * 20_000 + "\n")
     assert_refused(path)

@@ -6,6 +6,7 @@ from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
+from yaml.composer import Composer
 from yaml.nodes import MappingNode, SequenceNode
 
 from .files import brief, read_text
@@ -39,13 +40,19 @@ class _BoundExceeded(TorchImagesError):
         self.line, self.message = line, message
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(Composer, yaml.CSafeLoader):
     """SafeLoader that keeps lines, keeps version-like numbers as written, rejects duplicate and unhashable keys,
-    and refuses documents nested or expanding past the bounds above."""
+    and refuses documents nested or expanding past the bounds above. libyaml (which PyYAML's wheels bundle) reads the
+    text into events, several times faster than PyYAML's own reader; PyYAML's composer, in Python, builds the nodes
+    from them, so that the depth bound below holds before anything recurses."""
 
     duplicate_keys: list
     bad_keys: list
     depth: int = 0
+
+    def __init__(self, text: str):
+        yaml.CSafeLoader.__init__(self, text)
+        Composer.__init__(self)
 
     def compose_node(self, parent, index):
         self.depth += 1
@@ -130,8 +137,9 @@ def parse_yaml(text: str, path: Path):
         raise InputError([Problem(str(path), error.line, error.message)]) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        position = getattr(error, "position", None)  # a forbidden character: where in the text
-        line = mark.line + 1 if mark else text.count("\n", 0, position) + 1 if position is not None else 0
+        position = getattr(error, "position", None)  # a forbidden character: libyaml's offset in the UTF-8 bytes
+        line = mark.line + 1 if mark else text.encode()[:position].count(b"\n") + 1 if position is not None else 0
+        line = min(line, text.count("\n") + 1)  # libyaml marks the end of a text without a last newline a line below
         reason = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise InputError([Problem(str(path), line, f"invalid YAML: {reason}; fix the syntax")]) from None
     except RecursionError:
