@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from torchimages import multiarch
+from torchimages import attestations, multiarch
 from torchimages.builder import local_name
 from torchimages.catalog import (
     Catalog,
@@ -36,10 +36,10 @@ from torchimages.publish import (
     prune_plan,
 )
 from torchimages.registry import Manifest
-from torchimages.signatures import signature_tag
+from torchimages.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_PROJECT
-from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, cosign_accepts, key
+from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
 from .test_catalog import entry as image_entry
 from .test_publish import Workspace, clean_up
 
@@ -241,12 +241,30 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
     assert cosign_accepts(cosign, f"{space.repository}:{RUNTIME}", public)
     assert cosign_accepts(cosign, f"{space.repository}:latest", public)
     assert not cosign_accepts(cosign, f"{space.repository}@{index['digest']}", KEYS / "second.pub")
-    assert index["signing"] == {"keys": [key().public.fingerprint], "signature": signature_tag(index["digest"])}
+    assert index["signing"] == {"keys": [key().public.fingerprint], "signature": signature_tag(index["digest"]),
+                                "attestation": attestation_tag(index["digest"]),
+                                "predicate_types": sorted(attestations.PREDICATE_TYPES)}
+    # The index is attested too (signing-interop.md finding 1): cosign's `verify-attestation REPO:TAG`, which resolves
+    # the tag to the index digest as Kyverno and policy-controller do, accepts all three; so does verify-image, which
+    # then checks each platform's image.
+    for reference in (f"@{index['digest']}", f":{RUNTIME}", ":latest"):
+        assert accepted_everything(cosign, space.repository + reference, public), reference
+    checked = space.cli("verify-image", f"{space.repository}:latest", "--key", str(public), "--platform", "all",
+                        "--format", "json", check_exit=0)
+    verdict = json.loads(checked.stdout)
+    assert verdict["verified"] and verdict["digest"] == index["digest"]
+    assert {platform: found["digest"] for platform, found in verdict["platforms"].items()} == {
+        platform: member["digest"] for platform, member in index["platforms"].items()}
+    report = verdict["predicates"][attestations.VERIFICATION_PREDICATE]
+    assert report["result"] == "passed" and sorted(report["platforms"]) == ["linux/amd64", "linux/arm64"]
+    text = space.cli("verify-image", f"{space.repository}:{RUNTIME}", "--key", str(public), check_exit=0).stdout
+    assert f"@{index['digest']} (index)" in text and "(linux/amd64)" in text and "(linux/arm64)" not in text
 
     # A republish by the same key writes nothing: the signature tag and the catalog stay as they are.
     signature_digest = space.digest_of(signature_tag(index["digest"]))
     again = space.publish(extra=["--signing-key", str(FIRST)], env=signed)
-    assert "3 unchanged" in again.stdout and again.stdout.count("signature present") == 3, again.stdout
+    assert "3 unchanged" in again.stdout and again.stdout.count("signature present, attestations present") == 3, \
+        again.stdout
     assert space.digest_of(signature_tag(index["digest"])) == signature_digest
     assert space.catalog_json() == catalog
 
@@ -318,8 +336,10 @@ def test_the_page_says_how_to_pin_pull_and_verify_a_multi_arch_tag_on_either_mac
     repository = "localhost:5000/ml/pytorch"
     signing = {"keys": [digest("f")], "signature": signature_tag(digest("a"))}
     image = dataclasses.replace(image_entry(X86, aliases=()), repository=repository, floating=[f"{X86}-amd64"])
+    index_signing = {**signing, "attestation": attestation_tag(digest("a")),
+                     "predicate_types": [attestations.VERIFICATION_PREDICATE]}
     index = index_record([PinnedIndex(f"{X86}-20260102", digest("a"), "2026-01-02"),
-                          PinnedIndex(f"{X86}-20260101", digest("d"), "2026-01-01")], signing)
+                          PinnedIndex(f"{X86}-20260101", digest("d"), "2026-01-01")], index_signing)
     page = readme(Catalog({X86: dataclasses.replace(image, signing={**signing, "attestation": "x", "predicate_types": []})},
                           manifest_lists={X86: index}), "../catalog")
     assert (f"| `{repository}:{X86}` | `{digest('a')}` | 2026-01-02 | `docker pull {repository}:{X86}-20260102` | "
@@ -330,8 +350,13 @@ def test_the_page_says_how_to_pin_pull_and_verify_a_multi_arch_tag_on_either_mac
     assert f"| `{repository}:latest` | `{digest('a')}` | `{X86}-20260102` |" in page, "the index's floating tags"
     assert f"| `{repository}:{X86}-20260101` | `{digest('d')}` | 2026-01-01 |" in page, "an older pin until pruned"
     key = f"../catalog/keys/{'f' * 16}.pub"
+    reference = f"{repository}@{digest('a')}"
+    # The index is attested as an image is: cosign's attestation check and ours, for every platform, work on it.
     assert (f"| {X86} (manifest list) | `{digest('f')}` | "
-            f"`cosign verify --key {key} --insecure-ignore-tlog=true {repository}@{digest('a')}` |") in page
+            f"`cosign verify --key {key} --insecure-ignore-tlog=true {reference}`<br>"
+            f"`cosign verify-attestation --key {key} --type {attestations.VERIFICATION_PREDICATE} "
+            f"--insecure-ignore-tlog=true {reference}`<br>"
+            f"`python build.py verify-image {reference} --key {key} --platform all` |") in page
 
 
 def test_a_catalog_from_before_index_pins_loads_and_pruned_pins_are_forgotten(tmp_path):

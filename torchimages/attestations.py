@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .bases_lock import LockedBase
 from .builder import INPUT_HASH_LABEL
 from .model import ImageSpec
 
@@ -20,6 +21,7 @@ COSIGN_TYPE_NAMES = {SBOM_PREDICATE: "cyclonedx", PROVENANCE_PREDICATE: "slsapro
                      VERIFICATION_PREDICATE: VERIFICATION_PREDICATE}
 BUILDER_ID = "https://torchimages.io/builder/v1"
 BUILD_TYPE = "https://torchimages.io/build/v1"
+INDEX_BUILD_TYPE = "https://torchimages.io/index/v1"
 NO_GPU = "no GPU: GPU checks skipped"
 
 
@@ -76,13 +78,13 @@ def verification_host(report, facts: dict) -> dict:
     }
 
 
-def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict]) -> dict:
+def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base: LockedBase | None = None) -> dict:
     """SLSA v1 build provenance: the builder and its version, the matrix row, the input hash, the git commit, the
-    base image, every wheel (name and sha256) the image was built from."""
+    base image (by the lock's pin: the registry manifest digest a consumer matches, with the engine's image id beside
+    it), every wheel (name and sha256) the image was built from."""
     labels = (image.get("Config") or {}).get("Labels") or {}
     commit = labels.get("org.opencontainers.image.revision", "")
-    dependencies = [{"uri": f"docker-image://{spec.base_image}",
-                     "digest": {"sha256": labels.get("org.opencontainers.image.base.digest", "").removeprefix("sha256:")}}]
+    dependencies = [base_dependency(spec.base_image, labels.get("org.opencontainers.image.base.digest", ""), base)]
     if commit and commit != "unknown":
         dependencies.insert(0, {"uri": "git+torchimages", "digest": {"gitCommit": commit}})
     dependencies += [{"uri": f"pkg:pypi/{wheel['name']}", "name": wheel["name"], "digest": {"sha256": wheel["sha256"]}}
@@ -97,8 +99,92 @@ def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict]) -> di
         },
         "runDetails": {
             "builder": {"id": BUILDER_ID, "version": {"torchimages": tool_version()}},
-            "metadata": {"invocationId": image.get("Id", ""), "startedOn": labels.get("org.opencontainers.image.created", "")},
+            "metadata": {"invocationID": image.get("Id", ""), "startedOn": labels.get("org.opencontainers.image.created", "")},
         },
+    }
+
+
+def base_dependency(base_image: str, engine_image_id: str, base: LockedBase | None) -> dict:
+    """The base image as SLSA's resolvedDependencies names it: by its registry manifest digest where the lock pins
+    one (what `docker pull IMAGE@sha256:...` and a scanner match), else by the engine's image id, which is all a
+    local-only base has; the annotations say which."""
+    pinned = base is not None and base.digest is not None
+    digest = base.digest if base is not None and base.digest else engine_image_id
+    annotations = {"pin": "registry-manifest" if pinned else "engine-image-id", "imageId": engine_image_id}
+    if base is not None:
+        annotations["lockSource"] = base.source
+    return {"uri": f"docker-image://{base_image}", "digest": {"sha256": digest.removeprefix("sha256:")},
+            "annotations": annotations}
+
+
+# ------------------------------------------------------------------------------------------------ multi-arch indexes
+# A multi-arch tag resolves to its index digest, and cosign, Kyverno and policy-controller look for the attestations
+# there (kyverno#12630, cosign#3552): the index gets the three predicates too, made from its members' own.
+
+WORST_FIRST = ("failed", "skipped", "passed")
+
+
+def worst_status(statuses: list[str]) -> str:
+    """A check's status over several images: failed if any failed, else skipped if any skipped, else passed."""
+    return next((status for status in WORST_FIRST if status in statuses), statuses[0] if statuses else "skipped")
+
+
+def index_verification_predicate(tag: str, members: dict[str, dict]) -> dict:
+    """The verification report of an index over members ({platform: {"digest", "tag", "report"}}), with an image
+    report's top-level fields so that one policy judges both: passed only if every member passed, each check's worst
+    status, the least-verified member's host (cpu-only if any was), and every member's whole report."""
+    reports = {platform: member["report"] for platform, member in sorted(members.items())}
+    names = sorted({name for report in reports.values() for name in report.get("checks") or {}})
+    checks = {}
+    for name in names:
+        per_platform = {platform: (report.get("checks") or {}).get(name) or {"status": "skipped", "reason": "not run"}
+                        for platform, report in reports.items()}
+        status = worst_status([check["status"] for check in per_platform.values()])
+        checks[name] = {"status": status, "warnings": [],
+                        "reason": "; ".join(f"{platform}: {check['status']}" for platform, check in per_platform.items())}
+    hosts = [report.get("host") or {} for report in reports.values()]
+    return {
+        "tool": {"name": "torchimages", "version": tool_version()},
+        "tag": tag,
+        "image_id": "",
+        "result": "passed" if all(report.get("result") == "passed" for report in reports.values()) else "failed",
+        "verified_at": max((str(report.get("verified_at", "")) for report in reports.values()), default=""),
+        "host": next((host for host in hosts if host.get("kind") != "gpu"), hosts[0] if hosts else {}),
+        "checks": checks,
+        "platforms": {platform: {"digest": member["digest"], "tag": member["tag"], "result": member["report"].get("result"),
+                                 "report": member["report"]} for platform, member in sorted(members.items())},
+    }
+
+
+def index_provenance_predicate(tag: str, members: dict[str, dict]) -> dict:
+    """SLSA v1 provenance of an index: nothing is built, the index is assembled from its members' digests."""
+    return {
+        "buildDefinition": {
+            "buildType": INDEX_BUILD_TYPE,
+            "externalParameters": {"tag": tag, "platforms": sorted(members)},
+            "internalParameters": {},
+            "resolvedDependencies": [{"uri": f"oci-image://{member['tag']}",
+                                      "digest": {"sha256": member["digest"].removeprefix("sha256:")},
+                                      "annotations": {"platform": platform}}
+                                     for platform, member in sorted(members.items())],
+        },
+        "runDetails": {"builder": {"id": BUILDER_ID, "version": {"torchimages": tool_version()}},
+                       "metadata": {"invocationID": tag}},
+    }
+
+
+def index_sbom(tag: str, repository: str, digest: str, members: dict[str, dict]) -> dict:
+    """A CycloneDX BOM of an index: one container component per platform, each holding its image's components."""
+    return {
+        "bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,
+        "metadata": {"component": {"type": "container", "name": repository, "version": digest,
+                                   "bom-ref": f"{repository}@{digest}", "description": f"manifest list {tag}"}},
+        "components": [{"type": "container", "name": repository, "version": member["digest"],
+                        "bom-ref": f"{repository}@{member['digest']}",
+                        "properties": [{"name": "torchimages:platform", "value": platform},
+                                       {"name": "torchimages:tag", "value": member["tag"]}],
+                        "components": member["sbom"].get("components") or []}
+                       for platform, member in sorted(members.items())],
     }
 
 
@@ -120,4 +206,7 @@ def summary(predicate_type: str, predicate: dict) -> str:
         else host.get("note", "")
     checks = ", ".join(f"{name} {check.get('status')}" for name, check in (predicate.get("checks") or {}).items()
                        if isinstance(check, dict))
-    return f"{predicate.get('result')} on {host.get('kind')} ({where}): {checks}"
+    platforms = predicate.get("platforms") if isinstance(predicate.get("platforms"), dict) else {}
+    over = "; index over " + ", ".join(f"{name} {_mapping(member).get('result')}" for name, member in platforms.items()) \
+        if platforms else ""
+    return f"{predicate.get('result')} on {host.get('kind')} ({where}): {checks}{over}"

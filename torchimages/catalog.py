@@ -208,7 +208,12 @@ def check_manifest_list(shape: Shape, tag: str, entry: dict) -> None:
         if not TAG.fullmatch(pinned["tag"]) or not DIGEST.fullmatch(pinned["digest"]):
             shape.wrong((*keys, "pinned", index), f"must be a Docker tag and a digest sha256: with 64 lower-case hex "
                                                   f"digits, not {brief(pinned['tag'])}, {brief(pinned['digest'])}")
-    check_signed_by(shape, keys, entry.get("signing", {}))
+    signing = entry.get("signing", {})
+    # A manifest list signed before indexes were attested has a signature only.
+    if "attestation" in signing:
+        check_signing(shape, keys, signing)
+    else:
+        check_signed_by(shape, keys, signing)
 
 
 def check_entry(shape: Shape, folder: Path, tag: str, entry: dict) -> None:
@@ -334,7 +339,6 @@ def signing_record(signed: dict, before: dict) -> dict:
     if not signed:
         return before
     keys = sorted(set(before.get("keys", [])) | {signed["key"]})
-    # A manifest list's record has no attestation: its images carry them.
     return {"keys": keys, **{name: signed[name] for name in ("signature", "attestation", "predicate_types")
                              if name in signed}}
 
@@ -488,30 +492,35 @@ def manifest_lists_section(indexes: list[ManifestList]) -> list[str]:
 
 
 def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList], catalog_link: str) -> list[str]:
-    """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands; a
-    multi-arch tag's index digest has a signature of its own (its attestations are its images')."""
+    """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands, for each
+    image and each multi-arch tag's index digest (signed and attested as an image is)."""
     signed = [entry for entry in entries if entry.signing]
     if not signed:
         return []
     lines = ["", "## Signatures and attestations", "",
              "Each digest below is signed, and carries three attestations signed with the same key: its CycloneDX SBOM, "
-             "its SLSA v1 build provenance and its verification report. A multi-arch tag's index digest is signed too, "
-             "since `cosign verify` and admission controllers resolve the tag to it; its attestations are its images'. "
+             "its SLSA v1 build provenance and its verification report. A multi-arch tag's index digest is signed and "
+             "attested too, since cosign and admission controllers resolve the tag to it: its report passes only if "
+             "every platform's image passed, and holds each one's report. "
              f"The public keys are in {markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use "
              "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).", "",
              "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
     for entry in signed:
-        reference, key = entry.pull_digest(), key_link(catalog_link, entry.signing)
-        commands = [f"cosign verify --key {key} --insecure-ignore-tlog=true {reference}",
-                    *(f"cosign verify-attestation --key {key} --type {COSIGN_TYPE_NAMES.get(kind, kind)} "
-                      f"--insecure-ignore-tlog=true {reference}" for kind in entry.signing["predicate_types"]),
-                    f"python build.py verify-image {reference} --key {key}"]
-        lines.append(signed_row(entry.tag, entry.signing, commands))
+        lines.append(signed_row(entry.tag, entry.signing, check_commands(catalog_link, entry.signing,
+                                                                         entry.pull_digest())))
     for index in (index for index in indexes if index.signing):
-        key = key_link(catalog_link, index.signing)
         lines.append(signed_row(f"{index.tag} (manifest list)", index.signing,
-                                [f"cosign verify --key {key} --insecure-ignore-tlog=true {index.pull_digest()}"]))
+                                check_commands(catalog_link, index.signing, index.pull_digest(), "all")))
     return lines
+
+
+def check_commands(catalog_link: str, signing: dict, reference: str, platform: str = "") -> list[str]:
+    """cosign's checks of a signed digest (the signature, each attestation where the record has them) and ours."""
+    key = key_link(catalog_link, signing)
+    return [f"cosign verify --key {key} --insecure-ignore-tlog=true {reference}",
+            *(f"cosign verify-attestation --key {key} --type {COSIGN_TYPE_NAMES.get(kind, kind)} "
+              f"--insecure-ignore-tlog=true {reference}" for kind in signing.get("predicate_types", [])),
+            f"python build.py verify-image {reference} --key {key}" + (f" --platform {platform}" if platform else "")]
 
 
 def key_link(catalog_link: str, signing: dict) -> str:

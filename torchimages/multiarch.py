@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from .model import ImageSpec
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+# What a multi-arch tag resolves to: OCI's index, or Docker's manifest list (what `docker buildx` and older tools push).
+INDEX_TYPES = (INDEX_MEDIA_TYPE, "application/vnd.docker.distribution.manifest.list.v2+json")
 
 
 @dataclass(frozen=True)

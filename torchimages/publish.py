@@ -23,6 +23,7 @@ from . import attestations, engine, multiarch
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
 from . import security as security_stage
+from .bases_lock import LockedBase
 from .builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from .files import read_json_document, remove_file
 from .model import LABEL_PREFIX, ImageSpec
@@ -240,6 +241,8 @@ class PublishOptions:
     security: security_stage.Checker | None = None
     # Where the pushes' blob-info caches are kept between runs (registry.publish_cache_folder); None: this run's own.
     push_cache: Path | None = None
+    # bases.lock.json's pins, by base image: the provenance names a base by its registry manifest digest.
+    base_pins: dict[str, LockedBase] = field(default_factory=dict)
 
 
 @dataclass
@@ -263,6 +266,8 @@ class Publisher:
         self.log = log
         self.registry = RegistryClient(options.registry, options.access, options.retry, log)
         self.wheel_records: dict[str, dict] = {}  # tag -> the build's wheel record, read before the first push
+        # tag -> the SBOM and verification report attested to its digest: what its multi-arch index's are made from
+        self.attested: dict[str, dict[str, dict]] = {}
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
@@ -323,8 +328,10 @@ class Publisher:
         pinned = next((dated for dated in pinned_names if current.get(dated) == digest), None)
         result = PublishResult(name, "unchanged", digest, pinned or new_pinned_tag(tag, self.options.date, all_tags),
                                message="already published")
-        # Signed before any tag names it, as an image is: a cluster resolves the row's tag to this very digest.
-        result.signing = self._sign_index(tag, result.digest)
+        # Signed and attested before any tag names it, as an image is: a cluster resolves the row's tag to this digest.
+        result.signing = self._attach_index(tag, result.digest, {
+            entry.platform: {"digest": entry.digest, "tag": entry.tag, **self.attested.get(spec.tag, {})}
+            for spec, entry in zip(members, entries, strict=True)})
         for target in [result.pinned, *targets]:  # the dated tag first: a floating tag names only a pinned digest
             if current.get(target) != result.digest:
                 self.registry.write_index(body, target)
@@ -343,15 +350,35 @@ class Publisher:
             catalog_stage.save(catalog, self.options.catalog_dir, self.options.images_dir)
         return result
 
-    def _sign_index(self, tag: str, digest: str) -> dict:
-        """Sign an index digest as an image's is signed (what is there by this key stays); {} when publishing unsigned.
-        No attestations: an index is no build of its own, its images carry theirs."""
+    def _attach_index(self, tag: str, digest: str, members: dict[str, dict]) -> dict:
+        """Sign an index digest and attest it as an image's is (attestations.index_*: made from its members' own);
+        {} when publishing unsigned."""
         key = self.options.signing_key
         if key is None:
             return {}
-        status = SignatureStore(self.registry).sign(key, digest)
-        self.log(f"{tag} (manifest list): signature {status} ({key.public.fingerprint})")
-        return {"key": key.public.fingerprint, "signature": signature_tag(digest), "signature_status": status}
+        repository = self.options.registry.name
+        predicates = {
+            attestations.SBOM_PREDICATE: attestations.index_sbom(tag, repository, digest, members),
+            attestations.PROVENANCE_PREDICATE: attestations.index_provenance_predicate(tag, members),
+            attestations.VERIFICATION_PREDICATE: attestations.index_verification_predicate(tag, members),
+        }
+        signed = self._sign_and_attest(key, digest, predicates)
+        self.log(f"{tag} (manifest list): signature {signed['signature_status']}, attestations "
+                 f"{signed['attestation_status']} ({key.public.fingerprint})")
+        return signed
+
+    def _sign_and_attest(self, key: SigningKey, digest: str, predicates: dict[str, dict]) -> dict:
+        """key's signature and attestations of digest on the registry (what is there by this key stays; its older
+        verification report gives way to a new one); the signing record publish returns and the catalog keeps."""
+        store = SignatureStore(self.registry)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
+            signing = pool.submit(store.sign, key, digest)
+            attesting = pool.submit(store.attest, key, digest, predicates,
+                                    frozenset({attestations.VERIFICATION_PREDICATE}))
+            signature, attested = signing.result(), attesting.result()
+        return {"key": key.public.fingerprint, "signature": signature_tag(digest),
+                "attestation": attestation_tag(digest), "predicate_types": sorted(predicates),
+                "signature_status": signature, "attestation_status": attested}
 
     def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
                          report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:
@@ -419,25 +446,23 @@ class Publisher:
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, facts: dict, result: PublishResult,
                 inventory: sbom_stage.Inventory | None = None) -> dict:
         """Sign result.digest and attest its SBOM, build provenance and verification report at the registry (what
-        is there already by this key stays, nothing is added twice); {} when publishing unsigned."""
+        is there already by this key stays, nothing is added twice, and a report of a new verification replaces the
+        key's older one); {} when publishing unsigned."""
         key = self.options.signing_key
         if key is None:
             return {}
         predicates = {
             attestations.SBOM_PREDICATE: self._sbom(result, image, inventory),
-            attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(spec, image,
-                                                                                 self._wheels(spec, image)),
+            attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(
+                spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image)),
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(spec, image["Id"], report, facts),
         }
-        store = SignatureStore(self.registry)
-        with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
-            signing = pool.submit(store.sign, key, result.digest)
-            attesting = pool.submit(store.attest, key, result.digest, predicates)
-            signature, attested = signing.result(), attesting.result()
-        self.log(f"{spec.tag}: signature {signature}, attestations {attested} ({key.public.fingerprint})")
-        return {"key": key.public.fingerprint, "signature": signature_tag(result.digest),
-                "attestation": attestation_tag(result.digest), "predicate_types": sorted(predicates),
-                "signature_status": signature, "attestation_status": attested}
+        self.attested[spec.tag] = {"sbom": predicates[attestations.SBOM_PREDICATE],
+                                   "report": predicates[attestations.VERIFICATION_PREDICATE]}
+        signed = self._sign_and_attest(key, result.digest, predicates)
+        self.log(f"{spec.tag}: signature {signed['signature_status']}, attestations {signed['attestation_status']} "
+                 f"({key.public.fingerprint})")
+        return signed
 
     def _sbom(self, result: PublishResult, image: dict, inventory: sbom_stage.Inventory | None) -> dict:
         """The CycloneDX SBOM of result.pinned, as the catalog holds it."""

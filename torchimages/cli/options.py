@@ -12,6 +12,7 @@ from .. import catalog as catalog_stage
 from .. import sbom as sbom_stage
 from .. import security as security_stage
 from .. import signing
+from ..bases_lock import read_lock
 from ..files import read_bytes
 from ..matrix import load_compat
 from ..model import InputError, Problem
@@ -173,7 +174,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
         security=security_stage.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
-        push_cache=publish_cache_folder(os.environ),
+        push_cache=publish_cache_folder(os.environ), base_pins=read_lock(project.lock_file),
     )
 
 

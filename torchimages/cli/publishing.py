@@ -1,23 +1,18 @@
-"""Commands on the registry side: lock (pin the bases), publish, prune, catalog."""
+"""Commands on the registry side: lock (pin the bases), publish, prune, catalog (verify-image: verifying.py)."""
 from __future__ import annotations
 
 import json
 import sys
 from collections import Counter
-from pathlib import Path
 
-from .. import attestations, engine
 from .. import base_pins as lock_stage
 from .. import catalog as catalog_stage
+from .. import engine
 from .. import publish as publish_stage
 from ..bases_lock import read_lock, write_lock
 from ..files import atomic_write
-from ..model import InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..registry import RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
-from ..reporting import DIGEST
-from ..signatures import Evidence, SignatureStore, gather_evidence
-from ..signing import load_public_key
+from ..registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
 from .display import log
 from .options import (
     access_settings,
@@ -84,7 +79,7 @@ def print_results(results: list[publish_stage.PublishResult], repository: str) -
 
 
 def signing_statuses(signing: dict) -> str:
-    """'signature present, attestations added'; a manifest list has a signature only (its images are attested)."""
+    """'signature present, attestations added' (or replaced: a new verification report took the key's older one's place)."""
     statuses = {"signature": signing["signature_status"], "attestations": signing.get("attestation_status")}
     return ", ".join(f"{name} {status}" for name, status in statuses.items() if status)
 
@@ -103,52 +98,6 @@ def cmd_prune(project: Project, args) -> int:
     print(f"pruned {len(result.removed)} dated tags, keeping the {args.retention} newest of each row"
           + (": " + ", ".join(result.removed) if result.removed else ""))
     return EXIT_OK
-
-
-def cmd_verify_image(project: Project, args) -> int:
-    """Check an image's signature and its three attestations against a public key, at the digest the registry
-    serves now, and say what they vouch for."""
-    key = load_public_key(args.key)
-    registry, reference = image_reference(args.reference)
-    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
-    try:
-        digest = client.digest_of(reference)
-        if digest is None:
-            print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
-            return EXIT_FAILED
-        evidence = gather_evidence(SignatureStore(client), key, digest, attestations.PREDICATE_TYPES)
-    except RegistryError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
-    if args.format == "json":
-        print(json.dumps({"reference": args.reference, "digest": digest, "key": key.fingerprint,
-                          "signed_as": evidence.signed_as, "predicates": evidence.predicates,
-                          "problems": evidence.problems, "verified": evidence.holds(attestations.PREDICATE_TYPES)},
-                         indent=2, sort_keys=True))
-    else:
-        print_evidence(f"{registry.name}@{digest}", key.fingerprint, evidence)
-    return EXIT_OK if evidence.holds(attestations.PREDICATE_TYPES) else EXIT_FAILED
-
-
-def image_reference(text: str):
-    """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise."""
-    registry, reference = image_registry(text or "")
-    parse_registry(registry.name, flag="REF")
-    if "@" in text and not DIGEST.fullmatch(reference):
-        raise InputError([Problem("REF", 0, f"{text!r}: a digest is sha256: and 64 lower-case hex digits")])
-    return registry, reference
-
-
-def print_evidence(image: str, fingerprint: str, evidence: Evidence) -> None:
-    print(image)
-    print(f"  signature: {'verified, signs ' + evidence.signed_as if evidence.signed_as else 'NOT VERIFIED'} "
-          f"(key {fingerprint})")
-    for kind in attestations.PREDICATE_TYPES:
-        predicate = evidence.predicates.get(kind)
-        print(f"  {kind}: " + (f"verified: {attestations.summary(kind, predicate)}" if predicate is not None
-                               else "NOT VERIFIED"))
-    for problem in evidence.problems:
-        print(f"  problem: {problem}")
 
 
 def cmd_catalog(project: Project, args) -> int:
@@ -199,16 +148,6 @@ def register(commands) -> None:
     pruning.add_argument("--retention", type=integer, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
     pruning.set_defaults(handler=cmd_prune, writes=writes_catalog)
-
-    checking = commands.add_parser("verify-image", help="check an image's signature and attestations (no cosign needed)")
-    checking.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
-    checking.add_argument("--key", type=Path, required=True, metavar="KEY.pub",
-                          help="the public key the images are signed with (catalog/keys/<fingerprint>.pub)")
-    checking.add_argument("--format", choices=("text", "json"), default="text")
-    checking.add_argument("--retries", type=integer, default=RetryPolicy.retries,
-                          help="tries again after a transient registry error (default: %(default)s)")
-    add_access_arguments(checking)
-    checking.set_defaults(handler=cmd_verify_image, writes=lambda project, args: [])
 
     cataloging = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
     cataloging.add_argument("--format", choices=("markdown", "json"), default="markdown")

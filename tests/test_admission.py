@@ -1,0 +1,116 @@
+"""verify-image's decision (torchimages/admission.py) and the index attestations it reads, as pure logic: the report
+rule (every report by the key passes and meets every requirement, Kyverno's semantics: signing-interop.md findings
+2, 3, 10), the requirements a cluster admits on, and an index report built from its members' reports."""
+import pytest
+
+from torchimages import attestations, multiarch
+from torchimages.admission import DOCKER_MANIFEST, judge_reports, parse_requirement
+from torchimages.bases_lock import LockedBase
+from torchimages.matrix import load_matrix
+from torchimages.model import InputError
+
+from .test_signing import MATRIX, verification_report
+
+IMAGE_ID = "sha256:" + "1" * 64
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+SPEC = load_matrix(MATRIX).specs[0]
+
+
+def report(gpu: bool = False, result: str = "passed", image_id: str = IMAGE_ID) -> dict:
+    predicate = attestations.verification_predicate(SPEC, image_id, *verification_report(gpu))
+    return {**predicate, "result": result}
+
+
+def problems(reports: list[dict], *requirements: str, media_type: str = DOCKER_MANIFEST) -> list[str]:
+    parsed = [parse_requirement(text, "host" if "kind" in text or "driver" in text or "model" in text else "check")
+              for text in requirements]
+    return judge_reports(reports, parsed, media_type, IMAGE_ID)[1]
+
+
+def test_a_passed_report_about_this_image_admits_and_a_failed_one_refuses():
+    assert problems([report()]) == []
+    [refusal] = problems([report(result="failed")])
+    assert "the report says 'failed', not 'passed'" in refusal
+
+
+def test_every_report_by_the_key_must_pass_as_kyverno_judges_every_statement():
+    """Finding 3: with a passed report and then a failed one, the first no longer decides."""
+    assert problems([report(), report(result="failed")]) == [
+        f"verification report 2 of 2 ({report()['verified_at']}): the report says 'failed', not 'passed'"]
+    assert len(problems([report(result="failed"), report()])) == 1
+
+
+def test_requirements_hold_for_every_report_so_a_cpu_hosts_report_refuses_a_gpu_requirement():
+    gpu, cpu = report(gpu=True), report(gpu=False)
+    assert problems([gpu], "gpu=passed", "kind=gpu", "driver_major>=580", "gpu_model=NVIDIA H100 80GB HBM3") == []
+    [refusal] = problems([cpu, gpu], "gpu=passed")
+    assert refusal.startswith("verification report 1 of 2") and "checks.gpu.status = passed (it has 'skipped')" in refusal
+    assert "host.driver_major >= 600" in problems([gpu], "driver_major>=600")[0]
+    assert "host.gpu_model = NVIDIA A100" in problems([gpu], "gpu_model=NVIDIA A100")[0]
+
+
+def test_a_report_about_another_image_refuses_where_the_manifest_shows_the_image_id():
+    """Finding 10: a gzip push keeps Docker's v2 manifest, whose config digest is the engine's image id."""
+    other = report(image_id="sha256:" + "2" * 64)
+    [refusal] = problems([other])
+    assert f"the report is about image sha256:{'2' * 64}, not this image ({IMAGE_ID})" in refusal
+    verdicts, found = judge_reports([other], [], OCI_MANIFEST, IMAGE_ID)
+    assert found == [] and "compare by tag" in verdicts[0].notes[0], "a zstd push's OCI config is not the image id"
+
+
+@pytest.mark.parametrize(("text", "subject", "message"), [
+    ("gpu", "check", "is not CHECK=STATUS"),
+    ("gpu=ok", "check", "a check's status is passed, failed or skipped"),
+    ("gpu>=1", "check", "a check's status is passed, failed or skipped"),
+    ("colour=blue", "host", "'colour' is no host field"),
+    ("driver_major>=new", "host", ">= compares numbers"),
+])
+def test_a_requirement_that_cannot_be_judged_is_bad_input_naming_the_flag(text, subject, message):
+    with pytest.raises(InputError) as raised:
+        parse_requirement(text, subject)
+    [problem] = raised.value.problems
+    assert problem.file == ("--require" if subject == "check" else "--require-host") and message in problem.message
+
+
+def member(platform: str, gpu: bool = False, result: str = "passed") -> dict:
+    return {"digest": "sha256:" + ("a" if platform.endswith("amd64") else "b") * 64, "tag": f"row-{platform[6:]}",
+            "report": {**report(gpu), "result": result}, "sbom": {"components": [{"name": platform}]}}
+
+
+def test_an_index_report_passes_only_when_every_platform_passed_and_keeps_the_weakest_host():
+    both = {"linux/amd64": member("linux/amd64", gpu=True), "linux/arm64": member("linux/arm64")}
+    index = attestations.index_verification_predicate("row", both)
+    assert index["result"] == "passed" and index["image_id"] == ""
+    assert index["checks"]["gpu"]["status"] == "skipped", "the arm64 image's gpu check was skipped"
+    assert index["host"]["kind"] == "cpu-only", "the least-verified member's host"
+    assert index["platforms"]["linux/amd64"]["report"] == both["linux/amd64"]["report"]
+    assert judge_reports([index], [], multiarch.INDEX_MEDIA_TYPE, "")[1] == []
+    assert problems([index], "gpu=passed", media_type=multiarch.INDEX_MEDIA_TYPE)
+
+    failed = {**both, "linux/arm64": member("linux/arm64", result="failed")}
+    assert attestations.index_verification_predicate("row", failed)["result"] == "failed"
+
+
+def test_an_index_provenance_and_sbom_name_each_member_by_digest_and_platform():
+    both = {"linux/amd64": member("linux/amd64"), "linux/arm64": member("linux/arm64")}
+    provenance = attestations.index_provenance_predicate("row", both)
+    assert provenance["runDetails"]["metadata"] == {"invocationID": "row"}
+    assert [(d["annotations"]["platform"], d["digest"]["sha256"]) for d in
+            provenance["buildDefinition"]["resolvedDependencies"]] == [("linux/amd64", "a" * 64), ("linux/arm64", "b" * 64)]
+    sbom = attestations.index_sbom("row", "r/p", "sha256:" + "c" * 64, both)
+    assert [component["components"] for component in sbom["components"]] == [[{"name": "linux/amd64"}],
+                                                                           [{"name": "linux/arm64"}]]
+
+
+def test_the_provenance_names_the_base_by_the_locks_registry_digest_and_slsa_v1s_invocation_id():
+    """Finding 13: SLSA v1's field is invocationID; a consumer matches a base by its registry manifest digest."""
+    image = {"Id": IMAGE_ID, "Config": {"Labels": {"org.opencontainers.image.base.digest": "sha256:" + "e" * 64}}}
+    pinned = LockedBase(SPEC.base_image, "sha256:" + "d" * 64, "sha256:" + "e" * 64, "registry", "", "2026-01-01")
+    predicate = attestations.provenance_predicate(SPEC, image, [], pinned)
+    assert predicate["runDetails"]["metadata"]["invocationID"] == IMAGE_ID
+    [base] = predicate["buildDefinition"]["resolvedDependencies"]
+    assert base["digest"] == {"sha256": "d" * 64}
+    assert base["annotations"] == {"pin": "registry-manifest", "imageId": "sha256:" + "e" * 64, "lockSource": "registry"}
+    [unlocked] = attestations.provenance_predicate(SPEC, image, [])["buildDefinition"]["resolvedDependencies"]
+    assert unlocked["digest"] == {"sha256": "e" * 64} and unlocked["annotations"]["pin"] == "engine-image-id"
+

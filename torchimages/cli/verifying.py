@@ -1,0 +1,169 @@
+"""`verify-image`: is it ours, and did it pass? Checked as cosign and an admission policy check it, with no cosign.
+
+REF resolves to the digest the registry serves now (every manifest fetched by digest is checked to be that digest).
+A multi-arch tag resolves to its index, whose signature and attestations are checked, then the image the index names
+for this machine's platform (`--platform`, or `all`). Each digest needs the key's signature, its three attestations,
+and verification reports that meet the report rule (admission.py).
+"""
+from __future__ import annotations
+
+import json
+import platform as host
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import admission, attestations, multiarch
+from ..model import InputError, Problem
+from ..project import EXIT_FAILED, EXIT_OK, Project
+from ..registry import Manifest, RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
+from ..reporting import DIGEST
+from ..signatures import Evidence, SignatureStore, gather_evidence
+from ..signing import PublicKey, load_public_key
+from .display import log
+from .options import access_settings, add_access_arguments, integer
+
+MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+
+
+@dataclass
+class Subject:
+    """One digest checked: the one REF names, or a platform's image in the index REF names."""
+
+    label: str  # "image", "index", or the member's platform
+    digest: str
+    manifest: Manifest
+    evidence: Evidence = field(default_factory=lambda: Evidence(""))
+    reports: list[admission.ReportVerdict] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return self.evidence.holds(attestations.PREDICATE_TYPES)
+
+    def to_json(self) -> dict:
+        return {"digest": self.digest, "signed_as": self.evidence.signed_as,
+                "predicates": {kind: self.evidence.latest(kind) for kind in self.evidence.statements},
+                "reports": [{"tag": v.report.get("tag"), "image_id": v.report.get("image_id"),
+                             "verified_at": v.report.get("verified_at"), "result": v.report.get("result"),
+                             "host": v.report.get("host"), "admits": v.admits, "failures": v.failures,
+                             "notes": v.notes} for v in self.reports],
+                "problems": self.evidence.problems, "warnings": self.evidence.warnings, "verified": self.verified}
+
+
+def host_platform() -> str:
+    return MACHINES.get(host.machine().lower(), f"linux/{host.machine().lower()}")
+
+
+def cmd_verify_image(project: Project, args) -> int:
+    key = load_public_key(args.key)
+    registry, reference = image_reference(args.reference)
+    requirements = ([admission.parse_requirement(text, "check") for text in args.require]
+                    + [admission.parse_requirement(text, "host") for text in args.require_host])
+    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
+    try:
+        manifest = client.manifest_or_none(reference)
+        if manifest is None:
+            print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
+            return EXIT_FAILED
+        subjects = subjects_of(client, manifest, args.platform)
+        for subject in subjects:
+            check_subject(SignatureStore(client), key, subject, requirements)
+    except RegistryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    verified = all(subject.verified for subject in subjects)
+    if args.format == "json":
+        top = subjects[0]
+        print(json.dumps({"reference": args.reference, "key": key.fingerprint, "rule": admission.REPORT_RULE,
+                          "requirements": [str(requirement) for requirement in requirements], **top.to_json(),
+                          "platforms": {s.label: s.to_json() for s in subjects[1:]}, "verified": verified},
+                         indent=2, sort_keys=True))
+    else:
+        for subject in subjects:
+            print_subject(registry.name, key.fingerprint, subject)
+        print(f"{'verified' if verified else 'NOT VERIFIED'}: {args.reference} ({admission.REPORT_RULE}"
+              + (f"; required: {', '.join(map(str, requirements))}" if requirements else "") + ")")
+    return EXIT_OK if verified else EXIT_FAILED
+
+
+def subjects_of(client: RegistryClient, manifest: Manifest, wanted: str) -> list[Subject]:
+    """The digest REF names and, for an index, the member images of the platforms wanted (`all`, or one)."""
+    members = multiarch.platforms_of(manifest.body) if manifest.media_type in multiarch.INDEX_TYPES else {}
+    if not members:
+        return [Subject("image", manifest.digest, manifest)]
+    index = Subject("index", manifest.digest, manifest)
+    chosen = sorted(members) if wanted == "all" else [wanted]
+    missing = [name for name in chosen if name not in members]
+    if missing:
+        index.evidence.problems.append(f"the index has no {', '.join(missing)} image (it has {', '.join(sorted(members))})")
+    return [index, *(Subject(name, members[name], client.manifest(members[name])) for name in chosen
+                     if name in members)]
+
+
+def check_subject(store: SignatureStore, key: PublicKey, subject: Subject, requirements) -> None:
+    """Gather what key vouches for about the subject's digest and judge its verification reports."""
+    problems = subject.evidence.problems
+    subject.evidence = gather_evidence(store, key, subject.digest, attestations.PREDICATE_TYPES)
+    subject.evidence.problems[:0] = problems
+    reports = subject.evidence.statements.get(attestations.VERIFICATION_PREDICATE, [])
+    subject.reports, failures = admission.judge_reports(reports, requirements, subject.manifest.media_type,
+                                                        subject.manifest.config_digest)
+    subject.evidence.problems += failures
+
+
+def image_reference(text: str):
+    """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise."""
+    registry, reference = image_registry(text or "")
+    parse_registry(registry.name, flag="REF")
+    if "@" in text and not DIGEST.fullmatch(reference):
+        raise InputError([Problem("REF", 0, f"{text!r}: a digest is sha256: and 64 lower-case hex digits")])
+    return registry, reference
+
+
+def print_subject(repository: str, fingerprint: str, subject: Subject) -> None:
+    evidence = subject.evidence
+    print(f"{repository}@{subject.digest}" + ("" if subject.label == "image" else f" ({subject.label})"))
+    print(f"  signature: {'verified, signs ' + ', '.join(evidence.signed_as) if evidence.signed_as else 'NOT VERIFIED'}"
+          f" (key {fingerprint})")
+    for kind in attestations.PREDICATE_TYPES:
+        found = evidence.statements.get(kind, [])
+        if kind == attestations.VERIFICATION_PREDICATE and found:
+            for number, verdict in enumerate(subject.reports, start=1):
+                print_report(kind, number, len(subject.reports), verdict)
+            continue
+        print(f"  {kind}: " + (f"verified: {attestations.summary(kind, found[-1])}" if found else "NOT VERIFIED"))
+    for warning in evidence.warnings:
+        print(f"  warning: {warning}")
+    for problem in evidence.problems:
+        print(f"  problem: {problem}")
+
+
+def print_report(kind: str, number: int, count: int, verdict: admission.ReportVerdict) -> None:
+    report = verdict.report
+    which = f" (report {number} of {count})" if count > 1 else ""
+    print(f"  {kind}{which}: verified: {attestations.summary(kind, report)}")
+    print(f"    for {report.get('tag')} image {report.get('image_id') or '(an index)'}, verified "
+          f"{report.get('verified_at')}: {'admits' if verdict.admits else 'REFUSES: ' + '; '.join(verdict.failures)}")
+    for note in verdict.notes:
+        print(f"    note: {note}")
+
+
+def register(commands) -> None:
+    checking = commands.add_parser("verify-image", help="is it ours, and did it pass? (signature, attestations and "
+                                                        "verification reports, as cosign and a policy check them)")
+    checking.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
+    checking.add_argument("--key", type=Path, required=True, metavar="KEY.pub",
+                          help="the public key the images are signed with (catalog/keys/<fingerprint>.pub)")
+    checking.add_argument("--platform", default=host_platform(), metavar="OS/ARCH",
+                          help="of a multi-arch tag, also check the image for this platform, or `all` "
+                               "(default: this machine's, %(default)s)")
+    checking.add_argument("--require", action="append", default=[], metavar="CHECK=STATUS",
+                          help="every verification report must give this check this status, e.g. gpu=passed")
+    checking.add_argument("--require-host", action="append", default=[], metavar="FIELD=VALUE",
+                          help="every verification report ran on such a host: kind=gpu, gpu_model=NAME, "
+                               "driver_major>=580")
+    checking.add_argument("--format", choices=("text", "json"), default="text")
+    checking.add_argument("--retries", type=integer, default=RetryPolicy.retries,
+                          help="tries again after a transient registry error (default: %(default)s)")
+    add_access_arguments(checking)
+    checking.set_defaults(handler=cmd_verify_image, writes=lambda project, args: [])
