@@ -9,18 +9,29 @@ What cosign writes and checks, key-based, without a transparency log (`cosign ve
   over the envelope's PAE encoding; it travels as a layer of the `sha256-<hex>.att` tag, its predicate type in the
   layer's annotation.
 
-Keys: a key made by `cosign generate-key-pair` (an "ENCRYPTED SIGSTORE PRIVATE KEY": scrypt + NaCl secretbox around
-PKCS#8, password in COSIGN_PASSWORD, cosign's own convention) or a PKCS#8 PEM key (encrypted or not). ECDSA P-256
-only: it is what cosign makes, and what every verifier in front of a cluster (cosign, Kyverno, policy-controller,
-Ratify, CRI-O) checks with SHA-256. Neither the key nor its password ever reaches a message.
+Signing keys (`SigningKey`: sign(message) -> DER, public, source): a key made by `cosign generate-key-pair` (an
+"ENCRYPTED SIGSTORE PRIVATE KEY": scrypt + NaCl secretbox around PKCS#8, password in COSIGN_PASSWORD, cosign's own
+convention), a PKCS#8 PEM key (encrypted or not), from a file or env://VAR; or a key in hardware, named by a PKCS#11
+URI as cosign names it (`pkcs11:token=NAME;object=LABEL?module-path=...`, keys_pkcs11.py), which signs on the token.
+ECDSA P-256 only: it is what cosign makes, and what every verifier in front of a cluster (cosign, Kyverno,
+policy-controller, Ratify, CRI-O) checks with SHA-256. Cloud KMS URIs (awskms://, gcpkms://, azurekms://,
+hashivault://, k8s://) are refused with how to sign with cosign and the same key instead: its formats are these.
+Neither a key, its password nor a PIN ever reaches a message.
+
+Public keys (`verify-image --key`): any PEM key cosign 2.5 verifies with `--key`: ECDSA P-256, P-384 and P-521, RSA
+(PKCS#1 v1.5, SHA-256) and Ed25519. cosign 2.5 hashes with SHA-256 whatever the key unless told otherwise
+(`--signature-digest-algorithm`; sigstore's LoadVerifier), while a KMS signs with its curve's own hash (SHA-384 on
+P-384, SHA-512 on P-521): both are accepted on those curves.
 """
 from __future__ import annotations
 
+import abc
 import base64
 import binascii
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +40,7 @@ import nacl.exceptions
 import nacl.secret
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from .files import read_bytes
 from .model import InputError, Problem, TorchImagesError
@@ -50,6 +61,16 @@ COSIGN_PEM_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE 
 MAX_SCRYPT_N = 1 << 20
 MAKE_A_KEY = ("make one with `cosign generate-key-pair` (password in COSIGN_PASSWORD) or "
               "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem`")
+PKCS11_SCHEME = "pkcs11:"
+PIN_VALUE = re.compile(r"(pin-value=)[^&;]*")  # in a pkcs11: URI: shown as pin-value=...
+KMS_SCHEMES = ("awskms://", "gcpkms://", "azurekms://", "hashivault://", "k8s://")
+# A key reference given where a path belongs (verify-image's --key) arrives with its `://` made `:/`.
+KEY_REFERENCES_AS_PATHS = (*(scheme.replace("://", ":/") for scheme in KMS_SCHEMES), PKCS11_SCHEME)
+# The curves cosign verifies, each with the hash a KMS signs with on it (besides cosign's own default, SHA-256).
+ECDSA_HASHES: dict[str, hashes.HashAlgorithm] = {
+    "secp256r1": hashes.SHA256(), "secp384r1": hashes.SHA384(), "secp521r1": hashes.SHA512()}
+KEY_KINDS = "ECDSA P-256, P-384 or P-521, RSA and Ed25519 keys, as PEM"
+VerifyingKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
 
 
 class SignatureError(TorchImagesError):
@@ -58,7 +79,7 @@ class SignatureError(TorchImagesError):
 
 @dataclass(frozen=True)
 class PublicKey:
-    key: ec.EllipticCurvePublicKey
+    key: VerifyingKey
 
     @property
     def pem(self) -> str:
@@ -71,17 +92,52 @@ class PublicKey:
         return "sha256:" + hashlib.sha256(der).hexdigest()
 
     def verifies(self, signature: bytes, message: bytes) -> bool:
-        try:
-            self.key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
-        except InvalidSignature:
-            return False
-        return True
+        """Whether signature is this key's over message, as `cosign verify --key` checks it."""
+        key = self.key
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            return any(_holds(key.verify, signature, message, ec.ECDSA(algorithm)) for algorithm in _ecdsa_hashes(key))
+        if isinstance(key, rsa.RSAPublicKey):  # cosign's default for RSA keys: PKCS#1 v1.5, SHA-256
+            return _holds(key.verify, signature, message, padding.PKCS1v15(), hashes.SHA256())
+        return _holds(key.verify, signature, message)
 
 
-@dataclass(frozen=True)
-class SigningKey:
+def _ecdsa_hashes(key: ec.EllipticCurvePublicKey) -> list[hashes.HashAlgorithm]:
+    """SHA-256 (cosign's, whatever the curve) and the curve's own hash (a KMS's): a signature over one digest cannot
+    pass for one over another's without a collision between the two."""
+    own = ECDSA_HASHES.get(key.curve.name, hashes.SHA256())
+    return list({algorithm.name: algorithm for algorithm in (hashes.SHA256(), own)}.values())
+
+
+def _holds(verify, *arguments) -> bool:
+    try:
+        verify(*arguments)
+    except InvalidSignature:
+        return False
+    return True
+
+
+class SigningKey(abc.ABC):
+    """A private key that signs in cosign's way: ECDSA P-256 over SHA-256, the signature DER-encoded."""
+
+    source: str  # the file, env:// name or key URI (its PIN redacted) it came from, for messages
+
+    @property
+    @abc.abstractmethod
+    def public(self) -> PublicKey: ...
+
+    @abc.abstractmethod
+    def sign(self, message: bytes) -> bytes: ...
+
+    def __repr__(self) -> str:  # never the key, its password or a PIN
+        return f"{type(self).__name__}({self.source!r}, {self.public.fingerprint})"
+
+
+@dataclass(frozen=True, repr=False)
+class FileSigningKey(SigningKey):
+    """A key read from a file or an environment variable, held in this process."""
+
     private: ec.EllipticCurvePrivateKey
-    source: str  # the file or env:// name it came from, for messages
+    source: str
 
     @property
     def public(self) -> PublicKey:
@@ -90,16 +146,19 @@ class SigningKey:
     def sign(self, message: bytes) -> bytes:
         return self.private.sign(message, ec.ECDSA(hashes.SHA256()))
 
-    def __repr__(self) -> str:  # never the key
-        return f"SigningKey({self.source!r}, {self.public.fingerprint})"
-
 
 # ------------------------------------------------------------------------------------------------------------ keys
 
 def load_signing_key(source: str, environment: Mapping[str, str] | None = None) -> SigningKey:
-    """The private key named by source (a file, or env://VAR), decrypted with COSIGN_PASSWORD where it is
-    encrypted; an InputError naming the source and what to do, never quoting the key or the password."""
+    """The private key named by source (a file, env://VAR, or a pkcs11: URI), decrypted with COSIGN_PASSWORD where
+    it is encrypted; an InputError naming the source and what to do, never quoting the key, its password or a PIN."""
     variables: Mapping[str, str] = os.environ if environment is None else environment
+    if source.startswith(PKCS11_SCHEME):
+        from .keys_pkcs11 import load_token_key  # python-pkcs11 loads only for keys in hardware
+
+        return load_token_key(source, variables)
+    if source.startswith(KMS_SCHEMES):
+        raise InputError([Problem(source, 0, _sign_with_cosign(source))])
     text = _key_text(source, variables)
     password = variables.get(PASSWORD_VARIABLE, "").encode()
 
@@ -120,21 +179,55 @@ def load_signing_key(source: str, environment: Mapping[str, str] | None = None) 
         kind = key.curve.name if isinstance(key, ec.EllipticCurvePrivateKey) else type(key).__name__.removeprefix("_")
         raise wrong(f"is a {_key_kind(kind)} key: cosign-compatible signing here takes ECDSA P-256 keys, "
                     f"what every cluster verifier checks; {MAKE_A_KEY}")
-    return SigningKey(key, source)
+    return FileSigningKey(key, source)
 
 
 def load_public_key(path: Path) -> PublicKey:
-    """A PEM public key (cosign.pub) for verifying; an InputError naming the file otherwise."""
+    """A PEM public key (cosign.pub) of a kind cosign verifies, for verifying; an InputError naming the file
+    otherwise."""
+    reference = str(path)
+    if reference.startswith(KEY_REFERENCES_AS_PATHS):
+        scheme = reference.partition(":")[0]
+        example = "pkcs11:..." if reference.startswith(PKCS11_SCHEME) else f"{scheme}://..."
+        raise InputError([Problem(redacted(reference), 0, f"is a key reference, and --key reads a PEM public key: "
+                                                           f"`cosign public-key --key '{example}' > key.pub` writes "
+                                                           "it; pass key.pub")])
     data = read_bytes(path, "--key names the PEM public key the images were signed with (cosign.pub)")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):
-        hint = " (it is a private key: give the public one)" if b"PRIVATE KEY" in data else ""
-        raise InputError([Problem(str(path), 0, f"is not a PEM public key{hint}: "
+        raise InputError([Problem(reference, 0, f"is not a PEM public key{_what_it_is(data)}: "
                                                 "`cosign public-key --key cosign.key` prints it")]) from None
-    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
-        raise InputError([Problem(str(path), 0, "is not an ECDSA P-256 public key, the kind images are signed with")])
-    return PublicKey(key)
+    except Exception:  # noqa: BLE001 - cryptography's UnsupportedAlgorithm: a key of a kind it cannot read
+        raise InputError([Problem(reference, 0, f"holds a public key of a kind cosign does not verify: {KEY_KINDS}")]) \
+            from None
+    if isinstance(key, rsa.RSAPublicKey | ed25519.Ed25519PublicKey) or (
+            isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name in ECDSA_HASHES):
+        return PublicKey(key)
+    kind = key.curve.name if isinstance(key, ec.EllipticCurvePublicKey) else type(key).__name__
+    raise InputError([Problem(reference, 0, f"is a {_key_kind(kind)} public key: cosign verifies {KEY_KINDS}")])
+
+
+def _what_it_is(data: bytes) -> str:
+    if b"PRIVATE KEY" in data:
+        return " (it is a private key: give the public one)"
+    if b"CERTIFICATE" in data:
+        return " (it is a certificate: `openssl x509 -pubkey -noout -in CERT` prints its public key)"
+    return ""
+
+
+def redacted(reference: str) -> str:
+    """A key URI as messages show it: without its PIN."""
+    return PIN_VALUE.sub(r"\1...", reference)
+
+
+def _sign_with_cosign(uri: str) -> str:
+    """How to sign with a cloud KMS key, which this tool cannot reach: cosign with the same key writes the same
+    formats, and verify-image checks them with the key's public half."""
+    return (f"{uri.partition('://')[0]} keys sign inside their KMS, which this tool does not reach: publish without "
+            f"--signing-key, then sign and attest each digest with cosign and the same key (the formats are the "
+            f"same): `cosign sign --key {uri} --tlog-upload=false REPO@DIGEST` and `cosign attest --key {uri} "
+            f"--tlog-upload=false --type TYPE --predicate FILE REPO@DIGEST`")
 
 
 def _key_text(source: str, environment) -> str:
@@ -158,9 +251,11 @@ def _pem_type(text: str) -> str | None:
 
 
 def _key_kind(name: str) -> str:
-    kinds = {"RSAPrivateKey": "RSA", "Ed25519PrivateKey": "Ed25519", "Ed448PrivateKey": "Ed448",
-             "DSAPrivateKey": "DSA", "secp384r1": "ECDSA P-384", "secp521r1": "ECDSA P-521"}
-    return kinds.get(name, name)
+    """A key's kind as people name it, from its class or curve name."""
+    kinds = {"RSA": "RSA", "Ed25519": "Ed25519", "Ed448": "Ed448", "X25519": "X25519", "X448": "X448", "DSA": "DSA",
+             "secp384r1": "ECDSA P-384", "secp521r1": "ECDSA P-521"}
+    base = name.removeprefix("_").removesuffix("PrivateKey").removesuffix("PublicKey")
+    return kinds.get(base, name)
 
 
 def _load_pem(data: bytes, password: bytes, wrong):
