@@ -1,0 +1,148 @@
+"""Trust at the door, both directions, on the real registry of `make engine` with the real cosign 2.5
+(signing-interop.md findings 2-6, 9, 16): `verify-image` says verified only where every report by the key passed,
+a re-verification replaces the key's report, cosign's own `sign`, `attest` and `attach attestation` verify with
+`verify-image`, and layers cosign ignores do not turn `verify-image` red."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from torchimages import attestations, signing
+from torchimages.publish import facts_path
+from torchimages.signatures import Layer, attestation_tag, signature_layer, signature_tag
+from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
+
+from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
+from .test_publish import RUNTIME, Workspace, clean_up
+from .test_signing import SIGNED, environment, store_of, write_layers
+
+pytestmark = pytest.mark.engine
+PUBLIC = KEYS / "first.pub"
+H100_FACTS = {"main": {"gpu": {"driver_version": "580.159.04", "libcuda_driver_version": 13000,
+                               "devices": [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]}}}
+
+
+@pytest.fixture
+def workspace(tmp_path, engine_env, docker_client):
+    space = Workspace(tmp_path, engine_env.registry)
+    yield space
+    clean_up(docker_client, space)
+
+
+def cosign_writes(cosign: Path, *arguments: str) -> None:
+    """cosign signing or attaching as a user would, key-based and without a transparency log."""
+    done = subprocess.run([str(cosign), *arguments, "--allow-insecure-registry", "--allow-http-registry"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=environment(COSIGN_PASSWORD=TEST_PASSWORD))
+    assert done.returncode == 0, done.stderr
+
+
+def verdict(space, reference: str, *extra: str) -> tuple[int, dict]:
+    found = space.cli("verify-image", reference, "--key", str(PUBLIC), "--format", "json", *extra)
+    return found.returncode, json.loads(found.stdout) if found.stdout.strip() else {}
+
+
+def verified_on_gpu(space, tag: str, image_id: str) -> None:
+    """What `build.py test` leaves after a verification on an H100 host: every check passed, gpu included."""
+    checks = {"identity": CheckVerdict("passed", "torch 2.13.0+cpu"), "gpu": CheckVerdict("passed", "1 GPU")}
+    report = VerifyReport(image_id, True, checks, tag=tag, finished_at="2026-01-02T00:00:00Z")
+    verify_report_path(space.reports, tag).write_text(json.dumps(report.to_json()))
+    facts_path(space.reports, tag).write_text(json.dumps(H100_FACTS))
+
+
+def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers_only_warn(
+        workspace, docker_client, cosign, tmp_path):
+    space = workspace
+    image_id = space.build_verified(docker_client, RUNTIME)
+    space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    digest = space.catalog_json()["images"][RUNTIME]["digest"]
+    reference = f"{space.repository}@{digest}"
+    code, first = verdict(space, reference)
+    assert code == 0 and first["verified"] and [r["admits"] for r in first["reports"]] == [True]
+    assert first["reports"][0]["image_id"] == image_id and first["reports"][0]["tag"] == RUNTIME
+
+    # Finding 2 and 3: a second pipeline with the key attests a failed report. cosign accepts the signature (it does
+    # not read the predicate); verify-image, like Kyverno, judges every report and refuses.
+    failed = {**first["predicates"][attestations.VERIFICATION_PREDICATE], "result": "failed"}
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    cosign_writes(cosign, "attest", "--key", str(FIRST), "--type", attestations.VERIFICATION_PREDICATE,
+                  "--predicate", str(tmp_path / "failed.json"), "--tlog-upload=false", "--yes", reference)
+    assert cosign_accepts(cosign, reference, PUBLIC, attestations.VERIFICATION_PREDICATE)
+    code, refused = verdict(space, reference)
+    assert code == 1 and not refused["verified"]
+    assert [r["admits"] for r in refused["reports"]] == [True, False]
+    assert any("report 2 of 2" in problem and "'failed'" in problem for problem in refused["problems"])
+    text = space.cli("verify-image", reference, "--key", str(PUBLIC), check_exit=1).stdout
+    assert "(report 2 of 2)" in text and "REFUSES: the report says 'failed'" in text and "NOT VERIFIED:" in text
+
+    # A requirement of the GPU host: the CPU host's report does not meet it.
+    assert verdict(space, reference, "--require", "gpu=passed")[0] == 1
+
+    # Finding 4: verified again on a GPU host, the republish replaces the key's reports with the new one, so the
+    # signed report and the catalog agree, and the GPU requirement holds.
+    verified_on_gpu(space, RUNTIME, image_id)
+    again = space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    assert "attestations replaced" in again.stdout + again.stderr, again.stdout
+    code, renewed = verdict(space, reference, "--require", "gpu=passed", "--require-host", "kind=gpu",
+                            "--require-host", "driver_major>=580")
+    assert code == 0 and [r["verified_at"] for r in renewed["reports"]] == ["2026-01-02T00:00:00Z"], renewed
+    assert space.catalog_json()["images"][RUNTIME]["verified_on"]["host"] == "gpu"
+    assert accepted_everything(cosign, reference, PUBLIC)
+    again = space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    assert "signature present, attestations present" in again.stdout, again.stdout
+
+    # Finding 6: a layer of another kind in .sig and .att, which cosign skips, is skipped with a warning.
+    store = store_of(space)
+    for tag, media_type in ((signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE),
+                            (attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE)):
+        write_layers(store, tag, [*store.layers(tag, media_type),
+                                  Layer("application/vnd.oci.image.layer.v1.tar+gzip", b"not cosign's")])
+    assert cosign_accepts(cosign, reference, PUBLIC)
+    code, warned = verdict(space, reference)
+    assert code == 0 and len([w for w in warned["warnings"] if "a layer was skipped" in w]) == 2, warned
+
+    # Finding 9: a signature by the key naming another repository verifies, and says so.
+    write_layers(store, signature_tag(digest), [signature_layer(key(), "evil.example.com/other/pytorch", digest)])
+    code, elsewhere = verdict(space, reference)
+    assert code == 0 and elsewhere["signed_as"] == ["evil.example.com/other/pytorch"]
+    assert any("podman and CRI-O refuse it" in warning for warning in elsewhere["warnings"])
+
+
+def test_cosigns_own_signature_attestations_and_attached_envelope_verify_with_verify_image(
+        workspace, docker_client, cosign, tmp_path):
+    """Finding 5 and 16: the other direction. An unsigned publish, then cosign signs and attests it as a user with a
+    KMS or CI signing service would; the report's envelope is signed elsewhere and attached with `cosign attach
+    attestation`, which writes no predicateType annotation."""
+    space = workspace
+    image_id = space.build_verified(docker_client, RUNTIME)
+    space.publish(RUNTIME)
+    digest = space.catalog_json()["images"][RUNTIME]["digest"]
+    reference = f"{space.repository}@{digest}"
+    assert space.cli("verify-image", reference, "--key", str(PUBLIC)).returncode == 1
+
+    cosign_writes(cosign, "sign", "--key", str(FIRST), "--tlog-upload=false", "--yes", reference)
+    sbom, provenance = tmp_path / "sbom.json", tmp_path / "provenance.json"
+    sbom.write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1, "components": []}))
+    provenance.write_text(json.dumps({"buildDefinition": {"buildType": "https://example.com/ci", "externalParameters": {},
+                                                          "resolvedDependencies": []},
+                                      "runDetails": {"builder": {"id": "https://example.com/ci"}}}))
+    for kind, predicate in (("cyclonedx", sbom), ("slsaprovenance1", provenance)):
+        cosign_writes(cosign, "attest", "--key", str(FIRST), "--type", kind, "--predicate", str(predicate),
+                      "--tlog-upload=false", "--yes", reference)
+    report = {"tool": {"name": "torchimages"}, "tag": RUNTIME, "image_id": image_id, "result": "passed",
+              "verified_at": "2026-01-01T00:00:00Z", "host": {"kind": "cpu-only"},
+              "checks": {"identity": {"status": "passed", "reason": "", "warnings": []}}}
+    envelope = tmp_path / "envelope.json"
+    envelope.write_bytes(signing.envelope(key(), signing.statement(space.repository, digest,
+                                                                   attestations.VERIFICATION_PREDICATE, report)))
+    cosign_writes(cosign, "attach", "attestation", "--attestation", str(envelope), reference)
+    attached = [layer for layer in store_of(space).layers(attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE)
+                if not layer.predicate_type]
+    assert attached, "cosign attach attestation leaves the predicateType annotation out"
+
+    assert accepted_everything(cosign, reference, PUBLIC)
+    code, found = verdict(space, reference)
+    assert code == 0 and found["verified"], found
+    assert found["predicates"][attestations.VERIFICATION_PREDICATE]["result"] == "passed"
+    assert verdict(space, f"{space.repository}:{RUNTIME}")[0] == 0
