@@ -8,6 +8,7 @@ server (the flow of Harbor, GHCR and Docker Hub) that this module runs, signing 
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -261,3 +262,69 @@ if __name__ == "__main__":
         running.process.wait()
     except KeyboardInterrupt:
         running.stop()
+
+
+class ServingRegistry:
+    """A read-only registry API on a free loopback port, plain HTTP, answering manifests (reference -> body) and blobs
+    (digest -> bytes) exactly as a test filled them in: a digest may be answered with another manifest's bytes, as a
+    hostile registry (or a proxy in front of one) answers. The caller closes it."""
+
+    def __init__(self, repository: str = "ml/pytorch"):
+        self.repository = repository
+        self.manifests: dict[str, bytes] = {}
+        self.blobs: dict[str, bytes] = {}
+        served = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                prefix = f"/v2/{served.repository}/"
+                path = urlsplit(self.path).path
+                if path == "/v2/":
+                    return self._send(200, b"{}")
+                if path == prefix + "tags/list":
+                    tags = sorted(name for name in served.manifests if not name.startswith("sha256:"))
+                    return self._send(200, json.dumps({"name": served.repository, "tags": tags}).encode())
+                kind, _, reference = path.removeprefix(prefix).partition("/")
+                body = {"manifests": served.manifests, "blobs": served.blobs}.get(kind, {}).get(reference)
+                if body is None:
+                    unknown = "MANIFEST_UNKNOWN" if kind == "manifests" else "BLOB_UNKNOWN"
+                    return self._send(404, json.dumps({"errors": [{"code": unknown, "message": "unknown"}]}).encode())
+                return self._send(200, body, _media_type(body) if kind == "manifests" else "application/octet-stream",
+                                  reference)
+
+            do_HEAD = do_GET
+
+            def _send(self, status: int, body: bytes, kind: str = "application/json", digest: str = ""):
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+                if digest.startswith("sha256:"):  # a lying registry names the digest it was asked for
+                    self.send_header("Docker-Content-Digest", digest)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def serve(self, reference: str, body: bytes, blobs: dict[str, bytes] | None = None) -> str:
+        """Answer reference (a tag, or any digest) with body, and serve blobs; the body's own digest."""
+        self.manifests[reference] = body
+        self.blobs.update(blobs or {})
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _media_type(body: bytes) -> str:
+    try:
+        return json.loads(body).get("mediaType") or "application/vnd.docker.distribution.manifest.v2+json"
+    except (ValueError, AttributeError):
+        return "application/vnd.docker.distribution.manifest.v2+json"

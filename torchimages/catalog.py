@@ -46,6 +46,7 @@ from .reporting import (
     utc_timestamp,
 )
 from .sbom import SBOM_DIR
+from .signing import PublicKey, load_public_key
 
 CATALOG_NAME = "catalog.json"
 README_NAME = "README.md"
@@ -347,11 +348,50 @@ def public_key_path(catalog_dir: Path, fingerprint: str) -> Path:
     return catalog_dir / KEYS_DIR / f"{fingerprint.removeprefix('sha256:')[:16]}.pub"
 
 
-def save_public_key(catalog_dir: Path, public) -> None:
-    """catalog/keys/<fingerprint>.pub: the public key consumers verify with (`cosign verify --key`, Kyverno)."""
+def save_public_key(catalog_dir: Path, public: PublicKey) -> None:
+    """catalog/keys/<fingerprint>.pub: the public key consumers verify with (`cosign verify --key`, Kyverno). A file
+    already there must hold this very key: one that holds another is an InputError naming it, never trusted (a
+    consumer would verify with whatever it holds) nor silently overwritten (someone changed it)."""
     path = public_key_path(catalog_dir, public.fingerprint)
-    if not path.is_file():
+    if not path.exists():
         atomic_write(path, public.pem, root=catalog_dir)
+        return
+    found, problem = read_key_file(path)
+    if problem is None and found is not None and found.fingerprint != public.fingerprint:
+        problem = wrong_key(path, found.fingerprint)
+    if problem is not None:
+        raise InputError([Problem(str(path), 0, problem)])
+
+
+def key_file_problems(catalog_dir: Path) -> list[str]:
+    """One line for each catalog/keys/*.pub that does not hold the key its name gives (`catalog --check`)."""
+    folder = catalog_dir / KEYS_DIR
+    if not folder.is_dir():
+        return []
+    return [f"{path}: {problem}" for path in sorted(folder.glob("*.pub"))
+            if (problem := read_key_file(path)[1]) is not None]
+
+
+def read_key_file(path: Path) -> tuple[PublicKey | None, str | None]:
+    """The key a catalog/keys/ file holds, and why it is not the key its name gives (None when it is): the name is the
+    first hex digits of the key's fingerprint, the sha256 of its DER public key, as public_key_path names it."""
+    try:
+        found = load_public_key(path)
+    except InputError as error:
+        return None, f"{'; '.join(problem.message for problem in error.problems)} ({restore_key(path)})"
+    if public_key_path(path.parent.parent, found.fingerprint).name != path.name:
+        return found, wrong_key(path, found.fingerprint)
+    return found, None
+
+
+def wrong_key(path: Path, fingerprint: str) -> str:
+    return f"holds the key {fingerprint}, whose file would be {public_key_path(path.parent.parent, fingerprint).name}, " \
+           f"not {path.name}: {restore_key(path)}"
+
+
+def restore_key(path: Path) -> str:
+    return (f"restore it with `git checkout -- {path}`, or delete it and publish with the signing key again (it "
+            "writes its public key there)")
 
 
 def platform_of(image: dict) -> str:

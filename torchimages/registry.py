@@ -20,6 +20,19 @@ regular file this module read and checked (a certs.d `ca.crt` linked to /dev/zer
 skopeo run has a bound (seconds for a question, half an hour for a transfer) and retries stop after a total bound;
 every answer (a manifest, a tag list) is checked for its shape before it is used, and a wrong one names the registry
 and what it sent.
+
+Digests are checked, everywhere. `skopeo inspect --raw` of REPO@sha256:... prints whatever the registry answers,
+unchecked (skopeo 1.9.3's cmd/skopeo/inspect.go writes out ImageSource.GetManifest's bytes), so every manifest and
+index fetched by digest here (manifest, manifest_or_none, digest_of: verify-image's digests, an index's members
+before publish builds and signs the index) is hashed and compared with the digest asked for before anything reads
+it; a mismatch is a RegistryError naming both. What skopeo reads through containers/image's UnparsedImage is
+checked there (v5.22.1, which skopeo 1.9.3 vendors): the manifest of REPO@digest against the digest
+(internal/image/unparsed.go, "Manifest does not match provided manifest digest") for `inspect --config`
+(image_config) and every `copy` from a digest (pull, copy_tag); the config blob against the manifest's config digest
+(ConfigBlob in internal/image/docker_schema2.go and oci.go); every blob a copy reads against its descriptor
+(copy/digesting_reader.go: read_artifact's layers, pull's). A tag cannot be checked: the digest found for it is the
+sha256 of the exact bytes answered (Manifest.from_body), the digest the catalog records and a signature names.
+`delete` sends a digest and reads nothing.
 """
 from __future__ import annotations
 
@@ -465,9 +478,12 @@ class RegistryClient:
         return manifest
 
     def manifest_or_none(self, reference: str) -> Manifest | None:
+        """The manifest (or index) reference names, None when there is none; one asked for by digest is checked to
+        be that digest before anything reads it (`skopeo inspect --raw` prints whatever the registry answers)."""
         body = self._skopeo("inspect", "--raw", *self.access.flags(), self.registry.reference(reference), missing_ok=True)
         if body is None:
             return None
+        self._require_digest(reference, body)
         try:
             return Manifest.from_body(body)
         except ValueError as error:
@@ -597,6 +613,18 @@ class RegistryClient:
         if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
             raise self._garbage("its tag list", "Tags is not a list of names", output)
         return sorted(tags)
+
+    def _require_digest(self, reference: str, body: bytes) -> None:
+        """A RegistryError unless body is the manifest reference names, when reference is a digest (a tag names
+        whatever the registry holds: the digest found for it is the sha256 of these very bytes)."""
+        if not reference.startswith("sha256:"):
+            return
+        found = "sha256:" + hashlib.sha256(body).hexdigest()
+        if found != reference:
+            raise RegistryError(f"registry {self.registry.host} answered {self.registry.repository}@{reference} with a "
+                                f"manifest whose digest is {found}: it is not the image asked for; nothing it sent "
+                                "was used (the registry, or a proxy or cache in front of it, serves the wrong content: "
+                                "tell its operators)", transient=False)
 
     def _garbage(self, what: str, why: str, sent: bytes) -> RegistryError:
         return RegistryError(f"registry {self.registry.host} sent {what} as {why}: "

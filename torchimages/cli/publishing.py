@@ -115,11 +115,15 @@ def cmd_catalog(project: Project, args) -> int:
     catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
     current = catalog_stage.current_page(readme_path)
     if args.check:
+        # A consumer verifies with the key file the page links to: one holding another key than its name is refused.
+        key_problems = catalog_stage.key_file_problems(folder)
+        for problem in key_problems:
+            print(f"error: {problem}", file=sys.stderr)
         if current != page:
             print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
             return EXIT_FAILED
         print(f"{readme_path} is up to date")
-        return EXIT_OK
+        return EXIT_FAILED if key_problems else EXIT_OK
     if args.format == "json":
         print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
     else:
