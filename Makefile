@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # (the bound tests' deliberate stalls, subprocesses): 83 s with 2 workers, 65 s with 4 on 2 cores (docs/benchmarks.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 
-.PHONY: setup engine engine-down cosign render render-check lint images test test-fast bench clean
+.PHONY: setup engine engine-down cosign softhsm render render-check lint images test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ engine-down:
 cosign: setup
 	$(PYTHON) -m devtools.cosign
 
+# SoftHSM2, the software PKCS#11 token the hardware-key tests sign with (Debian's softhsm2: a file check once there).
+softhsm: setup
+	$(PYTHON) -m devtools.softhsm
+
 render: setup
 	$(PYTHON) build.py render
 
@@ -52,13 +56,13 @@ images: render-check engine
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
 # The engine and cosign set up while the render check, lint and the engine-free tests run, then the engine tests on
 # two processes (devtools/test_lanes.sh).
-test: setup
+test: setup softhsm
 	TEST_WORKERS=$(TEST_WORKERS) devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
 # On TEST_WORKERS processes (pytest-xdist): these tests share no engine, port or folder; those that import torch run on
 # one of them (tests/conftest.py's groups).
-test-fast: render-check lint
+test-fast: render-check lint softhsm
 	$(PYTHON) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: engine
