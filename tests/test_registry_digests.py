@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import attestations, catalog
+from torchimages import attestations, catalog, multiarch
 from torchimages.admission import DOCKER_MANIFEST
 from torchimages.catalog import Catalog, public_key_path, save, save_public_key
 from torchimages.model import InputError
@@ -161,6 +161,21 @@ def test_verify_image_of_an_unsigned_digest_answered_with_a_signed_manifest_exit
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and "verified:" not in result.stdout
     assert_one_line_naming(result.stderr, f"answered {served.repository}@{asked}", signed_digest)
+
+
+def test_verify_image_of_an_index_whose_member_is_answered_with_a_signed_manifest_exits_1(served, tmp_path):
+    """A multi-arch tag names its index (a tag: unchecked), the index names each member by digest: the member is."""
+    signed_digest, signed_body = serve_signed_image(served, "signed")
+    unsigned, _ = image("unsigned")
+    member = "sha256:" + hashlib.sha256(unsigned).hexdigest()
+    served.serve(member, signed_body)
+    served.serve("multi", multiarch.index_body([multiarch.Member("linux/amd64", "multi-amd64", member,
+                                                                  DOCKER_MANIFEST, len(unsigned))]))
+    result = run_cli_in_process("verify-image", f"{served.host}/{served.repository}:multi", "--platform",
+                                "linux/amd64", "--key", str(FIRST.with_suffix(".pub")), "--retries", "0",
+                                env={"DOCKER_CONFIG": str(tmp_path)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert_one_line_naming(result.stderr, f"answered {served.repository}@{member}", signed_digest)
 
 
 # --------------------------------------------------------------------------------------------------- catalog keys
