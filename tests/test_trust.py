@@ -3,6 +3,7 @@
 a re-verification replaces the key's report, cosign's own `sign`, `attest` and `attach attestation` verify with
 `verify-image`, and layers cosign ignores do not turn `verify-image` red."""
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from torchimages import attestations, signing
 from torchimages.publish import facts_path
-from torchimages.signatures import Layer, attestation_tag, signature_layer, signature_tag
+from torchimages.signatures import MAX_ARTIFACT_BYTES, Layer, attestation_tag, signature_layer, signature_tag
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
 from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
@@ -101,6 +102,21 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
     assert cosign_accepts(cosign, reference, PUBLIC)
     code, warned = verdict(space, reference)
     assert code == 0 and len([w for w in warned["warnings"] if "a layer was skipped" in w]) == 2, warned
+
+    # A report the key signed about this digest but made for another image is refused (finding 10), as is an
+    # attestation tag too large to be one, before it is copied.
+    copied = {**renewed["predicates"][attestations.VERIFICATION_PREDICATE], "image_id": "sha256:" + "0" * 64}
+    (tmp_path / "copied.json").write_text(json.dumps(copied))
+    cosign_writes(cosign, "attest", "--key", str(FIRST), "--type", attestations.VERIFICATION_PREDICATE,
+                  "--predicate", str(tmp_path / "copied.json"), "--tlog-upload=false", "--yes", reference)
+    code, other = verdict(space, reference)
+    assert code == 1 and any(f"the report is about image sha256:{'0' * 64}" in p for p in other["problems"]), other
+    held = store.read(attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE)[0]  # the foreign layer left out
+    write_layers(store, attestation_tag(digest), [*held, Layer(signing.ATTESTATION_MEDIA_TYPE,
+                                                               os.urandom(MAX_ARTIFACT_BYTES + 1))])
+    code, huge = verdict(space, reference)
+    assert code == 1 and any("more than any signature or attestation" in p for p in huge["problems"]), huge
+    write_layers(store, attestation_tag(digest), held[:-1])  # without the copied report
 
     # Finding 9: a signature by the key naming another repository verifies, and says so.
     write_layers(store, signature_tag(digest), [signature_layer(key(), "evil.example.com/other/pytorch", digest)])

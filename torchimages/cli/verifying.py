@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform as host
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .display import log
 from .options import access_settings, add_access_arguments, integer
 
 MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+PLATFORM = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/v[0-9]+)?", re.ASCII)
 
 
 @dataclass
@@ -57,6 +59,9 @@ def host_platform() -> str:
 def cmd_verify_image(project: Project, args) -> int:
     key = load_public_key(args.key)
     registry, reference = image_reference(args.reference)
+    if args.platform != "all" and not PLATFORM.fullmatch(args.platform):
+        raise InputError([Problem("--platform", 0, f"{args.platform!r} is not OS/ARCH (linux/amd64, linux/arm64) "
+                                                   "or all")])
     requirements = ([admission.parse_requirement(text, "check") for text in args.require]
                     + [admission.parse_requirement(text, "host") for text in args.require_host])
     client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
