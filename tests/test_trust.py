@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchimages import attestations, signing
+from torchimages.catalog import public_key_path
 from torchimages.publish import facts_path
 from torchimages.signatures import MAX_ARTIFACT_BYTES, Layer, attestation_tag, signature_layer, signature_tag
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
@@ -56,6 +57,14 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
         workspace, docker_client, cosign, tmp_path):
     space = workspace
     image_id = space.build_verified(docker_client, RUNTIME)
+    # A catalog key file that holds another key (catalog/keys/ is what consumers verify with) stops publish before
+    # anything is pushed.
+    planted = public_key_path(space.catalog, key().public.fingerprint)
+    planted.parent.mkdir(parents=True)
+    planted.write_text((KEYS / "second.pub").read_text())
+    refused = space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED), check_exit=2)
+    assert str(planted) in refused.stderr and space.tags() == []
+    planted.unlink()
     space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
     digest = space.catalog_json()["images"][RUNTIME]["digest"]
     reference = f"{space.repository}@{digest}"

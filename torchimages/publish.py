@@ -273,6 +273,8 @@ class Publisher:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
         catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
         catalog_stage.require_sbom_folder(self.options.catalog_dir)
+        if self.options.signing_key is not None:  # a catalog key file that holds another key stops the run here
+            catalog_stage.save_public_key(self.options.catalog_dir, self.options.signing_key.public)
         reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
         facts = {spec.tag: read_facts(facts_path(self.options.reports_dir, spec.tag)) for spec in specs}
         self.wheel_records = {spec.tag: read_wheel_record(wheel_record_path(self.options.reports_dir, spec.tag))
