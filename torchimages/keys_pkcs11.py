@@ -51,7 +51,8 @@ class KeyReference:
         self.key_label = _text(where.get("object"))
         self.key_id = urllib.parse.unquote_to_bytes(where["id"]) if where.get("id") else None
         self.module = _text(how.get("module-path")) or environment.get(MODULE_VARIABLE, "")
-        self.pin = _text(how.get("pin-value")) or self._pin_from(how.get("pin-source")) or environment.get(PIN_VARIABLE)
+        self.pin = (_text(how.get("pin-value")) or self._pin_from(how.get("pin-source"))
+                    or environment.get(PIN_VARIABLE) or None)
         self._check()
 
     def wrong(self, message: str) -> InputError:
