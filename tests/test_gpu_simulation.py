@@ -82,6 +82,10 @@ def test_every_check_gives_the_verdict_a_real_host_gives(host, run_index, tmp_pa
     got = {name: verdict_of(checks[name]) for name in run["expect"]}
     assert got == run["expect"], (f"{host['name']} with {spec.tag}: {run['why']}\n"
                                   + "\n".join(f"{name}: {checks[name]['message']}" for name in run["expect"]))
+    # `says`: words the verdict must carry, where the cause is the point (the variable that hides a GPU, not the driver)
+    unsaid = {name: checks[name]["message"] for name, words in run.get("says", {}).items()
+              if words not in checks[name]["message"]}
+    assert not unsaid, f"{host['name']}: {run['why']}\nexpected {run['says']}\ngot {unsaid}"
 
 
 @pytest.mark.parametrize("host", [name for name in gpu_hosts.SCENARIOS if gpu_hosts.load(name)["expect_doctor"]],

@@ -5,8 +5,11 @@ environment's CPU torch answer as that host's torch.cuda does, so that the probe
 
 `torch_cuda` holds CUDA's answers: `available`, `device_count` (CUDA's count), optionally `nvml_device_count` (what
 torch.cuda.device_count() answers before CUDA is initialised; default: the GPUs nvidia-smi lists), `warning`,
-`device_error` and `devices` (name, uuid, capability in CUDA's order; default: derived from nvidia-smi). `build.py
-gpu-record` writes a real host's answers in this format, with its verdicts as the run's expectations."""
+`device_error`, `init_error` (what torch.cuda.init() raises where CUDA cannot start) and `devices` (name, uuid,
+capability, total_memory in CUDA's order; default: derived from nvidia-smi). These are the answers with
+CUDA_VISIBLE_DEVICES unset, or set as `cuda_visible_devices` says; a run that sets another value gets them as CUDA
+and torch apply it (`cuda_visible`). `build.py gpu-record` writes a real host's answers in this format, with its
+verdicts as the run's expectations."""
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +28,15 @@ from torchimages.checks.suite.helpers import PTX_TOO_NEW, cuda_version_number
 HERE = Path(__file__).resolve().parent
 SCENARIOS = sorted(path.stem for path in HERE.glob("*.yaml"))
 NO_KERNEL_IMAGE = "CUDA error: no kernel image is available for execution on the device"
+# What torch's first CUDA call warns where CUDA_VISIBLE_DEVICES repeats a device (measured on an H100, gpu-audit-3
+# C1: "0,0"), and what torch.cuda.init() raises where CUDA has no device (measured there too; c10/cuda/
+# CUDAFunctions.cpp, device_count_ensure_non_zero). A hiding value otherwise warns nothing: CUDA answers
+# cudaErrorNoDevice, which c10's device_count_impl takes as zero devices.
+INVALID_ORDINAL_WARNING = ("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+                           "functions before calling NumCudaDevices() that might have already set an error? Error "
+                           "101: invalid device ordinal")
+NO_CUDA_GPUS = "No CUDA GPUs are available"
+TORCH_WARNING_PREFIX = "CUDA initialization: "
 
 
 def load(name: str) -> dict:
@@ -81,8 +93,9 @@ def torch_cuda_facts(scenario: dict, cuda: str) -> dict:
     return facts.get("by_cuda_major", {}).get(cuda.split(".")[0], facts)
 
 
-def _capability(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")
+def _capability(value) -> tuple[int, int]:
+    """"9.0" as a host file or record writes it, or (9, 0) as the lane keeps it."""
+    major, minor = value.split(".") if isinstance(value, str) else value
     return int(major), int(minor)
 
 
@@ -93,9 +106,10 @@ def cuda_devices(scenario: dict, facts: dict) -> list[dict]:
     device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), listed after the whole GPUs on mixed hosts
     (DataDog/datadog-agent#36377); cut to CUDA's count."""
     if facts.get("devices"):
-        return [{**device, "capability": _capability(str(device["capability"]))} for device in facts["devices"]]
+        return [{**device, "capability": _capability(device["capability"])} for device in facts["devices"]]
     gpus = scenario["nvidia_smi"].get("gpus") or []
-    whole = [{"name": gpu["name"], "uuid": gpu["uuid"], "capability": _capability(gpu["compute_cap"])}
+    # torch reports a GPU's UUID without nvidia-smi's "GPU-" (measured on an H100, gpu-audit-3 C7)
+    whole = [{"name": gpu["name"], "uuid": gpu["uuid"].removeprefix("GPU-"), "capability": _capability(gpu["compute_cap"])}
              for gpu in gpus if gpu.get("mig_mode") != "Enabled" and not gpu.get("mig_devices")]
     mig = [{"name": f"{gpu['name']} MIG {device['profile']}", "uuid": device["uuid"],
             "capability": _capability(gpu["compute_cap"])}
@@ -110,12 +124,79 @@ def nvml_device_count(scenario: dict, facts: dict) -> int:
     NVML's count of the physical GPUs the container was given, the GPUs nvidia-smi lists (MIG devices are not NVML
     devices); -1 where NVML fails (nvidia-smi's NVML errors), and torch then asks CUDA. A recorded count wins."""
     recorded = facts.get("nvml_device_count", scenario.get("nvml_device_count"))
-    if recorded is not None:
-        return int(recorded)
+    return int(recorded) if recorded is not None else raw_nvml_count(scenario)
+
+
+def raw_nvml_count(scenario: dict) -> int:
+    """NVML's own count (nvmlDeviceGetCount), whatever CUDA_VISIBLE_DEVICES says: 0 on "No devices were found", -1
+    where NVML fails."""
     smi = scenario["nvidia_smi"]
     if smi.get("returncode"):
         return 0 if "No devices were found" in smi.get("output", "") else -1
     return len(smi.get("gpus") or [])
+
+
+def raw_nvml_uuids(scenario: dict) -> list[str] | None:
+    """NVML's UUIDs (nvmlDeviceGetUUID, "GPU-..." as nvidia-smi prints them); None where NVML fails."""
+    if raw_nvml_count(scenario) < 0:
+        return None
+    return [gpu["uuid"] for gpu in scenario["nvidia_smi"].get("gpus") or []]
+
+
+def _full_uuid(device: dict) -> str:
+    """The UUID CUDA_VISIBLE_DEVICES names a device by: torch reports it bare, nvidia-smi with its GPU-/MIG- prefix."""
+    uuid = str(device.get("uuid", ""))
+    if uuid.startswith(("GPU-", "MIG-")):
+        return uuid
+    return ("MIG-" if " MIG " in device.get("name", "") else "GPU-") + uuid
+
+
+def _visible_index(entry: str, devices: list[dict]) -> int | None:
+    """The device one CUDA_VISIBLE_DEVICES entry names, or None where it is invalid and ends the list: an index below
+    the count, or a unique prefix of a GPU-/MIG- UUID ("GPU-38dc" as measured)."""
+    if entry.isdigit():
+        return int(entry) if int(entry) < len(devices) else None
+    if entry.startswith(("GPU-", "MIG-")):
+        matches = [index for index, device in enumerate(devices) if _full_uuid(device).startswith(entry)]
+        return matches[0] if len(matches) == 1 else None
+    return None
+
+
+def cuda_visible(devices: list[dict], value: str | None) -> tuple[list[dict], str | None]:
+    """The devices CUDA enumerates under CUDA_VISIBLE_DEVICES=value, and torch's warning: "If one of the indices is
+    invalid, only the devices whose index precedes the invalid index are visible" (CUDA Programming Guide, CUDA
+    Environment Variables); a repeated device is error 101 (measured, gpu-audit-3 C1: "0,0")."""
+    if value is None:
+        return devices, None
+    chosen: list[int] = []
+    for entry in value.split(","):
+        index = _visible_index(entry.strip(), devices)
+        if index is None:
+            break
+        if index in chosen:
+            return [], INVALID_ORDINAL_WARNING
+        chosen.append(index)
+    return [devices[index] for index in chosen], None
+
+
+def visible_facts(scenario: dict, facts: dict, value: str | None) -> dict:
+    """torch.cuda's answers under CUDA_VISIBLE_DEVICES=value: as recorded where it is the value they were recorded
+    under, else CUDA's devices cut by it (a host where CUDA cannot start stays so: CUDA fails before it reads the
+    variable) and NVML's count left to torch's own _device_count_nvml."""
+    recorded_under = facts.get("cuda_visible_devices")
+    if value == recorded_under:
+        return facts
+    if recorded_under is not None:
+        raise ValueError(f"{scenario.get('name')}: torch's answers were recorded under CUDA_VISIBLE_DEVICES="
+                         f"{recorded_under!r}; the lane cannot derive them for {value!r}")
+    if not facts["available"]:
+        return facts
+    devices, warning = cuda_visible(cuda_devices(scenario, facts), value)
+    derived = {key: item for key, item in facts.items() if key != "nvml_device_count"}
+    derived.update({"available": bool(devices), "device_count": len(devices), "devices": devices})
+    if warning:
+        derived["warning"] = warning
+    return derived
 
 
 def device_index(value) -> int:
@@ -135,9 +216,10 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     them with that error. `cudnn_version`: what torch.backends.cudnn.version() reports (the row's cuDNN)."""
     from torch.overrides import TorchFunctionMode
 
-    facts = torch_cuda_facts(scenario, cuda)
-    count, nvml_count = facts["device_count"], nvml_device_count(scenario, facts)
-    devices = cuda_devices(scenario, facts)
+    facts = visible_facts(scenario, torch_cuda_facts(scenario, cuda), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    count, devices = facts["device_count"], cuda_devices(scenario, facts)
+    recorded_nvml_count = facts.get("nvml_device_count", scenario.get("nvml_device_count"))
+    real_nvml_count = torch.cuda._device_count_nvml  # torch's own: it reads CUDA_VISIBLE_DEVICES as the real one does
     # PTX newer than the libcuda cannot be JIT-compiled (NVIDIA CUDA Compatibility, minor-version compatibility).
     jit_fails = ((scenario.get("libcuda") or {}).get("driver_version") or 0) < cuda_version_number(cuda)
     coverage = [covers(arch_flags, device["capability"], cuda) for device in devices]
@@ -148,17 +230,25 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     def device_error(index: int) -> str | None:
         return facts.get("device_error") or (kernel_errors[index] if index < len(kernel_errors) else None)
 
-    def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA
+    def nvml_count() -> int:
+        return int(recorded_nvml_count) if recorded_nvml_count is not None else real_nvml_count()
+
+    def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA; it raises where CUDA cannot start
+        if not facts["available"] or not count:
+            raise RuntimeError(init_error(facts))
         initialized["cuda"] = True
 
     def is_available():
+        if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and nvml_count() >= 0:
+            return device_count() > 0  # torch/cuda/__init__.py is_available: NVML's count, CUDA not asked
         if facts.get("warning") and not warned:  # c10::cuda::device_count warns once, in a static initialiser
             warned.append(True)
             warnings.warn(facts["warning"], UserWarning, stacklevel=2)
         return bool(facts["available"])
 
     def device_count():
-        return count if initialized["cuda"] or nvml_count < 0 else nvml_count
+        before_init = nvml_count()
+        return count if initialized["cuda"] or before_init < 0 else before_init
 
     def properties(index=0):
         lazy_init()
@@ -168,7 +258,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         device = devices[index]
         major, minor = device["capability"]
         return types.SimpleNamespace(name=device["name"], major=major, minor=minor, uuid=device["uuid"],
-                                     total_memory=80 * 2**30)
+                                     total_memory=device.get("total_memory", 80 * 2**30))
 
     def on_cuda(value) -> bool:
         return isinstance(value, (str, torch.device)) and str(value).startswith("cuda")
@@ -217,7 +307,9 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     cuda, patches = torch.cuda, []
     stand_ins = [
         (cuda, "is_available", is_available), (cuda, "device_count", device_count),
-        (cuda, "_device_count_nvml", lambda: nvml_count),
+        (cuda, "_device_count_nvml", nvml_count),
+        (cuda, "_raw_device_count_nvml", lambda: raw_nvml_count(scenario)),
+        (cuda, "_raw_device_uuid_nvml", lambda: raw_nvml_uuids(scenario)),
         (cuda, "init", lazy_init), (cuda, "_lazy_init", lazy_init),
         (cuda, "get_device_properties", properties),
         (cuda, "get_device_capability", lambda index=0: (properties(index).major, properties(index).minor)),
@@ -243,6 +335,14 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     finally:
         for owner, name, value in reversed(patches):
             setattr(owner, name, value)
+
+
+def init_error(facts: dict) -> str:
+    """What torch.cuda.init() raises where CUDA cannot start: c10's device_count_ensure_non_zero throws the words torch
+    warned at the first call ("The NVIDIA driver on your system is too old ...", "... Error 803: ..."), or "No CUDA
+    GPUs are available" where CUDA answered no device (measured on an H100, gpu-audit-3 C5)."""
+    warning = str(facts.get("warning") or "")
+    return facts.get("init_error") or warning.removeprefix(TORCH_WARNING_PREFIX) or NO_CUDA_GPUS
 
 
 @contextlib.contextmanager

@@ -196,6 +196,8 @@ def torch_cuda_as_lane_host(gpu: dict) -> dict:
     """What torch.cuda answered, as a lane host's stand-in replays it: availability, CUDA's and NVML's counts, the
     first-call warning, the devices in CUDA's order, and an error every device gave that is not the arch list's."""
     facts = {"available": bool(gpu.get("available")), "device_count": gpu.get("device_count") or 0}
+    if gpu.get("cuda_visible_devices") is not None:  # the answers hold under this value only: the lane applies others
+        facts["cuda_visible_devices"] = gpu["cuda_visible_devices"]
     if gpu.get("nvml_device_count") is not None:
         facts["nvml_device_count"] = gpu["nvml_device_count"]
     if gpu.get("warnings"):
@@ -203,7 +205,9 @@ def torch_cuda_as_lane_host(gpu: dict) -> dict:
     devices = gpu.get("devices") or []
     if devices:
         facts["devices"] = [{"name": device["name"], "uuid": device.get("uuid", ""),
-                             "capability": ".".join(map(str, device["capability"]))} for device in devices]
+                             "capability": ".".join(map(str, device["capability"])),
+                             **({"total_memory": device["total_memory"]} if "total_memory" in device else {})}
+                            for device in devices]
     errors = {device.get("kernel_error") for device in devices if not device.get("kernel_ok", True)}
     if len(errors) == 1 and devices and all(not device.get("kernel_ok", True) for device in devices):
         [error] = errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
-from torchimages.checks.probe import decode_cudnn_version, os_tag
+from torchimages.checks.probe import NVIDIA_SMI_UUID, decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX, ImageSpec
 
 
@@ -76,6 +76,54 @@ def expected_device_count(expect: dict, gpu: dict) -> tuple[int | range | None, 
         if len(entries) < expected:
             expected, source = len(entries), f"CUDA_VISIBLE_DEVICES={visible}"
     return expected, source
+
+
+def _listed_uuids(gpu: dict) -> list[str]:
+    """The GPU and MIG device UUIDs nvidia-smi -L lists in the container (the names CUDA_VISIBLE_DEVICES may use)."""
+    lines = [*(gpu.get("nvidia_smi_gpus") or []),
+             *(line for lines in (gpu.get("mig_devices") or {}).values() for line in lines)]
+    return [match.group(1) for match in map(NVIDIA_SMI_UUID.search, lines) if match]
+
+
+def _hiding_entry(value: str, listed: int, uuids: list[str]) -> str | None:
+    """Why CUDA sees no device under CUDA_VISIBLE_DEVICES=value, where the variable is the cause: CUDA reads the
+    entries up to the first invalid one (CUDA Programming Guide, "CUDA Environment Variables"), and a repeated one
+    leaves none (error 101; torch's _parse_visible_devices: "Repeated ordinal results in empty set"). None where
+    the first entry names a GPU: the variable leaves CUDA one, so something else stopped it."""
+    if not value.strip():
+        return "hides every GPU (an empty value leaves CUDA no device)"
+    seen: list[str] = []
+    for entry in (part.strip() for part in value.split(",")):
+        if entry in seen:
+            return f"repeats {entry}, and CUDA then sees no device at all (error 101, invalid device ordinal)"
+        if entry.isdigit():
+            valid, why = int(entry) < listed, (f"names index {entry}, past the {listed} GPU(s) nvidia-smi lists here "
+                                               f"(indices 0 to {listed - 1})")
+        elif entry.startswith(("GPU-", "MIG-")):
+            valid = any(uuid.startswith(entry) for uuid in uuids)
+            why = f"names {entry}, which is no GPU nvidia-smi -L lists here ({', '.join(uuids)})"
+        else:
+            valid, why = False, f"starts with {entry!r}, which is neither an index nor a GPU UUID"
+        if not valid:
+            return None if seen else why
+        seen.append(entry)
+    return None
+
+
+def hiding_visible_devices(gpu: dict, image_env: list[str] | None = None) -> str | None:
+    """CUDA_VISIBLE_DEVICES as the cause torch sees no GPU where nvidia-smi lists some (nvidia-smi ignores the
+    variable), with the fix; None where it is unset or not the cause. A classic: `--gpus device=1` gives the
+    container that GPU as index 0, so CUDA_VISIBLE_DEVICES=1 carried over from the host hides it."""
+    value, listed = gpu.get("cuda_visible_devices"), gpu.get("nvidia_smi_gpus") or []
+    why = _hiding_entry(value, len(listed), _listed_uuids(gpu)) if value is not None and listed else None
+    if why is None:
+        return None
+    origin = ("the image's ENV sets it" if any(entry.startswith("CUDA_VISIBLE_DEVICES=") for entry in image_env or ())
+              else "set by the job, the shell or `docker run -e`")
+    indices = ",".join(str(index) for index in range(len(listed)))
+    return (f"CUDA_VISIBLE_DEVICES={value!r} {why}, so torch sees no GPU ({origin}). Inside a container the GPUs it "
+            f"was given are numbered from 0 (after `--gpus device=2,3` they are 0 and 1): unset CUDA_VISIBLE_DEVICES, "
+            f"or set it to {indices} or to UUIDs nvidia-smi -L lists")
 
 
 def observed_label_values(main: dict) -> dict[str, str]:

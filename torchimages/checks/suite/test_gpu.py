@@ -11,6 +11,7 @@ from .helpers import (
     driver_start_failure,
     driver_verdict,
     expected_device_count,
+    hiding_visible_devices,
     host_start_failure,
     minimum_driver,
     ptx_only_without_jit,
@@ -29,11 +30,20 @@ def _nvidia_smi_says(gpu: dict) -> str:
     return f"lists {len(smi)}" if smi is not None else "lists nothing (not present)"
 
 
-@pytest.mark.check("gpu")
-def test_cuda_is_available(gpu, expect):
+def _why_no_gpu(gpu: dict, image: dict) -> str:
+    """The cause torch sees no GPU and its fix: CUDA_VISIBLE_DEVICES hiding the GPUs nvidia-smi lists, the host's
+    driver or a host service; else where to look."""
+    hidden = hiding_visible_devices(gpu, image.get("env"))
+    if hidden:
+        return hidden
     cause = host_start_failure(gpu)
-    fix = (f"The host is the cause: {cause}" if cause else "Check the host driver (see the driver check) and "
-           "that the NVIDIA runtime passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
+    return (f"The host is the cause: {cause}" if cause else "Check the host driver (see the driver check) and "
+            "that the NVIDIA runtime passes GPUs to containers (`docker run --gpus all ... nvidia-smi`)")
+
+
+@pytest.mark.check("gpu")
+def test_cuda_is_available(gpu, expect, image):
+    fix = _why_no_gpu(gpu, image)
     assert gpu["available"], (
         f"torch.cuda.is_available() is False although GPUs were requested (--gpus {expect['gpus']['text']}); "
         f"nvidia-smi in the container {_nvidia_smi_says(gpu)}{_torch_warnings(gpu)}. {fix}")
