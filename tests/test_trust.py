@@ -171,3 +171,8 @@ def test_cosigns_own_signature_attestations_and_attached_envelope_verify_with_ve
     assert code == 0 and found["verified"], found
     assert found["predicates"][attestations.VERIFICATION_PREDICATE]["result"] == "passed"
     assert verdict(space, f"{space.repository}:{RUNTIME}")[0] == 0
+    # A key rotation: the verifier trusts the old and the new key for a while; either may have signed.
+    second = KEYS / "second.pub"
+    assert space.cli("verify-image", reference, "--key", str(second)).returncode == 1
+    rotated = space.cli("verify-image", reference, "--key", str(second), "--key", str(PUBLIC), "--format", "json")
+    assert rotated.returncode == 0 and len(json.loads(rotated.stdout)["keys"]) == 2

@@ -309,18 +309,18 @@ class Evidence:
         return bool(self.signed_as) and all(kind in self.statements for kind in predicate_types) and not self.problems
 
 
-def gather_evidence(store: SignatureStore, key: signing.PublicKey, digest: str, predicate_types) -> Evidence:
-    """Check digest's signature and attestations on the registry against key, as cosign does: layers it cannot use
-    are skipped with a warning, a signature naming another repository is accepted with one; every failure is a
-    problem named."""
+def gather_evidence(store: SignatureStore, keys: list[signing.PublicKey], digest: str, predicate_types) -> Evidence:
+    """Check digest's signature and attestations on the registry against keys (any of them: a key rotation trusts the
+    old and the new key for a while), as cosign does: layers it cannot use are skipped with a warning, a signature
+    naming another repository is accepted with one; every failure is a problem named."""
     evidence = Evidence(digest)
     repository = store.registry.registry.name
     signatures, skipped = _read_or_problem(store, signature_tag(digest), signing.SIGNATURE_MEDIA_TYPE, evidence)
-    verified = [layer for layer in signatures if signed_by(key, layer, digest)]
+    verified = [layer for layer in signatures if any(signed_by(key, layer, digest) for key in keys)]
     evidence.signed_as = sorted({signed_reference(layer) for layer in verified})
     if not verified:
-        evidence.problems.append(f"no signature by this key for {digest} ({len(signatures)} signature(s) at "
-                                 f"{signature_tag(digest)}, none verifies)")
+        evidence.problems.append(f"no signature by {'this key' if len(keys) == 1 else 'these keys'} for {digest} "
+                                 f"({len(signatures)} signature(s) at {signature_tag(digest)}, none verifies)")
     elif repository not in evidence.signed_as:
         evidence.warnings.append(f"the signature names {', '.join(evidence.signed_as)}, not {repository}: cosign and "
                                  "Kyverno accept it (they compare the digest), podman and CRI-O refuse it")
@@ -328,14 +328,15 @@ def gather_evidence(store: SignatureStore, key: signing.PublicKey, digest: str, 
                                                     evidence)
     evidence.warnings += skipped + skipped_attestations
     for layer in layers:
-        found = attested_by(key, layer, digest)
+        found = next((statement for key in keys if (statement := attested_by(key, layer, digest)) is not None), None)
         if found is not None:
             predicate = found.get("predicate")
             evidence.statements.setdefault(found["predicateType"], []).append(predicate if isinstance(predicate, dict)
                                                                               else {})
     for kind in predicate_types:
         if kind not in evidence.statements:
-            evidence.problems.append(f"no {kind} attestation by this key for {digest}")
+            evidence.problems.append(f"no {kind} attestation by {'this key' if len(keys) == 1 else 'these keys'} "
+                                     f"for {digest}")
     return evidence
 
 

@@ -57,7 +57,7 @@ def host_platform() -> str:
 
 
 def cmd_verify_image(project: Project, args) -> int:
-    key = load_public_key(args.key)
+    keys = [load_public_key(path) for path in args.key]
     registry, reference = image_reference(args.reference)
     if args.platform != "all" and not PLATFORM.fullmatch(args.platform):
         raise InputError([Problem("--platform", 0, f"{args.platform!r} is not OS/ARCH (linux/amd64, linux/arm64) "
@@ -72,20 +72,21 @@ def cmd_verify_image(project: Project, args) -> int:
             return EXIT_FAILED
         subjects = subjects_of(client, manifest, args.platform)
         for subject in subjects:
-            check_subject(SignatureStore(client), key, subject, requirements)
+            check_subject(SignatureStore(client), keys, subject, requirements)
     except RegistryError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     verified = all(subject.verified for subject in subjects)
     if args.format == "json":
         top = subjects[0]
-        print(json.dumps({"reference": args.reference, "key": key.fingerprint, "rule": admission.REPORT_RULE,
+        print(json.dumps({"reference": args.reference, "keys": [key.fingerprint for key in keys],
+                          "rule": admission.REPORT_RULE,
                           "requirements": [str(requirement) for requirement in requirements], **top.to_json(),
                           "platforms": {s.label: s.to_json() for s in subjects[1:]}, "verified": verified},
                          indent=2, sort_keys=True))
     else:
         for subject in subjects:
-            print_subject(registry.name, key.fingerprint, subject)
+            print_subject(registry.name, ", ".join(key.fingerprint for key in keys), subject)
         print(f"{'verified' if verified else 'NOT VERIFIED'}: {args.reference} ({admission.REPORT_RULE}"
               + (f"; required: {', '.join(map(str, requirements))}" if requirements else "") + ")")
     return EXIT_OK if verified else EXIT_FAILED
@@ -105,10 +106,10 @@ def subjects_of(client: RegistryClient, manifest: Manifest, wanted: str) -> list
                      if name in members)]
 
 
-def check_subject(store: SignatureStore, key: PublicKey, subject: Subject, requirements) -> None:
-    """Gather what key vouches for about the subject's digest and judge its verification reports."""
+def check_subject(store: SignatureStore, keys: list[PublicKey], subject: Subject, requirements) -> None:
+    """Gather what the keys vouch for about the subject's digest and judge its verification reports."""
     problems = subject.evidence.problems
-    subject.evidence = gather_evidence(store, key, subject.digest, attestations.PREDICATE_TYPES)
+    subject.evidence = gather_evidence(store, keys, subject.digest, attestations.PREDICATE_TYPES)
     subject.evidence.problems[:0] = problems
     reports = subject.evidence.statements.get(attestations.VERIFICATION_PREDICATE, [])
     subject.reports, failures = admission.judge_reports(reports, requirements, subject.manifest.media_type,
@@ -157,8 +158,10 @@ def register(commands) -> None:
     checking = commands.add_parser("verify-image", help="is it ours, and did it pass? (signature, attestations and "
                                                         "verification reports, as cosign and a policy check them)")
     checking.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
-    checking.add_argument("--key", type=Path, required=True, metavar="KEY.pub",
-                          help="the public key the images are signed with (catalog/keys/<fingerprint>.pub)")
+    checking.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
+                          help="the public key the images are signed with (catalog/keys/<fingerprint>.pub); repeat it "
+                               "to trust several (a key rotation): any of them may sign, and every report they "
+                               "signed must pass")
     checking.add_argument("--platform", default=host_platform(), metavar="OS/ARCH",
                           help="of a multi-arch tag, also check the image for this platform, or `all` "
                                "(default: this machine's, %(default)s)")
