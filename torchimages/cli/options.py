@@ -150,10 +150,12 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layer compression of pushed images: gzip, which every client pulls (default), or zstd, "
                              "smaller and faster to unpack, for clients that read it: containerd 1.5+, Docker 23+ "
                              "(Docker 20.10 cannot pull it)")
-    parser.add_argument("--signing-key", metavar="FILE|env://VAR",
+    parser.add_argument("--signing-key", metavar="FILE|env://VAR|pkcs11:URI",
                         help=f"sign each published digest and attach its SBOM, provenance and verification report "
                              f"(cosign's format): a `cosign generate-key-pair` key or a PKCS#8 PEM ECDSA P-256 key, "
-                             f"password in {signing.PASSWORD_VARIABLE} (default: ${signing.KEY_VARIABLE})")
+                             f"password in {signing.PASSWORD_VARIABLE}, or a key on a PKCS#11 token "
+                             f"(pkcs11:token=NAME;object=LABEL?module-path=MODULE, PIN in COSIGN_PKCS11_PIN) "
+                             f"(default: ${signing.KEY_VARIABLE})")
     parser.add_argument("--require-signing", action="store_true",
                         help="refuse to publish without a signing key (as `signing: required` in the matrix does)")
     parser.add_argument("--security-mirror", metavar="URL|DIR",
