@@ -149,6 +149,7 @@ def bad_token_keys(token: Token, folder: Path) -> dict[str, tuple[str, dict, str
                       "names no PKCS#11 module"),
         "missing module": (token.uri(module=str(folder / "nope.so")), unset, "is not a file"),
         "not a library": (token.uri(module=str(folder / "not-a-module.so")), unset, "is not a PKCS#11 module"),
+        # a shared library already loaded here, with no PKCS#11 entry point
         "a library, not PKCS#11": (token.uri(module=_hashlib.__file__), unset,
                                    "is not a PKCS#11 module (undefined symbol: C_GetFunctionList)"),
         "no key named": (f"pkcs11:token={TOKEN_LABEL}?module-path={token.module}&pin-value={PIN}", unset,
