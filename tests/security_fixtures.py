@@ -142,16 +142,22 @@ def write_archive(root: Path, key: Key | None, packages: list[Package], packages
     return root
 
 
+def pool_path(package: Package) -> str:
+    """Where the archive keeps a package's .deb (below its root), as the Packages index names it."""
+    return f"pool/updates/main/{package.name[0]}/{package.name}/{package.name}_{package.version}_{package.arch}.deb"
+
+
 def _packages_index(root: Path, packages: list[Package]) -> bytes:
     """Packages.xz listing packages, each .deb written into pool/ when it has a changelog."""
     paragraphs = []
     for package in packages:
-        filename = f"pool/updates/main/{package.name[0]}/{package.name}/{package.name}_{package.version}_{package.arch}.deb"
+        filename = pool_path(package)
+        deb = make_deb(package.name, package.changelog or "no changelog")
         if package.changelog:
             (root / filename).parent.mkdir(parents=True, exist_ok=True)
-            (root / filename).write_bytes(make_deb(package.name, package.changelog))
+            (root / filename).write_bytes(deb)
         paragraphs.append(f"Package: {package.name}\nVersion: {package.version}\nArchitecture: {package.arch}\n"
-                          f"Filename: {filename}\n")
+                          f"Filename: {filename}\nSize: {len(deb)}\nSHA256: {hashlib.sha256(deb).hexdigest()}\n")
     return lzma.compress("\n".join(paragraphs).encode(), format=lzma.FORMAT_XZ)
 
 

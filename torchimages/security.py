@@ -13,40 +13,35 @@ import hashlib
 import io
 import lzma
 import re
-import shutil
-import subprocess
 import tarfile
-import tempfile
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-import requests
-import urllib3
 from debian import changelog as debian_changelog
 from debian import deb822
 from debian.debian_support import version_compare
 
-from .files import read_json_document
-from .model import InputError, PeerError, Problem
+from .files import brief, read_json_document
+from .model import InputError, Problem
 from .sbom import Allowlist, Finding, ScanResult
+from .security_fetch import Fetcher, SecurityIndexError, amount, verify_release
 
 INDEX_FORMATS = {"deb": "dpkg"}  # a family's security index format -> the SBOM package database it is compared with
 MAX_RELEASE_BYTES = 4 << 20
 MAX_INDEX_BYTES = 64 << 20  # a compressed Packages file (bookworm-security's: 0.4 MB)
 MAX_UNPACKED_BYTES = 512 << 20
 MAX_PACKAGE_BYTES = 256 << 20  # a .deb read for its changelog
-READ_TIMEOUT_S = 30.0  # a silent peer
-FETCH_DEADLINE_S = 300.0  # a peer that trickles bytes
-GPGV_TIMEOUT_S = 60
-CHUNK = 1 << 16
-
-
-class SecurityIndexError(PeerError):
-    """The security index could not be read or does not hold: nothing is judged (and nothing published) on it."""
+MAX_VERSION_CHARS = 256  # Debian's longest is under 100; thousands of digits cost int() its limit
+# What dpkg accepts: an optional epoch, an upstream version starting with a digit, a revision not empty
+DPKG_VERSION = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]*(?<!-)", re.ASCII)
+PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}", re.ASCII)
+ARCHITECTURE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}", re.ASCII)
+POOL_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+~%/-]{0,511}", re.ASCII)
+SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+SIZE = re.compile(r"[0-9]{1,15}", re.ASCII)
 
 
 # ------------------------------------------------------------------------------------------------------ the data
@@ -76,6 +71,8 @@ class Candidate:
     version: str
     arch: str
     filename: str  # the .deb's path below the archive root
+    size: int = 0  # and its size and SHA-256, as the signed index gives them
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +84,8 @@ class Fixable:
     cves: tuple[str, ...] = ()
     since: str = ""  # YYYY-MM-DD of the oldest fix after the installed version, where the changelog says
     filename: str = ""
+    size: int = 0
+    sha256: str = ""
 
     def to_json(self) -> dict:
         return {"package": self.package, "arch": self.arch, "installed": self.installed, "fixed": self.fixed,
@@ -158,8 +157,10 @@ def sbom_packages(document, path: str, database: str = "dpkg") -> list[Installed
         if manager.get("io.torchimages:package-manager") != database:
             continue
         arch = re.search(r"[?&]arch=([^&]+)", str(component.get("purl", "")))
-        packages.append(Installed(str(component.get("name")), str(component.get("version")),
-                                  arch.group(1) if arch else "all"))
+        package = Installed(str(component.get("name")), str(component.get("version")), arch.group(1) if arch else "all")
+        if why := installed_problem(package):
+            raise InputError([Problem(path, 0, f"{why}: write it again from the image (publish does)")])
+        packages.append(package)
     if not packages:
         raise InputError([Problem(path, 0, f"the SBOM lists no {database} packages, so nothing can be compared with the "
                                            "security index: write it again from the image (publish does)")])
@@ -168,30 +169,83 @@ def sbom_packages(document, path: str, database: str = "dpkg") -> list[Installed
 
 # ------------------------------------------------------------------------------------------------- pure parsing
 
+def is_dpkg_version(text: str) -> bool:
+    """Whether dpkg (and python-debian, which compares them) takes text as a version; bounded, so that no version of
+    thousands of digits reaches int()."""
+    if len(text) > MAX_VERSION_CHARS or not DPKG_VERSION.fullmatch(text):
+        return False
+    try:
+        version_compare(text, "0")
+    except ValueError:
+        return False
+    return True
+
+
+def installed_problem(package: Installed) -> str:
+    """What is wrong with an installed package as an SBOM or an image lists it, or ''."""
+    if not PACKAGE_NAME.fullmatch(package.name):
+        return f"package name {brief(package.name)} is not a Debian package name"
+    if not is_dpkg_version(package.version):
+        return f"package {package.name} has version {brief(package.version)}, which dpkg refuses"
+    if not ARCHITECTURE.fullmatch(package.arch):
+        return f"package {package.name} has architecture {brief(package.arch)}, not a Debian architecture"
+    return ""
+
+
 def parse_release(text: str, source: str) -> dict[str, tuple[str, int]]:
-    """A Release file's SHA256 list: path -> (sha256, size)."""
+    """A Release file's SHA256 list: path -> (sha256, size); any entry or date not of its shape refuses the file."""
     release = deb822.Release(text)
-    valid_until = _when(release.get("Valid-Until"))
-    if valid_until is not None and valid_until < dt.datetime.now(dt.timezone.utc):
-        raise SecurityIndexError(f"{source}: the Release file expired {valid_until:%Y-%m-%d %H:%M} UTC (Valid-Until): "
-                                 "a stale mirror, or an old index replayed; use a current mirror")
+    _check_valid_until(release.get("Valid-Until"), source)
     entries = release.get("SHA256") or []
     if not entries:
         raise SecurityIndexError(f"{source}: not a Release file (no SHA256 list): the index is damaged or not an archive")
-    return {entry["name"]: (entry["sha256"], int(entry["size"])) for entry in entries}
+    hashes = {}
+    for entry in entries:
+        name, digest, size = (str(entry.get(key, "")) for key in ("name", "sha256", "size"))
+        if not (POOL_PATH.fullmatch(name) and SHA256.fullmatch(digest) and SIZE.fullmatch(size)):
+            raise SecurityIndexError(f"{source}: a SHA256 entry that is not `HASH SIZE PATH` ({brief(digest)} "
+                                     f"{brief(size)} {brief(name)}): the index is damaged or not an archive")
+        hashes[name] = (digest, int(size))
+    return hashes
 
 
-def parse_packages(text: str) -> dict[tuple[str, str], Candidate]:
-    """A Packages index -> the newest version of each (package, architecture)."""
+def _check_valid_until(text: str | None, source: str) -> None:
+    if text is None:
+        return
+    valid_until = _when(text)
+    if valid_until is None:
+        raise SecurityIndexError(f"{source}: Valid-Until {brief(text)} is not a date: the index is damaged")
+    if valid_until < dt.datetime.now(dt.timezone.utc):
+        raise SecurityIndexError(f"{source}: the Release file expired {valid_until:%Y-%m-%d %H:%M} UTC (Valid-Until): "
+                                 "a stale mirror, or an old index replayed; use a current mirror")
+
+
+def parse_packages(text: str, source: str = "Packages") -> dict[tuple[str, str], Candidate]:
+    """A Packages index -> the newest version of each (package, architecture); a paragraph with a field not of its
+    shape refuses the index (one line naming it, the value quoted inert)."""
     newest: dict[tuple[str, str], Candidate] = {}
     for paragraph in deb822.Packages.iter_paragraphs(io.StringIO(text), use_apt_pkg=False):
-        name, version, arch = paragraph.get("Package"), paragraph.get("Version"), paragraph.get("Architecture", "all")
-        if not (name and version):
-            continue
-        key = (name, arch)
-        if key not in newest or version_compare(version, newest[key].version) > 0:
-            newest[key] = Candidate(name, version, arch, paragraph.get("Filename", ""))
+        candidate = _candidate(paragraph, source)
+        key = (candidate.name, candidate.arch)
+        if key not in newest or version_compare(candidate.version, newest[key].version) > 0:
+            newest[key] = candidate
     return newest
+
+
+# Each field a Packages paragraph must have, and what it must look like (dpkg's and the archive's rules)
+PACKAGES_FIELDS: dict[str, Callable[[str], object]] = {
+    "Package": PACKAGE_NAME.fullmatch, "Version": is_dpkg_version, "Architecture": ARCHITECTURE.fullmatch,
+    "Filename": POOL_PATH.fullmatch, "Size": SIZE.fullmatch, "SHA256": SHA256.fullmatch}
+
+
+def _candidate(paragraph, source: str) -> Candidate:
+    fields = {key: str(paragraph.get(key, "")) for key in PACKAGES_FIELDS}
+    for key, valid in PACKAGES_FIELDS.items():
+        if not valid(fields[key]):
+            raise SecurityIndexError(f"{source}: package {brief(fields['Package'])} has {key} {brief(fields[key])}, "
+                                     "not of its shape (dpkg would refuse it); the index is damaged or hostile")
+    return Candidate(fields["Package"], fields["Version"], fields["Architecture"], fields["Filename"],
+                     int(fields["Size"]), fields["SHA256"])
 
 
 def fixable_updates(installed: list[Installed], candidates: dict[tuple[str, str], Candidate]) -> list[Fixable]:
@@ -201,7 +255,7 @@ def fixable_updates(installed: list[Installed], candidates: dict[tuple[str, str]
         candidate = candidates.get((package.name, package.arch))
         if candidate and version_compare(candidate.version, package.version) > 0:
             updates.append(Fixable(package.name, package.arch, package.version, candidate.version,
-                                   filename=candidate.filename))
+                                   filename=candidate.filename, size=candidate.size, sha256=candidate.sha256))
     return sorted(updates, key=lambda item: (item.package, item.arch))
 
 
@@ -211,11 +265,22 @@ def changelog_fixes(text: str, installed: str) -> tuple[tuple[str, ...], str]:
     cves: set[str] = set()
     since = ""
     for block in debian_changelog.Changelog(text, strict=False):
-        if block.version is None or version_compare(str(block.version), installed) <= 0:
+        version = _entry_version(block)
+        if not version or version_compare(version, installed) <= 0:
             continue
         cves.update(re.findall(r"CVE-[0-9]{4}-[0-9]{4,}", "\n".join(block.changes())))
         since = _date(block.date) or since
     return tuple(sorted(cves)), since
+
+
+def _entry_version(block) -> str:
+    """A changelog entry's version, or '' for one dpkg refuses: it says nothing that can be placed after the
+    installed version."""
+    try:
+        version = "" if block.version is None else str(block.version)
+    except ValueError:  # python-debian parses the version when it is asked for
+        return ""
+    return version if is_dpkg_version(version) else ""
 
 
 def _date(text: str | None) -> str:
@@ -227,7 +292,7 @@ def _when(text: str | None) -> dt.datetime | None:
     """An RFC 2822 date (changelogs, Release files), in UTC when it names no zone; None when it is not one."""
     try:
         when = parsedate_to_datetime(text) if text else None
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     return when.replace(tzinfo=dt.timezone.utc) if when and when.tzinfo is None else when
 
@@ -260,16 +325,18 @@ def _gunzip(data: bytes) -> bytes:
 
 
 def _ar_member(data: bytes, prefix: str) -> bytes | None:
+    """The first member whose name starts with prefix; None for an archive whose member sizes are not decimal or
+    run past its end (a negative size walked the offset backwards for ever)."""
     if not data.startswith(b"!<arch>\n"):
         return None
     offset = 8
     while offset + 60 <= len(data):
         header = data[offset:offset + 60]
         name = header[:16].decode(errors="replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode().strip())
-        except ValueError:
+        size_field = header[48:58].strip()
+        if not re.fullmatch(rb"[0-9]+", size_field) or int(size_field) > len(data) - offset - 60:
             return None
+        size = int(size_field)
         if name.startswith(prefix):
             return data[offset + 60:offset + 60 + size]
         offset += 60 + size + (size % 2)
@@ -347,91 +414,6 @@ def merge(verdicts: list[ScanResult]) -> ScanResult:
 
 # ----------------------------------------------------------------------------------------------------- fetching
 
-class Fetcher:
-    """Reads files below an archive root (http(s), or a local folder holding a saved index), each within a byte limit,
-    a read timeout and an overall deadline."""
-
-    def __init__(self, root: str, session: requests.Session | None = None, read_timeout: float = READ_TIMEOUT_S,
-                 deadline: float = FETCH_DEADLINE_S):
-        self.root = root.rstrip("/")
-        self.session = session or requests.Session()
-        self.read_timeout, self.deadline = read_timeout, deadline
-
-    def where(self, path: str) -> str:
-        return f"{self.root}/{path}"
-
-    def get(self, path: str, limit: int) -> bytes:
-        if PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
-            raise SecurityIndexError(f"{self.where(path)}: a path outside the archive root; the index is not trusted")
-        if not re.match(r"https?://", self.root):
-            return self._read_file(Path(self.root) / path, limit)
-        started = time.monotonic()
-        try:
-            with self.session.get(self.where(path), stream=True, timeout=(10, self.read_timeout)) as response:
-                if response.status_code != 200:
-                    raise SecurityIndexError(f"{self.where(path)}: HTTP {response.status_code}")
-                body = bytearray()
-                # read1 returns what has come, up to a chunk: iter_content waits for a whole chunk, so a server
-                # sending a few bytes at a time held one read (and the deadline's next look) for as long as it liked.
-                while chunk := response.raw.read1(CHUNK, decode_content=True):
-                    body += chunk
-                    if len(body) > limit:
-                        raise SecurityIndexError(f"{self.where(path)}: larger than {_amount(limit)}; refused")
-                    if time.monotonic() - started > self.deadline:
-                        raise SecurityIndexError(f"{self.where(path)}: not read within {self.deadline:g} s (the "
-                                                 "server is too slow); try again or name a mirror")
-                return bytes(body)
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as error:  # the latter: read1's own
-            timeout = (requests.Timeout, urllib3.exceptions.TimeoutError)
-            kind = "timed out" if isinstance(error, timeout) or "timed out" in str(error).lower() else "failed"
-            raise SecurityIndexError(f"{self.where(path)}: {kind} ({type(error).__name__}); try again or name a "
-                                     "mirror") from None
-
-    def _read_file(self, path: Path, limit: int) -> bytes:
-        try:
-            with path.open("rb") as handle:
-                data = handle.read(limit + 1)
-        except OSError as error:
-            raise SecurityIndexError(f"{path}: {error.strerror or error}") from None
-        if len(data) > limit:
-            raise SecurityIndexError(f"{path}: larger than {_amount(limit)}; refused")
-        return data
-
-
-def _amount(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} bytes"
-
-
-def verify_release(data: bytes, keyring: str, source: str) -> tuple[str, str]:
-    """The InRelease file's signed text and what was checked: gpgv with the distribution's keyring where this host has
-    it; a bad signature is an error, a keyring this host lacks is said, not hidden."""
-    if not keyring or not Path(keyring).is_file() or not shutil.which("gpgv"):
-        missing = "gpgv" if keyring and Path(keyring).is_file() else (keyring or "no keyring named in compat.yaml")
-        return _cleartext(data, source), f"signature not checked ({missing} not on this host)"
-    with tempfile.TemporaryDirectory(prefix="torchimages-release-") as folder:
-        signed = Path(folder) / "InRelease"
-        signed.write_bytes(data)
-        try:
-            checked = subprocess.run(["gpgv", "--keyring", keyring, "--output", "-", str(signed)], capture_output=True,
-                                     timeout=GPGV_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise SecurityIndexError(f"{source}: gpgv did not finish in {GPGV_TIMEOUT_S} s") from None
-    if checked.returncode != 0:
-        why = " ".join(checked.stderr.decode(errors="replace").split()[-12:])
-        raise SecurityIndexError(f"{source}: the Release signature does not verify with {keyring} ({why}); the index "
-                                 "is not trusted")
-    return checked.stdout.decode("utf-8", errors="replace"), f"signature verified with {keyring}"
-
-
-def _cleartext(data: bytes, source: str) -> str:
-    text = data.decode("utf-8", errors="replace")
-    match = re.search(r"-----BEGIN PGP SIGNED MESSAGE-----\n(?:Hash:[^\n]*\n)*\n(.*?)\n-----BEGIN PGP SIGNATURE",
-                      text, re.DOTALL)
-    if "-----BEGIN PGP" in text and not match:
-        raise SecurityIndexError(f"{source}: a damaged signed Release file")
-    return match.group(1) if match else text
-
-
 def read_index(archive: Archive, fetcher: Fetcher, arch: str) -> SecurityIndex:
     """The suite's Packages lists for one architecture, each checked against the (signed) Release file's hash."""
     release_path = f"dists/{archive.suite}/InRelease"
@@ -446,12 +428,11 @@ def read_index(archive: Archive, fetcher: Fetcher, arch: str) -> SecurityIndex:
             raise SecurityIndexError(f"{where}: the Release file lists no such index (components: "
                                      f"{', '.join(archive.components)}); fix compat.yaml's security entry")
         digest, size = hashes[name]
-        data = fetcher.get(f"dists/{archive.suite}/{name}", min(MAX_INDEX_BYTES, size) if size else MAX_INDEX_BYTES)
-        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-            raise SecurityIndexError(f"{where}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}..., "
-                                     f"but the Release file says {size} bytes, {digest[:16]}... (truncated or "
-                                     "replaced); nothing judged")
-        candidates.update(parse_packages(_unxz(data, where)))
+        if size > MAX_INDEX_BYTES:
+            raise SecurityIndexError(f"{where}: larger than {amount(MAX_INDEX_BYTES)} (the Release file says "
+                                     f"{size} bytes); refused")
+        data = fetcher.get_vouched(f"dists/{archive.suite}/{name}", size, digest)
+        candidates.update(parse_packages(_unxz(data, where), where))
     return SecurityIndex(archive, candidates, signature)
 
 
@@ -462,7 +443,7 @@ def _unxz(data: bytes, where: str) -> str:
     except lzma.LZMAError as error:
         raise SecurityIndexError(f"{where}: not xz-compressed as its name says ({error})") from None
     if len(text) > MAX_UNPACKED_BYTES:
-        raise SecurityIndexError(f"{where}: unpacks to more than {_amount(MAX_UNPACKED_BYTES)}; refused")
+        raise SecurityIndexError(f"{where}: unpacks to more than {amount(MAX_UNPACKED_BYTES)}; refused")
     if not decompressor.eof:
         raise SecurityIndexError(f"{where}: the xz stream ends early (truncated)")
     return text.decode("utf-8", errors="replace")
@@ -476,14 +457,32 @@ def with_cves(updates: list[Fixable], fetcher: Fetcher, log: Callable[[str], Non
     for item in updates:
         if item.filename not in read:
             try:
-                read[item.filename] = deb_changelog(fetcher.get(item.filename, MAX_PACKAGE_BYTES), item.package)
+                read[item.filename] = deb_changelog(_vouched_package(item, fetcher), item.package)
             except SecurityIndexError as error:
                 log(f"{item.package} {item.fixed}: changelog not read ({error})")
                 read[item.filename] = None
         text = read[item.filename]
-        cves, since = changelog_fixes(text, item.installed) if text else ((), "")
-        found.append(Fixable(item.package, item.arch, item.installed, item.fixed, cves, since, item.filename))
+        cves, since = _changelog_fixes_or_none(text, item.installed)
+        found.append(Fixable(item.package, item.arch, item.installed, item.fixed, cves, since, item.filename,
+                             item.size, item.sha256))
     return found
+
+
+def _vouched_package(item: Fixable, fetcher: Fetcher) -> bytes:
+    """The fixed package's .deb, only as the signed Packages index lists it (its size and SHA-256): a changelog the
+    index does not vouch for could name any CVE, and an allowlisted one would pass the gate."""
+    if not item.sha256 or item.size > MAX_PACKAGE_BYTES:
+        raise SecurityIndexError(f"{fetcher.where(item.filename)}: the index gives no SHA256 for it, or a size over "
+                                 f"{amount(MAX_PACKAGE_BYTES)}")
+    return fetcher.get_vouched(item.filename, item.size, item.sha256)
+
+
+def _changelog_fixes_or_none(text: str | None, installed: str) -> tuple[tuple[str, ...], str]:
+    """changelog_fixes, or none for a changelog python-debian cannot read (the update stays fixable without them)."""
+    try:
+        return changelog_fixes(text, installed) if text else ((), "")
+    except debian_changelog.ChangelogParseError:
+        return (), ""
 
 
 class Checker:
@@ -502,6 +501,8 @@ class Checker:
         if archive is None:  # not judged, and said so: the family table is where an OS gets its archive
             return RowSecurity(subject, os_name, signature=f"{os_name} has no security archive in {self.compat_path} "
                                                            f"(os.{os_name}.security)")
+        if problems := [why for why in map(installed_problem, installed) if why]:
+            return RowSecurity(subject, os_name, error=f"{subject}: {problems[0]}; nothing judged")
         arch = next((p.arch for p in installed if p.arch != "all"), "amd64")
         fetcher = self.fetcher_factory(archive.url)
         index = self._index(archive, fetcher, arch)
