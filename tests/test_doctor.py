@@ -6,13 +6,16 @@ import stat
 
 import pytest
 
+from torchimages import doctor as doctor_module
 from torchimages.doctor import (
     Finding,
     HostGpu,
     arch_findings,
+    compute_mode_finding,
     disk_finding,
     emulated_machines,
     gzip_finding,
+    mig_finding,
     parse_nvidia_smi,
     row_findings,
 )
@@ -209,3 +212,40 @@ def test_an_x86_64_host_with_qemu_registered_warns_that_arm64_rows_run_emulated(
     assert "under qemu (binfmt_misc), slowly; its GPU checks need an aarch64 GPU host" in arch_findings(
         arm, "x86_64", frozenset({"aarch64"}))[0].detail
     assert statuses(arch_findings(arm, "x86_64")) == ["fail"] * len(arm)
+
+
+@pytest.mark.parametrize("line", [
+    "NVIDIA H100 80GB HBM3, 9.0, 580.95.05, [Not Supported], [Not Supported]",
+    "NVIDIA H100 80GB HBM3, 9.0, 580.95.05, [N/A], [N/A]",
+    "NVIDIA H100 80GB HBM3, 9.0, 580.95.05, Default\x1b[31m, Enabled?",  # garbage: not reported, not a crash
+    "NVIDIA H100 80GB HBM3, 9.0, 580.95.05",  # a driver asked without the mode fields
+])
+def test_modes_that_are_not_reported_or_garbage_keep_the_gpu_and_limit_nothing(line):
+    [gpu] = parse_nvidia_smi(line + "\n")
+    assert (gpu.name, gpu.capability, gpu.compute_mode, gpu.mig_mode) == (H100.name, (9, 0), "[N/A]", "[N/A]")
+    assert compute_mode_finding([gpu]) is None and mig_finding([gpu], {}) is None
+
+
+def test_a_gpu_in_mig_mode_without_a_mig_device_is_a_host_warning_with_the_fix():
+    mig_on = dataclasses.replace(H100, compute_mode="Default", mig_mode="Enabled")
+    finding = mig_finding([H100, mig_on], {})
+    assert finding and finding.status == "warn" and "GPU 1 (NVIDIA H100 80GB HBM3) in MIG mode" in finding.detail
+    assert "`nvidia-smi mig -i 1 -cgi <profile> -C`" in finding.detail and "MIG-<uuid>" in finding.detail
+    assert mig_finding([mig_on], {"0": ["MIG 3g.40gb Device 0: (UUID: MIG-a)"]}) is None
+    assert mig_finding([mig_on], None) is None  # `nvidia-smi -L` not read: doctor does not guess
+
+
+def test_a_driver_that_does_not_know_the_mig_field_is_asked_again_without_it(tmp_path):
+    env = with_nvidia_smi(tmp_path, 'case "$1" in *mig.mode*) echo \'Field "mig.mode.current" is not a valid field '
+                                    'to query.\'; exit 2;; esac\necho "NVIDIA H100 80GB HBM3, 9.0, 580.95.05"')
+    code, found = doctor(CU130, env=env)
+    assert statuses(found["host gpus"]) == ["ok"] and statuses(found[CU130]) == ["ok"]
+
+
+def test_an_nvidia_smi_listing_that_hangs_is_stopped_and_blames_nothing(tmp_path, monkeypatch):
+    fake = with_nvidia_smi(tmp_path, 'case "$1" in -L) exec sleep 60;; esac\n'
+                                     'echo "NVIDIA H100 80GB HBM3, 9.0, 580.95.05, Default, Enabled"')
+    monkeypatch.setenv("PATH", fake["PATH"])
+    monkeypatch.setattr(doctor_module, "NVIDIA_SMI_TIMEOUT_S", 0.5)
+    findings = doctor_module.gpu_findings([BY_TAG[CU130]])
+    assert statuses(findings) == ["ok", "ok"]  # the host's GPUs and the row; the MIG listing unread, nothing guessed

@@ -19,13 +19,17 @@ from pathlib import Path
 
 from . import engine
 from .builder import local_name
-from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for
+from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for, parse_nvidia_smi_list
 from .checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from .model import ImageSpec, InputError, parse_size
 from .redaction import inert
 from .reporting import human_size
 
-NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version,compute_mode", "--format=csv,noheader"]
+NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version,compute_mode,mig.mode.current", "--format=csv,noheader"]
+# A driver that does not know a field refuses the whole query ('Field "mig.mode.current" is not a valid field to
+# query.', exit 2): asked again without the optional fields, the GPUs are still known.
+NVIDIA_SMI_BASE_QUERY = ["--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+UNKNOWN_FIELD = "is not a valid field to query"
 NVIDIA_SMI_TIMEOUT_S = 30
 # What nvidia-smi may say: a line per GPU (an 8-GPU node says under 1 KiB); more is not a driver's answer, and a host
 # with more GPUs than this is not one host.
@@ -34,7 +38,9 @@ MAX_HOST_GPUS = 64
 GPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,95}", re.ASCII)
 DRIVER_VERSION = re.compile(r"[0-9]{2,4}(\.[0-9]{1,3}){1,2}", re.ASCII)
 CAPABILITY = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})", re.ASCII)
-COMPUTE_MODES = {"Default", "Exclusive_Process", "Exclusive_Thread", "Prohibited", "[N/A]"}
+COMPUTE_MODES = {"Default", "Exclusive_Process", "Exclusive_Thread", "Prohibited"}
+MIG_MODES = {"Enabled", "Disabled"}
+NOT_REPORTED = "[N/A]"  # what nvidia-smi prints for a field a GPU lacks; also ours for "[Not Supported]", garbage
 # The PATH systemd gives a service that sets none (systemd.exec(5)): where dockerd and containerd look for unpigz.
 DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # dockerd decompresses gzip layers with unpigz when it finds it on its PATH (moby pkg/archive gzDecompress), else
@@ -55,26 +61,47 @@ class HostGpu:
     name: str
     capability: tuple[int, int]  # compute capability (9, 0)
     driver: str  # "580.65.06"
-    compute_mode: str = "Default"  # nvidia-smi's compute_mode: Default, Exclusive_Process, Prohibited, [N/A]
+    compute_mode: str = NOT_REPORTED  # compute_mode: Default, Exclusive_Process, Prohibited, [N/A] (not reported)
+    mig_mode: str = NOT_REPORTED  # mig.mode.current: Enabled, Disabled, [N/A] (no MIG, or not reported)
 
 
 # ------------------------------------------------------------------------------------------------ pure decisions
 
 def parse_nvidia_smi(output: str) -> list[HostGpu]:
-    """`nvidia-smi --query-gpu=name,compute_cap,driver_version[,compute_mode] --format=csv,noheader` -> the host's
-    GPUs."""
+    """`nvidia-smi --query-gpu=name,compute_cap,driver_version[,compute_mode[,mig.mode.current]]
+    --format=csv,noheader` -> the host's GPUs. A GPU needs its name, capability and driver; a mode that is missing,
+    [N/A], [Not Supported] or anything else is "not reported", which limits nothing."""
     gpus = []
     for line in output.splitlines():
         parts = [part.strip() for part in line.split(",")]
-        if len(parts) not in (3, 4):
+        if not 3 <= len(parts) <= 5:
             continue
-        name, capability, driver, *mode = parts
+        name, capability, driver, *modes = parts
         version = CAPABILITY.fullmatch(capability)
         # Each value checked for its shape: it is printed, compared and put in messages.
-        if (GPU_NAME.fullmatch(name) and version and DRIVER_VERSION.fullmatch(driver)
-                and all(value in COMPUTE_MODES for value in mode)):
-            gpus.append(HostGpu(name, (int(version[1]), int(version[2])), driver, *mode))
+        if GPU_NAME.fullmatch(name) and version and DRIVER_VERSION.fullmatch(driver):
+            compute, mig = (modes + [NOT_REPORTED] * 2)[:2]
+            gpus.append(HostGpu(name, (int(version[1]), int(version[2])), driver,
+                                compute if compute in COMPUTE_MODES else NOT_REPORTED,
+                                mig if mig in MIG_MODES else NOT_REPORTED))
     return gpus
+
+
+def mig_finding(gpus: list[HostGpu], mig_devices: dict[str, list[str]] | None) -> Finding | None:
+    """GPUs in MIG mode with no MIG device made on them (`nvidia-smi -L` lists none under them): no CUDA work runs
+    there until one is made (NVIDIA MIG User Guide, "Getting Started with MIG"; instances do not survive a reboot).
+    None where the listing could not be read: doctor does not guess."""
+    if mig_devices is None:
+        return None
+    bare = [str(index) for index, gpu in enumerate(gpus) if gpu.mig_mode == "Enabled" and str(index) not in mig_devices]
+    if not bare:
+        return None
+    named = ", ".join(f"GPU {index} ({gpus[int(index)].name})" for index in bare)
+    return Finding("host gpus", "warn", f"{named} in MIG mode with no MIG device made on it: no container can run CUDA "
+                                        "there (verification skips the GPU checks, naming it); create one "
+                                        f"(`nvidia-smi mig -i {','.join(bare)} -cgi <profile> -C`, or start "
+                                        "nvidia-mig-manager after a reboot) and give containers its MIG-<uuid> from "
+                                        "`nvidia-smi -L`, or take the GPU out of MIG mode")
 
 
 def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
@@ -213,18 +240,42 @@ def host_gpus() -> list[HostGpu] | str | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    try:
-        returncode, stdout, stderr = run_bounded([smi, *NVIDIA_SMI_QUERY], NVIDIA_SMI_TIMEOUT_S, NVIDIA_SMI_MAX_BYTES)
-    except OSError as error:
-        return f"`nvidia-smi` did not answer ({inert(str(error))})"
-    if returncode is None:
-        return (f"`nvidia-smi` did not answer within {NVIDIA_SMI_TIMEOUT_S} s in at most "
-                f"{NVIDIA_SMI_MAX_BYTES >> 20} MiB (stopped): check the driver with `nvidia-smi`")
+    answer = ask_nvidia_smi(smi, NVIDIA_SMI_QUERY)
+    if not isinstance(answer, str) and answer[0] != 0 and UNKNOWN_FIELD in answer[1] + answer[2]:
+        answer = ask_nvidia_smi(smi, NVIDIA_SMI_BASE_QUERY)
+    if isinstance(answer, str):
+        return answer
+    returncode, stdout, stderr = answer
     gpus = parse_nvidia_smi(stdout) if returncode == 0 else []
     if len(gpus) > MAX_HOST_GPUS:
         return f"`nvidia-smi` listed {len(gpus)} GPUs, more than one host has ({MAX_HOST_GPUS}): not a driver's answer"
     said = inert((stderr or stdout).strip()[:300])
     return gpus or f"`nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}` listed no GPU ({said})"
+
+
+def ask_nvidia_smi(smi: str, arguments: list[str]) -> tuple[int, str, str] | str:
+    """nvidia-smi's exit status, stdout and stderr, bounded in time and size; what went wrong where it did not
+    answer (a hung driver, a flood)."""
+    try:
+        returncode, stdout, stderr = run_bounded([smi, *arguments], NVIDIA_SMI_TIMEOUT_S, NVIDIA_SMI_MAX_BYTES)
+    except OSError as error:
+        return f"`nvidia-smi` did not answer ({inert(str(error))})"
+    if returncode is None:
+        return (f"`nvidia-smi` did not answer within {NVIDIA_SMI_TIMEOUT_S} s in at most "
+                f"{NVIDIA_SMI_MAX_BYTES >> 20} MiB (stopped): check the driver with `nvidia-smi`")
+    return returncode, stdout, stderr
+
+
+def host_mig_devices(gpus: list[HostGpu]) -> dict[str, list[str]] | None:
+    """The MIG devices `nvidia-smi -L` lists per GPU index, asked only where a GPU is in MIG mode; None where that
+    listing failed (or was not needed)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not any(gpu.mig_mode == "Enabled" for gpu in gpus):
+        return None
+    answer = ask_nvidia_smi(smi, ["-L"])
+    if isinstance(answer, str) or answer[0] != 0:
+        return None
+    return parse_nvidia_smi_list(answer[1])["mig_devices"]
 
 
 def run_bounded(command: list[str], timeout_s: float, limit: int) -> tuple[int | None, str, str]:
@@ -305,7 +356,8 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
         return [Finding("host gpus", "fail", f"{gpus}: {cause or 'check the driver with `nvidia-smi`'}")]
     findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
                                                      for gpu in gpus) + f", driver {gpus[0].driver}")]
-    findings += [finding for finding in [compute_mode_finding(gpus)] if finding]
+    findings += [finding for finding in [compute_mode_finding(gpus), mig_finding(gpus, host_mig_devices(gpus))]
+                 if finding]
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
 
 

@@ -76,6 +76,14 @@ PROHIBITED_REASON = ("not run: {gpus} in Prohibited compute mode: no process may
 # The container's nvidia-smi numbers its GPUs from 0 whichever host GPUs it was given (--gpus device=1,3 shows 0 and
 # 1), so a fix for the host names the GPU by its UUID, which `nvidia-smi -i` accepts as well as an index.
 NVIDIA_SMI_UUID = re.compile(r"\(UUID: ([^)\s]+)\)")
+# A GPU in MIG mode runs CUDA work only in the MIG devices made on it, and MIG mode survives a reboot where the
+# instances do not (NVIDIA MIG User Guide, "Getting Started with MIG"): where every GPU is so, CUDA has no device.
+MIG_WITHOUT_DEVICES_REASON = ("not run: {gpus} in MIG mode with no MIG device made on it, and CUDA runs only in MIG "
+                              "devices (NVIDIA MIG User Guide, \"Getting Started with MIG\"; an instance does not "
+                              "survive a reboot), so the host, not the image, keeps the GPU checks from running: "
+                              "create a MIG device ({fix}, or let nvidia-mig-manager make the configured ones) and give "
+                              "the container its MIG-<uuid> from `nvidia-smi -L` (--gpus device=MIG-...), or take the "
+                              "GPU out of MIG mode")
 # MIG devices have no CUDA peer access (RAPIDS' MIG guide; NVIDIA's statement in NVIDIA/nccl#1716), and NCCL runs on
 # MIG instances only experimentally and only recently (NVIDIA/nccl#1716; older NCCL refuses them, NVIDIA/nccl#431):
 # where CUDA lists a MIG device beside a whole GPU, peer copies and NCCL across them are not what a good image does.
@@ -769,6 +777,18 @@ def compute_mode_limits(host: dict) -> ComputeModeLimits:
     return ComputeModeLimits(bool(exclusive), EXCLUSIVE_REASON.format(mode=exclusive) if exclusive else "", "")
 
 
+def mig_without_devices_reason(host: dict) -> str:
+    """Why no GPU work can run where every GPU the container has is in MIG mode without a MIG device ("" where one
+    can): nvidia-smi -L then lists the GPUs with no MIG line under them."""
+    names, modes = host.get("nvidia_smi_gpus") or [], host.get("mig_modes") or []
+    if not names or len(modes) != len(names) or any(mode != "Enabled" for mode in modes) or host.get("mig_devices"):
+        return ""
+    uuids = [match.group(1) if match else "UUID" for match in map(NVIDIA_SMI_UUID.search, names)]
+    return MIG_WITHOUT_DEVICES_REASON.format(
+        gpus=", ".join(names) + (" is" if len(names) == 1 else " are"),
+        fix=" and ".join(f"`nvidia-smi mig -i {uuid} -cgi <profile> -C`" for uuid in uuids))
+
+
 def mig_multi_gpu_reason(device_count: int, host: dict, device_names: typing.Sequence[str] = ()) -> str:
     """Why peer copies and NCCL must not run across these CUDA devices ("" where they must): 2+ devices, one of them
     a MIG device. One CUDA process enumerates one MIG device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), so 2+
@@ -995,7 +1015,7 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
     availability = availability or cuda_availability(torch)
     facts = {"ok": True, **availability, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              **(host or driver_facts())}
-    facts["unusable"] = compute_mode_limits(facts).unusable
+    facts["unusable"] = compute_mode_limits(facts).unusable or mig_without_devices_reason(facts)
     if not facts["available"] or facts["unusable"]:
         return facts
     count = facts["device_count"]
@@ -1095,7 +1115,15 @@ CONV_TOLERANCE = {"float16": 2e-2, "float32": 5e-3, "float64": 5e-3}
 
 
 def gpu_devices(torch) -> list[str]:
-    return [f"cuda:{index}" for index in range(cuda_device_count(torch))] if torch.cuda.is_available() else []
+    """The CUDA devices to run the smoke test on; none where CUDA cannot start. Under PYTORCH_NVML_BASED_CUDA_CHECK=1
+    is_available() answers NVML's count without asking CUDA, and torch.cuda.init() then raises (torch/cuda/__init__.py
+    is_available, _lazy_init): cuda_availability records why, the smoke test runs on the CPU."""
+    if not torch.cuda.is_available():
+        return []
+    try:
+        return [f"cuda:{index}" for index in range(cuda_device_count(torch))]
+    except Exception:  # noqa: BLE001 - whatever torch.cuda.init() raises, CUDA did not start
+        return []
 
 
 def openmp_facts(torch) -> dict:
@@ -1581,6 +1609,22 @@ def main(argv: list[str] | None = None) -> int:
     json_out = os.dup(1)
     os.dup2(2, 1)
     started = time.monotonic()
+    try:
+        facts = gathered_facts(arguments)
+    except Exception as error:  # noqa: BLE001 - the report is printed whatever happened, naming what stopped it
+        facts = {"part": "gpu-only" if arguments.gpu_only else arguments.part,
+                 "probe_error": f"the probe stopped: {type(error).__name__}: {error}",
+                 "traceback": traceback.format_exc(limit=-3)[-2000:]}
+    facts.update({"probe_version": PROBE_VERSION, "probe_seconds": round(time.monotonic() - started, 3)})
+    sys.stdout.flush()
+    with os.fdopen(json_out, "w") as stream:
+        json.dump(facts, stream, default=str)
+        stream.write("\n")
+    return 0
+
+
+def gathered_facts(arguments: argparse.Namespace) -> dict:
+    """The facts of the part the arguments name."""
     if arguments.gpu_only:
         facts = gpu_only_facts(arguments.budget_s)
     elif arguments.part == "files":
@@ -1596,12 +1640,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         arch_list = [entry for entry in arguments.arch_list.split(";") if entry]
         facts = main_facts(arguments.devel, arguments.cuda_extension, arch_list, arguments.budget_s, arguments.checks)
-    facts.update({"probe_version": PROBE_VERSION, "probe_seconds": round(time.monotonic() - started, 3)})
-    sys.stdout.flush()
-    with os.fdopen(json_out, "w") as stream:
-        json.dump(facts, stream, default=str)
-        stream.write("\n")
-    return 0
+    return facts
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ def build_mismatch(spec: ImageSpec, torch_facts: dict) -> str:
 
 
 def vouch_for(spec: ImageSpec, facts: dict, source: str) -> None:
-    """Refuse (exit 2, one line) facts the row's checks cannot judge: no torch, no GPU part, or another build."""
+    """Refuse (exit 2, one line) facts the row's checks cannot judge: no torch, no GPU part, or another build; a probe
+    that stopped is one line, exit 1."""
+    if facts.get("probe_error"):  # the probe printed its report, but its part stopped before any fact
+        raise PeerError(f"the probe's GPU part ({source}) gave no facts: {facts['probe_error'][-300:]}")
     torch_facts = facts.get("torch") or {}
     if not torch_facts.get("importable", True):
         raise InputError([Problem(source, 0, f"no torch to record with: {torch_facts.get('error') or 'it does not import'}; "
