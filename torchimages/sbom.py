@@ -21,7 +21,7 @@ import docker
 import docker.errors
 
 from .engine import NO_GPUS
-from .files import atomic_write_json
+from .files import atomic_write_json, brief
 from .model import InputError, Problem, TorchImagesError
 from .yamlsource import LineDict, LineList, load_yaml
 
@@ -229,8 +229,9 @@ def _allowed(items, line: int, report) -> list[AllowedVulnerability]:
             report(item.line_of("package"), f"'package' must be an OS package name (e.g. libssl3), got {vulnerability!r}")
         elif not isinstance(reason, str) or not reason.strip():
             report(item.line_of("reason"), f"{vulnerability}: 'reason' must say why the finding is acceptable")
-        elif not isinstance(expires, dt.date):
-            report(item.line_of("expires"), f"{vulnerability}: 'expires' must be a date, YYYY-MM-DD, got {expires!r}")
+        elif not isinstance(expires, dt.date) or isinstance(expires, dt.datetime):  # the gate compares dates
+            report(item.line_of("expires"), f"{vulnerability}: 'expires' must be a date, YYYY-MM-DD, got "
+                                            f"{brief(str(expires))}")
         else:
             entries.append(AllowedVulnerability(vulnerability, reason.strip(), expires))
     return entries

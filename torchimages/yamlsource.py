@@ -14,6 +14,9 @@ from .model import InputError, Problem, TorchImagesError
 
 MAX_DEPTH = 32  # a matrix nests four levels deep; compat.yaml six
 MAX_NODES = 100_000  # after alias expansion: a "billion laughs" file is refused before any value is read
+# What PyYAML's constructors raise on a value its tag cannot hold (`!!int abc`, `2026-02-30`, `!!bool maybe`,
+# `!!set [a]`, a 5000-digit `!!int`), besides their own ConstructorError
+CONSTRUCTOR_ERRORS = (ValueError, KeyError, AttributeError, TypeError, OverflowError, IndexError)
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -34,7 +37,10 @@ class LineList(list):
     item_lines: list
 
 
-class _BoundExceeded(TorchImagesError):
+class _Refused(TorchImagesError):
+    """A bound exceeded or a value no constructor can build: one problem at a line. Not a ValueError, so that the
+    constructors of enclosing nodes pass it through untouched."""
+
     def __init__(self, line: int, message: str):
         super().__init__(message)
         self.line, self.message = line, message
@@ -49,6 +55,7 @@ class _LineLoader(Composer, yaml.CSafeLoader):
     duplicate_keys: list
     bad_keys: list
     depth: int = 0
+    composed: int = 0  # nodes composed so far, aliases included: the bound holds before a huge file is composed whole
 
     def __init__(self, text: str):
         yaml.CSafeLoader.__init__(self, text)
@@ -56,13 +63,23 @@ class _LineLoader(Composer, yaml.CSafeLoader):
 
     def compose_node(self, parent, index):
         self.depth += 1
+        self.composed += 1
         try:
             if self.depth > MAX_DEPTH:
                 line = self.peek_event().start_mark.line + 1
-                raise _BoundExceeded(line, f"nested more than {MAX_DEPTH} levels deep: flatten it")
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep: flatten it")
+            if self.composed > MAX_NODES:
+                line = self.peek_event().start_mark.line + 1
+                raise _Refused(line, f"holds more than {MAX_NODES} values: no such file needs that many")
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except CONSTRUCTOR_ERRORS:
+            raise _Refused(node.start_mark.line + 1, _unbuildable(node)) from None
 
     def construct_mapping(self, node, deep=False):
         written_here = {id(key_node) for key_node, _ in node.value if key_node.tag != MERGE_TAG}
@@ -101,6 +118,14 @@ _LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_seque
 _LineLoader.add_constructor("tag:yaml.org,2002:float", _LineLoader.construct_version_like_float)
 
 
+def _unbuildable(node) -> str:
+    """Why a node's value cannot be built, for a person: its tag and (briefly) the value as written."""
+    tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+    written = brief(node.value) if isinstance(node.value, str) else f"a {node.id}"
+    kind = "date" if tag == "!!timestamp" else f"{tag} value"
+    return f"{written} is not a valid {kind}: quote it to keep it as text, or write a valid one"
+
+
 def expanded_size(node, sizes: dict | None = None) -> int:
     """How many nodes the document has once every alias is expanded (each shared node counted once per use)."""
     sizes = {} if sizes is None else sizes
@@ -117,6 +142,15 @@ def expanded_size(node, sizes: dict | None = None) -> int:
     return sizes[id(node)]
 
 
+def _document(loader: _LineLoader, node):
+    """The document's value. The top node's constructor may be a generator PyYAML runs after construct_object has
+    returned (`!!set`), outside the line it catches."""
+    try:
+        return loader.construct_document(node)
+    except CONSTRUCTOR_ERRORS:
+        raise _Refused(node.start_mark.line + 1, _unbuildable(node)) from None
+
+
 def load_yaml(path: Path, fix: str = "fix the file"):
     """Parse a YAML file; a file that is not a readable UTF-8 regular file, a syntax error, a bound exceeded or a
     duplicate key becomes an InputError naming the line."""
@@ -131,9 +165,9 @@ def parse_yaml(text: str, path: Path):
         loader.duplicate_keys, loader.bad_keys = [], []
         node = loader.get_single_node()
         if node is not None and expanded_size(node) > MAX_NODES:
-            raise _BoundExceeded(1, f"expands to more than {MAX_NODES} values through its aliases: use fewer aliases")
-        document = loader.construct_document(node) if node is not None else None
-    except _BoundExceeded as error:
+            raise _Refused(1, f"expands to more than {MAX_NODES} values through its aliases: use fewer aliases")
+        document = _document(loader, node) if node is not None else None
+    except _Refused as error:
         raise InputError([Problem(str(path), error.line, error.message)]) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
