@@ -249,3 +249,29 @@ def test_an_nvidia_smi_listing_that_hangs_is_stopped_and_blames_nothing(tmp_path
     monkeypatch.setattr(doctor_module, "NVIDIA_SMI_TIMEOUT_S", 0.5)
     findings = doctor_module.gpu_findings([BY_TAG[CU130]])
     assert statuses(findings) == ["ok", "ok"]  # the host's GPUs and the row; the MIG listing unread, nothing guessed
+
+
+# `nvidia-ctk cdi generate` names the driver's libraries by version (NVIDIA Container Toolkit, CDI support).
+CDI_SPEC = """cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: all
+containerEdits:
+  mounts:
+  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{driver}
+  - hostPath: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{driver}
+  - hostPath: /usr/lib/x86_64-linux-gnu/libEGL_nvidia.so.{driver}
+"""
+
+
+def test_a_cdi_spec_made_before_a_driver_upgrade_is_a_warning_to_regenerate_it(tmp_path, monkeypatch):
+    """gpu-audit-3 C3: the spec still names 580.65.06's files after an upgrade to 580.95.05."""
+    (tmp_path / "nvidia.yaml").write_text(CDI_SPEC.format(driver="580.65.06"))
+    fake = with_nvidia_smi(tmp_path / "smi", 'echo "NVIDIA H100 80GB HBM3, 9.0, 580.95.05, Default, Disabled"')
+    monkeypatch.setenv("PATH", fake["PATH"])
+    monkeypatch.setattr(doctor_module.engine, "CDI_DEFAULT_DIRS", (str(tmp_path),))
+    [stale] = [f for f in doctor_module.gpu_findings([BY_TAG[CU130]]) if f.subject == "cdi spec"]
+    assert stale.status == "warn" and f"{tmp_path}/nvidia.yaml names driver 580.65.06" in stale.detail
+    assert "host driver is 580.95.05" in stale.detail and "nvidia-ctk cdi generate" in stale.detail
+    (tmp_path / "nvidia.yaml").write_text(CDI_SPEC.format(driver="580.95.05"))
+    assert [f for f in doctor_module.gpu_findings([BY_TAG[CU130]]) if f.subject == "cdi spec"] == []

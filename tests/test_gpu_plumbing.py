@@ -178,6 +178,47 @@ def test_a_failed_gpu_start_reruns_the_probe_in_a_container_without_gpus(monkeyp
     assert checks["gpu"]["status"] == "failed" and checks["identity"]["status"] == "passed"
 
 
+# A CDI spec made before a driver upgrade (580.65.06 -> 580.95.05): injection succeeds, runc fails on a file the old
+# driver had (gpu-audit-3 C3; NVIDIA/nvidia-container-toolkit#450, HaveAGitGat/Tdarr#1423): no GPU words in it.
+STALE_CDI_SPEC = ("failed to create task for container: failed to create shim task: OCI runtime create failed: runc "
+                  "create failed: unable to start container process: error during container init: error mounting "
+                  "\"/usr/lib/x86_64-linux-gnu/libEGL_nvidia.so.580.65.06\" to rootfs at "
+                  "\"/usr/lib/x86_64-linux-gnu/libEGL_nvidia.so.580.65.06\": stat "
+                  "/usr/lib/x86_64-linux-gnu/libEGL_nvidia.so.580.65.06: no such file or directory: unknown")
+
+
+def test_a_gpu_container_that_cannot_start_through_cdi_says_regenerate_the_spec():
+    message = gpu_start_failure(start_error(STALE_CDI_SPEC), "cdi")
+    assert "libEGL_nvidia.so.580.65.06" in message and "stale CDI spec" in message
+    assert "nvidia-ctk cdi generate" in message and "nvidia-cdi-refresh" in message
+    assert gpu_start_failure(start_error(STALE_CDI_SPEC), "runtime") == ""  # the runtime path reads no spec
+
+
+@pytest.mark.parametrize(("second_start_fails", "identity"), [(False, "passed"), (True, "failed")])
+def test_a_stale_cdi_spec_reruns_the_checks_without_gpus_and_blames_the_gpus_only_if_that_starts(
+        monkeypatch, tmp_path, second_start_fails, identity):
+    """A container without GPUs starts on that host: the checks that need no GPU run there. Where it fails too, the
+    cause was not the GPUs, and every check fails with the second error."""
+    from torchimages.verify import run
+
+    started: list[str] = []
+
+    def start(docker_client, plan, options, kept):
+        started.append(plan.gpus.text)
+        if second_start_fails:
+            raise start_error("OCI runtime create failed: exec: \"sleep\": executable file not found")
+        return object()
+
+    monkeypatch.setattr(run, "_started_container", start)
+    monkeypatch.setattr(run, "_probe_and_check", lambda *args: {name: {"status": "passed", "message": "ok",
+                                                                      "tests": []} for name in CHECKS})
+    plan = Plan(BY_TAG[CU132], "image", "sha256:1", parse_gpus("all"), "8g", 60, "cdi")
+    checks = run._checks_after_a_failed_start(None, start_error(STALE_CDI_SPEC), plan, VerifyOptions(tmp_path), True,
+                                              tmp_path, run.StageClock(CU132, Progress()), [])
+    assert started == ["none"] and checks["identity"]["status"] == identity and checks["gpu"]["status"] == "failed"
+    assert ("stale CDI spec" in checks["gpu"]["message"]) != second_start_fails
+
+
 @pytest.mark.parametrize("info, hooks, specs, path", [
     ({"Runtimes": {"nvidia": {}, "runc": {}}}, False, [], "runtime"),
     ({"Runtimes": {"runc": {}}}, True, [], "runtime"),  # dockerd's nvidia driver from the hook on its PATH

@@ -7,6 +7,7 @@ GPU host, each GPU row's minimum driver and arch list fit this host's driver and
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -114,6 +115,36 @@ def compute_mode_finding(gpus: list[HostGpu]) -> Finding | None:
     return Finding("host gpus", "warn", f"{prohibited} in Prohibited compute mode: no process may use it, so "
                                         "verification skips the GPU checks while it is given to the container; use "
                                         f"--gpus device=<the others>, or `nvidia-smi -i {','.join(indices)} -c DEFAULT`")
+
+
+# The driver libraries a CDI spec names by version (`nvidia-ctk cdi generate` mounts libcuda.so.<driver>,
+# libnvidia-ml.so.<driver>): another version than the loaded driver's is a spec made before a driver upgrade.
+CDI_DRIVER_LIBRARY = re.compile(r"lib(?:cuda|nvidia-ml)\.so\.([0-9]{2,4}\.[0-9]{1,3}(?:\.[0-9]{1,3})?)\b", re.ASCII)
+
+
+def cdi_spec_finding(specs: dict[str, str], driver: str) -> Finding | None:
+    """A CDI spec ({path: text}) whose driver libraries are not the host driver's: GPU containers started through it
+    fail mounting files that are gone ("no such file or directory"). NVIDIA: "If you change the device or CUDA driver
+    configuration, you must generate a new CDI specification" (Container Toolkit, "Support for Container Device
+    Interface"; NVIDIA/nvidia-container-toolkit#450)."""
+    stale = {path: sorted(set(CDI_DRIVER_LIBRARY.findall(text)) - {driver}) for path, text in specs.items()}
+    stale = {path: versions for path, versions in stale.items() if versions}
+    if not stale:
+        return None
+    named = "; ".join(f"{inert(path)} names driver {', '.join(versions)}" for path, versions in stale.items())
+    return Finding("cdi spec", "warn", f"{named}, but the host driver is {driver}: a GPU container started through CDI "
+                                      "fails mounting the old driver's files; regenerate the spec (`nvidia-ctk cdi "
+                                      "generate --output=/etc/cdi/nvidia.yaml`, or `systemctl restart "
+                                      "nvidia-cdi-refresh`)")
+
+
+def host_cdi_specs() -> dict[str, str]:
+    """This host's NVIDIA CDI specs, by path (the folders `nvidia-ctk cdi generate` and nvidia-cdi-refresh write)."""
+    texts = {}
+    for path in engine.nvidia_cdi_specs(engine.CDI_DEFAULT_DIRS):
+        with contextlib.suppress(OSError):
+            texts[path] = Path(path).read_text(errors="replace")
+    return texts
 
 
 # Where the kernel lists the interpreters it runs foreign binaries with (qemu-aarch64 after `make engine`).
@@ -356,8 +387,8 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
         return [Finding("host gpus", "fail", f"{gpus}: {cause or 'check the driver with `nvidia-smi`'}")]
     findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
                                                      for gpu in gpus) + f", driver {gpus[0].driver}")]
-    findings += [finding for finding in [compute_mode_finding(gpus), mig_finding(gpus, host_mig_devices(gpus))]
-                 if finding]
+    findings += [finding for finding in [compute_mode_finding(gpus), mig_finding(gpus, host_mig_devices(gpus)),
+                                         cdi_spec_finding(host_cdi_specs(), gpus[0].driver)] if finding]
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
 
 

@@ -139,7 +139,7 @@ def _checks_after_a_failed_start(docker_client, error: docker.errors.APIError, p
                                  names: list[str]) -> dict[str, dict]:
     """A container that could not start for a GPU reason: the checks that need no GPU still run, in a container
     without GPUs, and the GPU checks report the start error; any other reason fails every check."""
-    message = gpu_start_failure(error) if plan.gpus.wanted else ""
+    message = gpu_start_failure(error, plan.gpu_path) if plan.gpus.wanted else ""
     if not message:
         return failed_start_checks(error)
     clock.enter("starting container without GPUs")

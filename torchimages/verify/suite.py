@@ -113,13 +113,28 @@ def selected_verdicts(checks: dict[str, dict], selection: CheckSelection) -> dic
             for name, check in checks.items()}
 
 
-def gpu_start_failure(error: docker.errors.APIError) -> str:
+# A CDI spec names the driver's files by version (libcuda.so.580.65.06, libEGL_nvidia.so.580.65.06): after a driver
+# upgrade they are gone, injection still succeeds, and the OCI runtime fails mounting one, in words that name no GPU
+# ("error mounting ... no such file or directory"; NVIDIA/nvidia-container-toolkit#450, HaveAGitGat/Tdarr#1423).
+# NVIDIA: "If you change the device or CUDA driver configuration, you must generate a new CDI specification"
+# (Container Toolkit, "Support for Container Device Interface").
+CDI_REGENERATE = ("a GPU container that cannot start through CDI most often has a stale CDI spec (it names the driver's "
+                  "files by version, and a driver upgrade removes them): regenerate it (`nvidia-ctk cdi generate "
+                  "--output=/etc/cdi/nvidia.yaml`, or `systemctl restart nvidia-cdi-refresh`) after every driver or "
+                  "MIG change")
+
+
+def gpu_start_failure(error: docker.errors.APIError, gpu_path: str = "runtime") -> str:
     """Why a GPU container could not start, where a GPU reason is the cause (the NVIDIA hook refused, a CDI device
-    does not resolve), with the fix; "" for any other reason. An engine that cannot give GPUs at all is bad input."""
+    does not resolve, and on the CDI path any start failure: a stale spec's words name no GPU), with the fix; "" for
+    any other reason. An engine that cannot give GPUs at all is bad input. On the CDI path the caller tries a
+    container without GPUs: if that fails too, the GPUs were not the cause."""
     message = engine.explain_start_error(error)
     if message == engine.GPU_RUNTIME_HINT:
         raise InputError([Problem("--gpus", 0, f"{message}; {engine.CDI_HINT}")])
-    return message if engine.is_gpu_start_error(str(error)) else ""
+    if engine.is_gpu_start_error(str(error)):
+        return message
+    return f"{message}; {CDI_REGENERATE}" if gpu_path == "cdi" else ""
 
 
 def failed_start_checks(error: docker.errors.APIError) -> dict[str, dict]:
