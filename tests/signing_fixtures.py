@@ -9,7 +9,7 @@ from pathlib import Path
 from torchimages import attestations, signing
 
 KEYS = Path(__file__).parent / "data" / "signing"
-POLICY = Path(__file__).parent.parent / "docs" / "kyverno-policy.yaml"
+POLICY = Path(__file__).parent.parent / "docs" / "policies" / "kyverno-clusterpolicy.yaml"
 TEST_PASSWORD = "torchimages-test"
 FIRST, SECOND = KEYS / "first.key", KEYS / "second.key"
 
@@ -39,7 +39,7 @@ def accepted_everything(cosign: Path, reference: str, public: Path) -> bool:
 def kyverno_conditions(policy: dict) -> list[dict]:
     rules = policy["spec"]["rules"]
     return [condition for rule in rules for image in rule["verifyImages"] for attestation in image["attestations"]
-            for block in attestation["conditions"] for condition in block["all"]]
+            for block in attestation.get("conditions", []) for condition in block["all"]]
 
 
 def jmespath_field(predicate: dict, key: str):

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
@@ -35,14 +34,11 @@ from .registry_fixtures import start_refusing_proxy
 from .signing_fixtures import (
     FIRST,
     KEYS,
-    POLICY,
     SECOND,
     TEST_PASSWORD,
     accepted_everything,
     cosign_accepts,
-    jmespath_field,
     key,
-    kyverno_conditions,
 )
 from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
 
@@ -180,18 +176,6 @@ def verification_report(gpu: bool) -> tuple[VerifyReport, dict]:
                  "devices": [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]}
     return (VerifyReport("sha256:" + "12" * 32, True, checks, tag="t", finished_at="2026-11-25T00:00:00Z"),
             {"main": {"gpu": gpu_facts if gpu else {}}})
-
-
-def test_the_kyverno_policy_parses_and_reads_fields_the_verification_report_has():
-    policy = yaml.safe_load(POLICY.read_text())
-    assert policy["apiVersion"] == "kyverno.io/v1" and policy["kind"] == "ClusterPolicy"
-    image = policy["spec"]["rules"][0]["verifyImages"][0]
-    assert image["attestors"][0]["entries"][0]["keys"]["rekor"] == {"ignoreTlog": True}
-    assert [attestation["type"] for attestation in image["attestations"]] == [attestations.VERIFICATION_PREDICATE]
-    spec = load_matrix(MATRIX).specs[0]
-    predicate = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=False))
-    for condition in kyverno_conditions(policy):
-        assert jmespath_field(predicate, condition["key"]) is not None, condition
 
 
 def test_the_verification_report_names_the_gpu_host_a_policy_can_require():

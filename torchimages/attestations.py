@@ -1,7 +1,7 @@
 """What a published digest's three attestations say: its CycloneDX SBOM (sbom.py writes it), SLSA v1 build provenance,
 and the result of its verification, a predicate type of this project's own. Pure functions of what publish has read.
 
-A consumer's policy reads these fields (docs/kyverno-policy.yaml): keep them stable, and move
+A consumer's policy reads these fields (docs/policies/): keep them stable, and move
 VERIFICATION_PREDICATE to a /v2 when one changes its meaning.
 """
 from __future__ import annotations
