@@ -166,3 +166,19 @@ def test_the_records_cuda_visible_devices_is_replayed(host, tmp_path, monkeypatc
 
 def test_a_mig_slice_has_no_datasheet_peak():
     assert peak_tflops("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None and peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+
+
+def test_the_lane_host_keeps_torchs_cuda_warning_where_nvml_warned_first():
+    """gpu-audit-3 C8: on a driver upgraded without a reboot torch warns "Can't initialize NVML" (_raw_device_count_nvml)
+    before its CUDA warning, which names the cause."""
+    error_803 = ("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions "
+                 "before calling NumCudaDevices() that might have already set an error? Error 803: system has "
+                 "unsupported display driver / cuda driver combination")
+    facts = record.torch_cuda_as_lane_host({"available": False, "warnings": ["Can't initialize NVML", error_803]})
+    assert facts["warning"] == error_803
+    assert record.torch_cuda_as_lane_host({"warnings": ["Can't initialize NVML"]})["warning"] == "Can't initialize NVML"
+
+
+def test_an_h200_nvl_is_measured_against_its_own_peak():
+    # gpu-audit-3 C9: NVIDIA's H200 table, H200 NVL BF16 1,671 TFLOPS with sparsity, 835.5 dense; the SXM H200 989.4.
+    assert peak_tflops("NVIDIA H200 NVL") == 835.5 and peak_tflops("NVIDIA H200") == 989.4

@@ -20,12 +20,13 @@ GPU_SUITES = ("test_gpu.py", "test_cudnn.py", "test_amp.py")
 GPU_ONLY_TIMEOUT_S = 900
 # Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by a part of the device name torch reports; the first match
 # wins (GH200 before H200, GB200 before B200, L40S and L40 before L4). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5, NVL 835: "H100 Tensor Core GPU" datasheet,
-# BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200 datasheet, GH200 datasheet: 989.4 dense),
+# BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200 datasheet, GH200 datasheet: 989.4 dense; H200
+# NVL 1,671 with sparsity, 835.5 dense),
 # A100 (A100 datasheet: 312), L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121),
 # GB200 (GB200 NVL72 datasheet: 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet:
 # 2.25 PFLOPS dense per GPU).
 PEAK_BF16_DENSE_TFLOPS = (
-    ("GH200", 989.4), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
+    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
     ("A100", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0), ("GB200", 2500.0), ("B200", 2250.0),
 )
 
@@ -204,7 +205,9 @@ def torch_cuda_as_lane_host(gpu: dict) -> dict:
     if gpu.get("nvml_device_count") is not None:
         facts["nvml_device_count"] = gpu["nvml_device_count"]
     if gpu.get("warnings"):
-        facts["warning"] = gpu["warnings"][0]  # torch warns once, at the first CUDA call
+        # torch's CUDA warning names why CUDA did not start; NVML's ("Can't initialize NVML") may come before it
+        facts["warning"] = next((warning for warning in gpu["warnings"] if warning.startswith("CUDA initialization")),
+                                gpu["warnings"][0])
     devices = gpu.get("devices") or []
     if devices:
         facts["devices"] = [{"name": device["name"], "uuid": device.get("uuid", ""),
