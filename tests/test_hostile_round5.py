@@ -241,3 +241,81 @@ def test_a_16_mib_file_of_values_is_refused_in_seconds():
         yamlsource.parse_yaml(text, Path("m.yaml"))
     assert time.monotonic() - started < 5
 
+
+
+# ---------------------------------------------------------------------------------------- the build-input server
+
+LAYER_VENV = {"root": "/opt/venv", "site": "/opt/venv/lib/python3.11/site-packages",
+              "interpreter": "/opt/venv/bin/python3", "python": "3.11",
+              "script_template": "from %(module)s import %(import_name)s\n%(func)s()\n", "uid": 1000, "gid": 0,
+              "time": 946684800}
+
+
+def hostile_wheel(folder: Path, members: dict[str, bytes], name: str = "demo_pkg") -> Path:
+    import zipfile
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name.replace('/', '_')}-1.0-py3-none-any.whl"
+    files = {"demo_pkg-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+             "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n", "demo_pkg-1.0.dist-info/RECORD": b"",
+             **members}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for member, body in files.items():
+            archive.writestr(member, body)
+    return path
+
+
+def layer_of(wheel: Path) -> bytes:
+    import io
+
+    from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, unpack
+    venv = Venv(**LAYER_VENV)
+    read = read_wheels([LayerWheel(wheel, True)], venv)  # validation: before a byte is sent
+    out = io.BytesIO()
+    unpack(read, venv, out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("members", "name", "said"), [
+    ({"/etc/cron.d/owned": b"* * * * * root sh\n"}, "demo_pkg", "outside its folder"),
+    ({"demo_pkg/../../../../../etc/passwd": b"x"}, "demo_pkg", "outside its folder"),
+    ({"demo_pkg-1.0.data/data/../../../../etc/x": b"x"}, "demo_pkg", "outside its folder"),
+    ({"demo_pkg-1.0.data/elsewhere/x": b"x"}, "demo_pkg", "not a scheme folder"),
+    ({"demo_pkg-1.0.data/headers/x.h": b"x"}, "../../../../etc", "not a project name"),
+    ({"demo_pkg-1.0.dist-info/entry_points.txt": b"[console_scripts]\n../../../etc/x = demo_pkg:main\n"}, "demo_pkg",
+     "not a file name"),
+])
+def test_wheel_members_are_confined_to_their_scheme_folder(tmp_path, members, name, said):
+    from torchimages.build_inputs.unpack import WheelError
+    with pytest.raises(WheelError) as refused:
+        layer_of(hostile_wheel(tmp_path, members, name))
+    assert said in str(refused.value)
+
+
+def test_a_wheel_with_a_bad_crc_is_refused_before_streaming(tmp_path):
+    from torchimages.build_inputs.unpack import WheelError
+    wheel = hostile_wheel(tmp_path, {"demo_pkg/__init__.py": b"MARKER-" + b"a" * 100})
+    data = wheel.read_bytes()
+    wheel.write_bytes(data.replace(b"MARKER-", b"MARKED-"))  # stored: the bytes change, the CRC does not
+    with pytest.raises(WheelError) as refused:
+        layer_of(wheel)
+    assert "CRC" in str(refused.value)
+
+
+def test_a_good_wheel_still_makes_its_layer(tmp_path):
+    layer = layer_of(hostile_wheel(tmp_path, {"demo_pkg/__init__.py": b"", "demo_pkg-1.0.data/headers/x.h": b""}))
+    assert b"opt/venv/include/site/python3.11/demo_pkg/x.h" in layer
+
+
+@pytest.mark.parametrize("length", ["99999999999", "-1", "abc", None])
+def test_request_bodies_are_bounded(tmp_path, length):
+    import http.client
+
+    from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
+    with BuildInputsServer({}, "", None) as served, within(20):
+        connection = http.client.HTTPConnection(served.address, BUILD_INPUTS_PORT, timeout=10)
+        connection.putrequest("POST", "/layer.tar")
+        if length is not None:
+            connection.putheader("Content-Length", length)
+        connection.endheaders()
+        answer = connection.getresponse()
+        assert answer.status == 400 and b"Content-Length" in answer.read()

@@ -34,6 +34,8 @@ BUILD_INPUTS_HOST = "torchimages-build-inputs"
 BUILD_INPUTS_PORT = 8679
 BUILD_INPUTS_URL = f"http://{BUILD_INPUTS_HOST}:{BUILD_INPUTS_PORT}"
 BIND_TRIES = 50
+MAX_REQUEST_BYTES = 1 << 20  # a layer request names wheels and a venv: kilobytes (the script template is the most)
+REQUEST_TIMEOUT_S = 60  # a client that sends part of a request and stops holds its thread no longer
 
 
 class BuildInputsServer:
@@ -100,6 +102,8 @@ def _listen(owner: BuildInputsServer, address: str) -> ThreadingHTTPServer:
 
 def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S
+
         def do_GET(self) -> None:
             path = unquote(self.path.split("?", 1)[0])
             if path == "/inputs.json":
@@ -122,10 +126,9 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
             try:
-                wheels, venv = layer_request(json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
-                                             owner.wheels)
+                wheels, venv = layer_request(json.loads(self._body()), owner.wheels)
                 layer = read_wheels(wheels, venv)
-            except (KeyError, TypeError, ValueError, WheelError) as error:
+            except (KeyError, TypeError, ValueError, WheelError, OSError) as error:
                 self._send(f"no layer: {error}\n".encode(), "text/plain", HTTPStatus.BAD_REQUEST)
                 return
             # No length: the stream is unpacked as it is sent, and its end is the connection's.
@@ -137,6 +140,13 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 unpack(layer, venv, cast(IO[bytes], self.wfile))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the build step went away (cancelled)
+
+        def _body(self) -> bytes:
+            """The request's body, which must say its length and be no larger than a layer request needs."""
+            length = self.headers.get("Content-Length", "")
+            if not length.isascii() or not length.isdigit() or int(length) > MAX_REQUEST_BYTES:
+                raise ValueError(f"a request body needs a Content-Length of at most {MAX_REQUEST_BYTES} bytes")
+            return self.rfile.read(int(length))
 
         def _send(self, body: bytes, content_type: str, status: HTTPStatus = HTTPStatus.OK) -> None:
             self.send_response(status)

@@ -16,9 +16,11 @@ import csv
 import hashlib
 import io
 import posixpath
+import re
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ from typing import IO
 from ..model import TorchImagesError
 
 COPY_CHUNK = 1 << 20
+SCHEMES = ("purelib", "platlib", "scripts", "data", "headers")  # a wheel's .data/ folders, as pip knows them
+PROJECT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?", re.ASCII)  # PEP 508
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,43 @@ def _read(wheel: LayerWheel, venv: Venv) -> ReadWheel:
             distribution = _metadata_name(archive.read(posixpath.join(dist_info, "METADATA")))
             record = archive.read(posixpath.join(dist_info, "RECORD")).decode()
             rows = {row[0]: row for row in csv.reader(io.StringIO(record)) if row}
+            _check_members(archive, dist_info, distribution)
             return ReadWheel(wheel, dist_info, distribution, rows, tuple(_scripts(archive, dist_info, venv)))
-    except (OSError, zipfile.BadZipFile, StopIteration, KeyError, UnicodeDecodeError, csv.Error,
-            configparser.Error) as error:
+    except (OSError, zipfile.BadZipFile, StopIteration, KeyError, UnicodeDecodeError, csv.Error, configparser.Error,
+            zlib.error, EOFError, NotImplementedError) as error:
         raise WheelError(f"{wheel.path.name}: not a wheel pip could install ({type(error).__name__}: {error})") from None
+    except WheelError as error:
+        raise WheelError(f"{wheel.path.name}: {error}") from None
+
+
+def _check_members(archive: zipfile.ZipFile, dist_info: str, distribution: str) -> None:
+    """The whole wheel, before a byte of its layer is sent: every member stays in its scheme folder (no absolute
+    path, no '..': the image's tar would write it anywhere, /etc included), every .data/ folder is a scheme pip
+    knows, the project's name makes a folder name, and every member's CRC holds (a bad one found mid-stream cut the
+    layer short)."""
+    if not PROJECT_NAME.fullmatch(distribution):
+        raise WheelError(f"its METADATA names the project {distribution[:60]!r}, not a project name")
+    data = dist_info[: -len(".dist-info")] + ".data/"
+    for member in archive.infolist():
+        if member.is_dir():  # never written: each file's folders are made from its own path
+            continue
+        name = member.filename
+        if name.startswith(data):
+            scheme, _, name = name[len(data):].partition("/")
+            if scheme not in SCHEMES:
+                raise WheelError(f"{member.filename[:120]!r}: {scheme[:60]!r} is not a scheme folder pip knows "
+                                 f"({', '.join(SCHEMES)})")
+        if not _plain_relative(name):
+            raise WheelError(f"member {member.filename[:120]!r} would be written outside its folder")
+    damaged = archive.testzip()
+    if damaged is not None:
+        raise WheelError(f"member {damaged[:120]!r} does not match its CRC (a damaged wheel)")
+
+
+def _plain_relative(path: str) -> bool:
+    """A path below its folder: not absolute, no '..', '.' or empty part, no backslash (a Windows separator)."""
+    parts = path.split("/")
+    return bool(path) and "\\" not in path and not any(part in ("", ".", "..") for part in parts)
 
 
 def unpack(wheels: Iterable[ReadWheel], venv: Venv, out: IO[bytes]) -> None:
@@ -210,6 +247,8 @@ def _scripts(archive: zipfile.ZipFile, dist_info: str, venv: Venv) -> Iterator[t
     parser.read_string(text)
     for section in ("console_scripts", "gui_scripts"):
         for name, value in (parser.items(section) if parser.has_section(section) else []):
+            if "/" in name or not _plain_relative(name):
+                raise WheelError(f"{dist_info}/entry_points.txt: script name {name[:60]!r} is not a file name")
             module, _, attr = value.split("[", 1)[0].partition(":")  # module:attr [extras]
             module, attr = module.strip(), attr.strip()
             if not all(part.isidentifier() for part in (*module.split("."), *attr.split("."))):
