@@ -301,3 +301,21 @@ def containers_policy_accepts(policy: dict, image_ref: str, signatures: list[tup
             if not any(repository_of(reference) == wanted for reference in signed_by_a_key):
                 return False, f"Signature for identity {signed_by_a_key[0]} is not accepted"
     return True, "accepted"
+
+
+# ------------------------------------------------------------------------------------ what a cluster would decide
+
+POLICIES = Path(__file__).resolve().parent.parent / "docs" / "policies"
+SHIPPED = {"ClusterPolicy": (kyverno_admits, POLICIES / "kyverno-clusterpolicy.yaml"),
+           "ImageValidatingPolicy": (ivp_admits, POLICIES / "kyverno-imagevalidatingpolicy.yaml")}
+PLACEHOLDER_REPOSITORY = "registry.example.com/ml/pytorch"  # what the shipped policies name until a user edits them
+
+
+def shipped_policies_admit(tag: str, predicates: dict[str, list[dict]]) -> dict[str, tuple[bool, str]]:
+    """Each evaluable shipped policy's verdict on an image published under tag whose verified statements are
+    predicates (predicate type -> predicates, as signatures.gather_evidence gathers them), the policies' placeholder
+    repository standing for the test's own."""
+    statements = [{"predicateType": kind, "predicate": predicate}
+                  for kind, found in predicates.items() for predicate in found]
+    return {name: admits(path, f"{PLACEHOLDER_REPOSITORY}:{tag}", statements)
+            for name, (admits, path) in SHIPPED.items()}

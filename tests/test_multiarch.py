@@ -36,12 +36,14 @@ from torchimages.publish import (
     prune_plan,
 )
 from torchimages.registry import Manifest
-from torchimages.signatures import attestation_tag, signature_tag
+from torchimages.signatures import attestation_tag, gather_evidence, signature_tag
 
 from .conftest import FIXTURE_PROJECT
+from .policy_eval import shipped_policies_admit
 from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
 from .test_catalog import entry as image_entry
 from .test_publish import Workspace, clean_up
+from .test_signing import store_of
 
 GRACE = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
 X86, ARM = "2.15.0-cuda13.2-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime-arm64"
@@ -257,6 +259,9 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
         platform: member["digest"] for platform, member in index["platforms"].items()}
     report = verdict["predicates"][attestations.VERIFICATION_PREDICATE]
     assert report["result"] == "passed" and sorted(report["platforms"]) == ["linux/amd64", "linux/arm64"]
+    statements = gather_evidence(store_of(space), [key().public], index["digest"], attestations.PREDICATE_TYPES)
+    verdicts = shipped_policies_admit(RUNTIME, statements.statements)
+    assert all(admitted for admitted, _ in verdicts.values()), verdicts
     text = space.cli("verify-image", f"{space.repository}:{RUNTIME}", "--key", str(public), check_exit=0).stdout
     assert f"@{index['digest']} (index)" in text and "(linux/amd64)" in text and "(linux/arm64)" not in text
 

@@ -12,9 +12,17 @@ import pytest
 from torchimages import attestations, signing
 from torchimages.catalog import public_key_path
 from torchimages.publish import facts_path
-from torchimages.signatures import MAX_ARTIFACT_BYTES, Layer, attestation_tag, signature_layer, signature_tag
+from torchimages.signatures import (
+    MAX_ARTIFACT_BYTES,
+    Layer,
+    attestation_tag,
+    gather_evidence,
+    signature_layer,
+    signature_tag,
+)
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
+from .policy_eval import shipped_policies_admit
 from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
 from .test_publish import RUNTIME, Workspace, clean_up
 from .test_signing import SIGNED, environment, store_of, write_layers
@@ -45,6 +53,12 @@ def verdict(space, reference: str, *extra: str) -> tuple[int, dict]:
     return found.returncode, json.loads(found.stdout) if found.stdout.strip() else {}
 
 
+def policies(space, tag: str, digest: str) -> dict[str, bool]:
+    """What the shipped Kyverno policies decide on what the key vouches for about digest, published as tag."""
+    evidence = gather_evidence(store_of(space), [key().public], digest, attestations.PREDICATE_TYPES)
+    return {name: admitted for name, (admitted, _) in shipped_policies_admit(tag, evidence.statements).items()}
+
+
 def verified_on_gpu(space, tag: str, image_id: str) -> None:
     """What `build.py test` leaves after a verification on an H100 host: every check passed, gpu included."""
     checks = {"identity": CheckVerdict("passed", "torch 2.13.0+cpu"), "gpu": CheckVerdict("passed", "1 GPU")}
@@ -71,6 +85,7 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
     code, first = verdict(space, reference)
     assert code == 0 and first["verified"] and [r["admits"] for r in first["reports"]] == [True]
     assert first["reports"][0]["image_id"] == image_id and first["reports"][0]["tag"] == RUNTIME
+    assert all(policies(space, RUNTIME, digest).values()), "the policies admit what verify-image verifies"
 
     # Finding 2 and 3: a second pipeline with the key attests a failed report. cosign accepts the signature (it does
     # not read the predicate); verify-image, like Kyverno, judges every report and refuses.
@@ -85,6 +100,7 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
     assert any("report 2 of 2" in problem and "'failed'" in problem for problem in refused["problems"])
     text = space.cli("verify-image", reference, "--key", str(PUBLIC), check_exit=1).stdout
     assert "(report 2 of 2)" in text and "REFUSES: the report says 'failed'" in text and "NOT VERIFIED:" in text
+    assert not any(policies(space, RUNTIME, digest).values()), "and the policies refuse it too"
 
     # A requirement of the GPU host: the CPU host's report does not meet it.
     assert verdict(space, reference, "--require", "gpu=passed")[0] == 1
@@ -98,6 +114,7 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
                             "--require-host", "driver_major>=580")
     assert code == 0 and [r["verified_at"] for r in renewed["reports"]] == ["2026-01-02T00:00:00Z"], renewed
     assert space.catalog_json()["images"][RUNTIME]["verified_on"]["host"] == "gpu"
+    assert all(policies(space, RUNTIME, digest).values())
     assert accepted_everything(cosign, reference, PUBLIC)
     again = space.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
     assert "signature present, attestations present" in again.stdout, again.stdout
