@@ -9,7 +9,6 @@ from pathlib import Path
 from torchimages import attestations, signing
 
 KEYS = Path(__file__).parent / "data" / "signing"
-POLICY = Path(__file__).parent.parent / "docs" / "policies" / "kyverno-clusterpolicy.yaml"
 TEST_PASSWORD = "torchimages-test"
 FIRST, SECOND = KEYS / "first.key", KEYS / "second.key"
 
@@ -35,16 +34,3 @@ def accepted_everything(cosign: Path, reference: str, public: Path) -> bool:
     return cosign_accepts(cosign, reference, public) and all(
         cosign_accepts(cosign, reference, public, kind) for kind in attestations.PREDICATE_TYPES)
 
-
-def kyverno_conditions(policy: dict) -> list[dict]:
-    rules = policy["spec"]["rules"]
-    return [condition for rule in rules for image in rule["verifyImages"] for attestation in image["attestations"]
-            for block in attestation.get("conditions", []) for condition in block["all"]]
-
-
-def jmespath_field(predicate: dict, key: str):
-    """The value a Kyverno condition key such as '{{ checks.gpu.status }}' reads from a predicate."""
-    value = predicate
-    for part in key.strip("{} ").split("."):
-        value = value[part]
-    return value
