@@ -21,6 +21,8 @@ URL_LOGIN = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/@'\"]+@", re.IGNORECASE | 
 # The same with '://' and '@' percent-encoded: a URL inside a URL's query (docker-py's build request).
 ENCODED_URL_LOGIN = re.compile(r"(%3A%2F%2F)(?:(?!%40|%2F)[^\s&/?#'\"])+%40", re.IGNORECASE | re.ASCII)
 AUTH_HEADER = re.compile(r"\b(basic|bearer)\s+[A-Za-z0-9+/=._~-]{8,}", re.IGNORECASE | re.ASCII)
+# How files.brief ends a value it cut short: what precedes it may be the start of a secret, cut mid-way.
+CUT_QUOTE = re.compile(r"\.\.\. \([0-9]+ characters\)", re.ASCII)
 SECRET_PARAMETER = re.compile(r"\b(password|passwd|token|access_token|secret)=[^\s&'\"]+", re.IGNORECASE | re.ASCII)
 
 
@@ -64,10 +66,30 @@ class Secrets:
     def __or__(self, other: Secrets) -> Secrets:
         return Secrets(self.values | other.values)
 
+    @classmethod
+    def in_arguments(cls, arguments: list[str]) -> Secrets:
+        """The logins a command line holds anywhere, positional arguments (an image REF) included: in a URL
+        (scheme://user:password@host), or before a registry's host (user:password@host/repo; a digest's '@' comes
+        after the first '/'). `--flag=value` is read as its value."""
+        values = [argument.partition("=")[2] if argument.startswith("--") else argument for argument in arguments]
+        logins = [value.split("/", 1)[0].rpartition("@")[0] for value in values if "://" not in value]
+        return cls.in_urls(*values) | cls.of(*logins, *(login.partition(":")[2] for login in logins))
+
     def redact(self, text: str) -> str:
         for secret in sorted(self.values, key=len, reverse=True):
             text = text.replace(secret, REDACTED)
-        return redact(text)
+        return redact(self._cut_quotes_redacted(text))
+
+    def _cut_quotes_redacted(self, text: str) -> str:
+        """A secret quoted cut short (`'user:s3cr... (90 characters)'`) matches no spelling whole: the start of one
+        just before the cut is taken out too."""
+        for cut in reversed(list(CUT_QUOTE.finditer(text))):
+            before = text[:cut.start()]
+            starts = [secret[:length] for secret in self.values for length in range(len(secret), SHORTEST_SECRET - 1, -1)
+                      if before.endswith(secret[:length])]
+            if starts:
+                text = before[:-len(max(starts, key=len))] + REDACTED + text[cut.start():]
+        return text
 
 
 def redact(text: str) -> str:

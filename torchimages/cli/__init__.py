@@ -156,8 +156,10 @@ def run_secrets(args: argparse.Namespace) -> Secrets:
 
 
 def run(argv: list[str] | None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    keep_out(Secrets.in_arguments(arguments))  # before parsing: argparse's own errors quote what they refuse
     args = build_parser().parse_args(argv)
-    keep_out(run_secrets(args))
+    keep_out(run_secrets(args) | Secrets.in_arguments(arguments))
     project = Project(args.matrix, args.compat or compat_beside(args.matrix), args.templates, args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)
