@@ -300,6 +300,58 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
     space.cli("catalog", "--check-registry", "--catalog", str(space.catalog), check_exit=0)
 
 
+@pytest.mark.engine
+def test_a_multi_arch_tag_signed_and_attested_by_cosign_itself_verifies_with_verify_image(grace_workspace, docker_client,
+                                                                                          cosign, tmp_path):
+    """The other direction on a multi-arch tag (signing-interop.md finding 16): published unsigned, then signed by
+    cosign recursively (the index and each image) and each digest attested with cosign by its own statements."""
+    space = grace_workspace
+    for tag in (RUNTIME, RUNTIME_ARM):
+        build_stand_in(space, docker_client, tag)
+    space.publish()
+    catalog = space.catalog_json()
+    index = catalog["manifest_lists"][RUNTIME]
+    run_cosign_writes(cosign, "sign", "--key", str(FIRST), "--recursive", f"{space.repository}@{index['digest']}")
+    members = {platform: {"digest": member["digest"], "tag": member["tag"], "sbom": {"components": []},
+                          "report": cosign_report(catalog["images"][member["image"]])}
+               for platform, member in index["platforms"].items()}
+    subjects = {index["digest"]: {attestations.VERIFICATION_PREDICATE:
+                                  attestations.index_verification_predicate(RUNTIME, members)},
+                **{member["digest"]: {attestations.VERIFICATION_PREDICATE: member["report"]}
+                   for member in members.values()}}
+    for digest, predicates in subjects.items():
+        predicates.update({attestations.SBOM_PREDICATE: {"bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1},
+                           attestations.PROVENANCE_PREDICATE: {"buildDefinition": {"buildType": "https://example.com/ci",
+                                                                                   "externalParameters": {}},
+                                                               "runDetails": {"builder": {"id": "https://example.com/ci"}}}})
+        for number, (kind, predicate) in enumerate(predicates.items()):
+            written = tmp_path / f"{digest[7:19]}-{number}.json"
+            written.write_text(json.dumps(predicate))
+            run_cosign_writes(cosign, "attest", "--key", str(FIRST), "--type", attestations.COSIGN_TYPE_NAMES[kind],
+                              "--predicate", str(written), f"{space.repository}@{digest}")
+    public = KEYS / "first.pub"
+    assert accepted_everything(cosign, f"{space.repository}:{RUNTIME}", public)
+    checked = space.cli("verify-image", f"{space.repository}:{RUNTIME}", "--key", str(public), "--platform", "all",
+                        "--format", "json")
+    verdict = json.loads(checked.stdout)
+    assert checked.returncode == 0 and verdict["verified"], verdict
+    assert sorted(verdict["platforms"]) == ["linux/amd64", "linux/arm64"]
+
+
+def run_cosign_writes(cosign, *arguments: str) -> None:
+    done = subprocess.run([str(cosign), *arguments, "--tlog-upload=false", "--yes", "--allow-insecure-registry",
+                           "--allow-http-registry"], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "COSIGN_PASSWORD": TEST_PASSWORD})
+    assert done.returncode == 0, done.stderr
+
+
+def cosign_report(entry: dict) -> dict:
+    """A verification report another pipeline made for one published image (its own tag and image id)."""
+    return {"tool": {"name": "torchimages"}, "tag": entry["tag"], "image_id": entry["image_id"], "result": "passed",
+            "verified_at": "2026-01-01T00:00:00Z", "host": {"kind": "cpu-only", "gpu_models": []},
+            "checks": {"identity": {"status": "passed", "reason": "", "warnings": []}}}
+
+
 def test_the_catalog_refuses_a_damaged_manifest_list_naming_it(tmp_path):
     path = tmp_path / "catalog.json"
     index = {"tag": X86, "repository": "localhost:5000/ml/pytorch", "digest": "sha256:" + "a" * 64,
