@@ -346,3 +346,12 @@ def test_a_secret_quoted_cut_short_is_redacted_too():
     secrets = Secrets.in_arguments([f"ci:{password}@host/repo"])
     shown = secrets.redact(f"REF {brief('ci:' + password + '@host/repo')} is not a reference")
     assert "s3cret" not in shown and shown.startswith("REF '<redacted>... (")
+
+
+# ------------------------------------------------------------------------------------- earlier rounds' leftovers
+
+def test_an_ipv6_index_url_without_its_bracket_is_exit_2(tmp_path):
+    from .conftest import copy_fixture_project, run_cli_in_process
+    matrix = copy_fixture_project(tmp_path / "project")
+    refused = run_cli_in_process("--matrix", str(matrix), "compat", "refresh", "2.16.0", "--index-url", "http://[::1")
+    assert refused.returncode == 2 and "--index-url" in refused.stderr and "Traceback" not in refused.stderr

@@ -349,7 +349,11 @@ def open_index(url: str) -> Index:
     if not url.strip() or not url.isprintable() or url != url.strip():  # '' would read the current folder
         raise InputError([Problem("--index-url", 0, f"{brief(redact(url))} is no index: give --index-url "
                                                     "https://.../simple or a folder of wheels")])
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # 'http://[::1': an IPv6 host without its ']'
+        raise InputError([Problem("--index-url", 0, f"{brief(redact(url))}: its host does not parse (an IPv6 "
+                                                    "address is written in brackets: http://[::1]:8080/simple)")]) from None
     if parts.scheme in ("http", "https"):
         if index_http.origin(url) is None or "@" in parts.path:  # a login's '/' or '@' typed as it is
             raise InputError([Problem("--index-url", 0, f"{brief(redact(url))}: its host and port do not parse: "
