@@ -1,15 +1,28 @@
 """verify-image's decision (torchimages/admission.py) and the index attestations it reads, as pure logic: the report
 rule (every report by the key passes and meets every requirement, Kyverno's semantics: signing-interop.md findings
 2, 3, 10), the requirements a cluster admits on, and an index report built from its members' reports."""
+from pathlib import Path
+
 import pytest
 
-from torchimages import attestations, multiarch
+from torchimages import attestations, multiarch, signing
 from torchimages.admission import DOCKER_MANIFEST, judge_reports, parse_requirement
 from torchimages.bases_lock import LockedBase
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
+from torchimages.signatures import (
+    MAX_LAYERS,
+    Layer,
+    UnreadableArtifact,
+    artifact_files,
+    attestation_layer,
+    attested_by,
+    read_artifact_folder,
+    signature_layer,
+)
 
-from .test_signing import MATRIX, verification_report
+from .signing_fixtures import key
+from .test_signing import DIGEST, MATRIX, verification_report
 
 IMAGE_ID = "sha256:" + "1" * 64
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -114,3 +127,39 @@ def test_the_provenance_names_the_base_by_the_locks_registry_digest_and_slsa_v1s
     [unlocked] = attestations.provenance_predicate(SPEC, image, [])["buildDefinition"]["resolvedDependencies"]
     assert unlocked["digest"] == {"sha256": "e" * 64} and unlocked["annotations"]["pin"] == "engine-image-id"
 
+
+
+def artifact_folder(folder: Path, layers: list[Layer]) -> Path:
+    folder.mkdir()
+    for name, content in artifact_files(layers).items():
+        (folder / name).write_bytes(content)
+    return folder
+
+
+def test_a_consumer_skips_layers_cosign_would_skip_and_publish_refuses_to_rewrite_them(tmp_path):
+    """Finding 6: a foreign layer beside cosign's makes publish refuse the tag (it is not ours to rewrite), while a
+    consumer reads the valid layer and says what it skipped."""
+    valid = signature_layer(key(), "r/p", DIGEST)
+    folder = artifact_folder(tmp_path / "mixed", [Layer("application/vnd.oci.image.layer.v1.tar+gzip", b"x"), valid])
+    with pytest.raises(UnreadableArtifact, match="not ours to rewrite"):
+        read_artifact_folder(folder, signing.SIGNATURE_MEDIA_TYPE, "r/p:sig")
+    layers, skipped = read_artifact_folder(folder, signing.SIGNATURE_MEDIA_TYPE, "r/p:sig", strict=False)
+    assert [layer.digest for layer in layers] == [valid.digest]
+    assert skipped == ["r/p:sig: a layer was skipped: a layer of type 'application/vnd.oci.image.layer.v1.tar+gzip'"]
+
+
+def test_a_consumer_reads_the_first_layers_of_an_oversized_artifact_and_says_so(tmp_path):
+    many = [signature_layer(key(), "r/p", DIGEST)] * (MAX_LAYERS + 2)
+    folder = artifact_folder(tmp_path / "many", many)
+    with pytest.raises(UnreadableArtifact):
+        read_artifact_folder(folder, signing.SIGNATURE_MEDIA_TYPE, "r/p:sig")
+    layers, skipped = read_artifact_folder(folder, signing.SIGNATURE_MEDIA_TYPE, "r/p:sig", strict=False)
+    assert len(layers) == MAX_LAYERS and skipped == [f"r/p:sig: 2 layers past the first {MAX_LAYERS} not read"]
+
+
+def test_an_attestation_is_known_by_its_signed_predicate_type_not_its_annotation():
+    """Finding 5: `cosign attach attestation` writes no predicateType annotation; a lying one changes nothing."""
+    layer = attestation_layer(key(), "r/p", DIGEST, attestations.VERIFICATION_PREDICATE, report())
+    for annotations in ({signing.SIGNATURE_ANNOTATION: ""}, {"predicateType": attestations.SBOM_PREDICATE}):
+        found = attested_by(key().public, Layer(layer.media_type, layer.data, annotations), DIGEST)
+        assert found is not None and found["predicateType"] == attestations.VERIFICATION_PREDICATE

@@ -106,8 +106,9 @@ def read_artifact_folder(folder: Path, media_type: str, tag: str, strict: bool =
         assert isinstance(entries, list) and (len(entries) <= MAX_LAYERS or not strict)
     except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
         raise foreign("something that is not an image manifest") from None
-    layers, skipped = [], [f"{tag}: {len(entries) - MAX_LAYERS} layers past the first {MAX_LAYERS} not read"
-                           ] if len(entries) > MAX_LAYERS else []
+    layers: list[Layer] = []
+    skipped = [f"{tag}: {len(entries) - MAX_LAYERS} layers past the first {MAX_LAYERS} not read"
+               ] if len(entries) > MAX_LAYERS else []
     for entry in entries[:MAX_LAYERS]:
         try:
             layers.append(_read_layer(folder, entry, media_type))
