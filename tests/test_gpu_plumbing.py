@@ -219,19 +219,41 @@ def test_a_stale_cdi_spec_reruns_the_checks_without_gpus_and_blames_the_gpus_onl
     assert ("stale CDI spec" in checks["gpu"]["message"]) != second_start_fails
 
 
+RUNTIME_HOOK, CDI_HOOK = ("nvidia-container-runtime-hook",), ("nvidia-cdi-hook",)
+CDI_ENGINE = {"Runtimes": {"runc": {}}, "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}
+
+
 @pytest.mark.parametrize("info, hooks, specs, path", [
-    ({"Runtimes": {"nvidia": {}, "runc": {}}}, False, [], "runtime"),
-    ({"Runtimes": {"runc": {}}}, True, [], "runtime"),  # dockerd's nvidia driver from the hook on its PATH
-    ({"Runtimes": {"runc": {}}, "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, False, ["/etc/cdi/nvidia.yaml"], "cdi"),
-    ({"CDISpecDirs": ["/etc/cdi"], "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, False, [],
+    ({"Runtimes": {"nvidia": {}, "runc": {}}}, (), [], "runtime"),
+    ({"Runtimes": {"runc": {}}}, RUNTIME_HOOK, [], "runtime"),  # dockerd's nvidia driver from the hook on its PATH
+    ({**CDI_ENGINE}, (), ["/etc/cdi/nvidia.yaml"], "cdi"),
+    ({"CDISpecDirs": ["/etc/cdi"], "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, (), [],
      "cdi"),  # a remote engine: its discovered devices tell
-    ({"CDISpecDirs": ["/etc/cdi"]}, False, [], ""),  # CDI on, but no spec names NVIDIA GPUs
-    ({"Runtimes": {"runc": {}}}, False, ["/etc/cdi/nvidia.yaml"], ""),  # a spec, but an engine without CDI
+    ({"CDISpecDirs": ["/etc/cdi"]}, (), [], ""),  # CDI on, but no spec names NVIDIA GPUs
+    ({"Runtimes": {"runc": {}}}, (), ["/etc/cdi/nvidia.yaml"], ""),  # a spec, but an engine without CDI
+    # nvidia-container-toolkit-base alone (nvidia-cdi-hook, no runtime hook): moby registers --gpus for the CDI hook
+    # only from docker-v29.2.0 (daemon/devices_nvidia_linux.go, getNVIDIADeviceDrivers; gpu-audit-3 C2)
+    ({**CDI_ENGINE, "ServerVersion": "28.5.1"}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"], "cdi"),
+    ({**CDI_ENGINE, "ServerVersion": "27.5.1"}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"], "cdi"),
+    ({**CDI_ENGINE, "ServerVersion": "29.1.5"}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"], "cdi"),
+    ({**CDI_ENGINE, "ServerVersion": "29.2.0"}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"], "runtime"),
+    ({**CDI_ENGINE, "ServerVersion": "30.0.1"}, CDI_HOOK, [], "runtime"),
+    ({"Runtimes": {"runc": {}}, "ServerVersion": "28.5.1"}, CDI_HOOK, [], ""),  # no CDI either: no path at all
+    ({**CDI_ENGINE, "ServerVersion": "dev"}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"], "cdi"),  # unknown: not 29.2+
+    ({**CDI_ENGINE, "ServerVersion": "28.5.1"}, RUNTIME_HOOK + CDI_HOOK, [], "runtime"),
 ])
 def test_the_gpu_path_is_the_nvidia_runtime_or_cdi_where_the_engine_and_a_spec_allow(info, hooks, specs, path):
     access = engine.gpu_access_of(info, hooks, specs)
     assert access.path == path
     assert ("CDI" in access.why) == (path in ("cdi", "")) and bool(doctor_says(access)) == bool(path)
+    if path:  # doctor names the path it found: the hook, the runtime or CDI
+        assert ("cdi" if path == "cdi" else "nvidia") in doctor_says(access).lower()
+
+
+@pytest.mark.parametrize("version", ["28.5.1", "29.1.5"])
+def test_a_cdi_only_host_before_docker_29_2_says_why_its_cdi_hook_is_not_a_gpus_path(version):
+    access = engine.gpu_access_of({**CDI_ENGINE, "ServerVersion": version}, CDI_HOOK, ["/etc/cdi/nvidia.yaml"])
+    assert "29.2" in access.why and version in access.why
 
 
 def doctor_says(access) -> str:

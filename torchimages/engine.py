@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,9 +138,14 @@ def _ask(docker_client: docker.DockerClient, what: str, path: str, *arguments: s
     return answer
 
 
-# dockerd registers its "nvidia" device driver (what --gpus asks for) whenever one of these is on its PATH, with or
-# without an nvidia entry under Runtimes (moby daemon/nvidia_linux.go, init()).
-NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-cdi-hook")
+# dockerd registers its "nvidia" device driver (what --gpus asks for) where nvidia-container-runtime-hook is on its
+# PATH, with or without an nvidia entry under Runtimes (moby daemon/devices_nvidia_linux.go, init(), v28.5.0 and
+# docker-v29.1.5). nvidia-cdi-hook alone (nvidia-container-toolkit-base, NVIDIA's CDI-only setup) gives --gpus only from
+# docker-v29.2.0, which maps --gpus to nvidia.com/gpu CDI requests (getNVIDIADeviceDrivers, moby commit 86f122af27);
+# before, that host takes GPUs through CDI device requests alone (gpu-audit-3 C2).
+RUNTIME_HOOK, CDI_HOOK = "nvidia-container-runtime-hook", "nvidia-cdi-hook"
+NVIDIA_HOOKS = (RUNTIME_HOOK, CDI_HOOK)
+CDI_HOOK_GPUS_FROM = (29, 2)
 # What the NVIDIA container stack says when a GPU container cannot start for a GPU reason: nvidia-container-cli's
 # "nvml error: driver not loaded", "device error: ...: unknown device", the cuda>= requirement of NVIDIA's images; in
 # CDI mode dockerd's "CDI device injection failed: unresolvable CDI devices nvidia.com/gpu=..." (moby's CDI injection,
@@ -180,21 +186,45 @@ def nvidia_cdi_specs(folders) -> list[str]:
     return found
 
 
-def gpu_access_of(info: dict, hooks_on_path: bool, cdi_specs: list[str]) -> GpuAccess:
-    """The GPU path an engine offers, from its /info, whether an NVIDIA hook is on its PATH (a local engine) and the
-    host's NVIDIA CDI specs. The runtime path first: --gpus there needs no spec. CDI needs both an engine that takes
+def docker_version(info: dict) -> tuple[int, int] | None:
+    """/info's ServerVersion ("28.5.1", "29.2.0-rc.1") as (major, minor); None where it is not a release's ("dev")."""
+    match = re.match(r"(\d+)\.(\d+)", str(info.get("ServerVersion") or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def gpus_hook(info: dict, hooks_on_path: Iterable[str]) -> str:
+    """The hook on dockerd's PATH that makes it take --gpus, or "": the runtime hook always, the CDI hook alone only
+    on Docker 29.2+ (an unknown version is not taken for one)."""
+    found = set(hooks_on_path)
+    if RUNTIME_HOOK in found:
+        return RUNTIME_HOOK
+    version = docker_version(info)
+    return CDI_HOOK if CDI_HOOK in found and version is not None and version >= CDI_HOOK_GPUS_FROM else ""
+
+
+def gpu_access_of(info: dict, hooks_on_path: Iterable[str], cdi_specs: list[str]) -> GpuAccess:
+    """The GPU path an engine offers, from its /info, the NVIDIA hooks on its PATH (a local engine) and the host's
+    NVIDIA CDI specs. The runtime path first: --gpus there needs no spec. CDI needs both an engine that takes
     CDI device requests (/info lists CDISpecDirs only where the cdi feature is on) and a spec naming NVIDIA GPUs (on
     this host, or the devices the engine discovered from one: DiscoveredDevices, Docker 28.2+)."""
     if "nvidia" in (info.get("Runtimes") or {}):
         return GpuAccess("runtime", "through the NVIDIA runtime (--gpus)")
-    if hooks_on_path:
-        return GpuAccess("runtime", f"through the NVIDIA hook on dockerd's PATH (--gpus; {' or '.join(NVIDIA_HOOKS)})")
+    hook = gpus_hook(info, hooks_on_path)
+    if hook == RUNTIME_HOOK:
+        return GpuAccess("runtime", f"through {RUNTIME_HOOK} on dockerd's PATH (--gpus)")
+    if hook:
+        return GpuAccess("runtime", f"through {CDI_HOOK} on dockerd's PATH (--gpus, which Docker "
+                                    f"{info.get('ServerVersion')} resolves from the host's {CDI_GPU_KIND} spec)")
+    cdi_hook_alone = ("; " if CDI_HOOK in set(hooks_on_path) else "")
+    if cdi_hook_alone:
+        cdi_hook_alone += (f"{CDI_HOOK} alone gives --gpus only from Docker {'.'.join(map(str, CDI_HOOK_GPUS_FROM))} "
+                           f"(this engine is {info.get('ServerVersion') or 'of an unknown version'})")
     discovered = [str(device.get("ID", device)) if isinstance(device, dict) else str(device)
                   for device in info.get("DiscoveredDevices") or [] if CDI_GPU_KIND in str(device)]
     if info.get("CDISpecDirs") and (cdi_specs or discovered):
         return GpuAccess("cdi", f"through CDI ({CDI_GPU_KIND}=..., from {', '.join(cdi_specs or discovered[:3])}): "
-                                "the engine has no NVIDIA runtime")
-    return GpuAccess("", f"{GPU_RUNTIME_HINT}; {CDI_HINT}")
+                                f"the engine has no NVIDIA runtime{cdi_hook_alone}")
+    return GpuAccess("", f"{GPU_RUNTIME_HINT}{cdi_hook_alone}; {CDI_HINT}")
 
 
 def gpu_access(docker_client: docker.DockerClient) -> GpuAccess:
@@ -202,9 +232,9 @@ def gpu_access(docker_client: docker.DockerClient) -> GpuAccess:
     PATH and spec folders are not this machine's: there only /info tells."""
     info = daemon_info(docker_client)
     local = _local_engine()
-    hooks = local and any(shutil.which(hook) for hook in NVIDIA_HOOKS)
+    hooks = [hook for hook in NVIDIA_HOOKS if shutil.which(hook)] if local else []
     specs = nvidia_cdi_specs(info.get("CDISpecDirs") or CDI_DEFAULT_DIRS) if local else []
-    return gpu_access_of(info, bool(hooks), specs)
+    return gpu_access_of(info, hooks, specs)
 
 
 def has_gpu_runtime(docker_client: docker.DockerClient) -> bool:
