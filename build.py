@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."""
+"""The `torchimages` command from a clone: `python build.py COMMAND` works on this repository's project wherever it
+is run from. See README.md."""
 import sys
+from pathlib import Path
 
 from torchimages.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(start=Path(__file__).resolve().parent))

@@ -9,6 +9,7 @@ import pytest
 
 from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
 from torchimages.builder import INPUT_HASH_LABEL
+from torchimages.project import DEFAULT_TEMPLATES
 
 from .conftest import (
     CPU_SELECTOR,
@@ -417,7 +418,7 @@ def test_the_user_survives_a_base_that_already_has_its_uid(docker_client, engine
 
     from torchimages.model import User
 
-    macros = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "templates")),
+    macros = jinja2.Environment(loader=jinja2.FileSystemLoader(str(DEFAULT_TEMPLATES)),
                                 undefined=jinja2.StrictUndefined).get_template("macros.j2").module
     (tmp_path / "Dockerfile").write_text(
         "FROM debian:bookworm\n"

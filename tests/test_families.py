@@ -9,6 +9,7 @@ import yaml
 
 from torchimages.checks.suite.helpers import os_is_the_rows
 from torchimages.matrix import load_matrix
+from torchimages.project import DEFAULT_TEMPLATES
 from torchimages.render import render_files
 from torchimages.sbom import cyclonedx, parse_inventory
 
@@ -39,7 +40,7 @@ def dnf_project(tmp_path):
                               "os_release": "rocky9.6"}
     (tmp_path / "compat.yaml").write_text(yaml.safe_dump(compat))
     templates = tmp_path / "templates"
-    shutil.copytree(ROOT / "templates", templates)
+    shutil.copytree(DEFAULT_TEMPLATES, templates)
     (templates / "os" / "dnf.j2").write_text(DNF_TEMPLATE)
     (tmp_path / "matrix.yaml").write_text(
         "registry: localhost:5000/ml/pytorch\n"

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError, User
+from torchimages.project import DEFAULT_TEMPLATES
 from torchimages.render import render_files
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
 
 MATRIX_TEXT = FIXTURE_MATRIX.read_text()
 BASE_DOCUMENT = yaml.safe_load(MATRIX_TEXT)  # plain dicts and lists: the starting point of every mutation
-TEMPLATES = ROOT / "templates"
+TEMPLATES = DEFAULT_TEMPLATES
 CPU_RUNTIME = "2.13.0-cpu-runtime"
 VARIANT_KEYS = ("torch", "cuda", "cudnn", "python", "os", "flavors", "torchvision", "arch_list", "user", "shm_size",
                 "size_budget", "deprecated", "allow_unlisted", "aliases", "base")

@@ -12,6 +12,7 @@ from packaging.version import Version
 
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
+from torchimages.project import DEFAULT_TEMPLATES
 from torchimages.render import render_files, stale_paths
 
 from .conftest import ROOT, run_cli_in_process
@@ -61,7 +62,7 @@ def test_a_newer_release_is_proposed_as_rows_like_the_newest_and_rendered(projec
         assert "torch==2.16.0 torchvision==0.31.0 numpy==2.4.1" in after["2.16.0-cuda13.2-cudnn9-runtime"].decode()
         assert "torch==2.16.0+cpu " in after["2.16.0-cpu-runtime"].decode(), "the CPU rows follow: the index has +cpu"
         assert "2.13.0-cpu-runtime" in specs, "the rows copied stay"
-        rendered = render_files(list(specs.values()), ROOT / "templates", "matrix.yaml", "localhost:5000/ml/pytorch")
+        rendered = render_files(list(specs.values()), DEFAULT_TEMPLATES, "matrix.yaml", "localhost:5000/ml/pytorch")
         assert stale_paths(project / "images", rendered) == [], "images/ is what render makes of the proposal"
         # The next night: the matrix has the newest release; nothing changes.
         matrix_text = (project / "matrix.yaml").read_text()

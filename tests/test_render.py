@@ -12,9 +12,10 @@ import yaml
 
 from torchimages.bases_lock import LockedBase, write_lock
 from torchimages.matrix import load_matrix
+from torchimages.project import DEFAULT_TEMPLATES
 from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
-from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, FIXTURE_PROJECT, copy_fixture_project, run_cli_in_process
 from .wheels_fixtures import make_wheel
 
 # Matrices written into tmp_path are checked against the compatibility data beside them.
@@ -29,7 +30,7 @@ def cli():
 
 GOLDEN_MATRIX = FIXTURE_PROJECT / "golden-matrix.yaml"
 GOLDEN_DIR = Path(__file__).parent / "golden"
-TEMPLATES = ROOT / "templates"
+TEMPLATES = DEFAULT_TEMPLATES
 
 
 def render(matrix_path: Path, templates: Path = TEMPLATES) -> dict[str, bytes]:

@@ -5,13 +5,13 @@ import json
 import lzma
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
 from torchimages import security
 from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.model import InputError
+from torchimages.project import DEFAULT_TEMPLATES
 from torchimages.sbom import AllowedVulnerability, Allowlist, Inventory, ScanResult, cyclonedx, load_allowlist
 
 from .conftest import copy_fixture_project, run_cli_in_process
@@ -25,7 +25,7 @@ ARCHIVE_PACKAGES = [Package("libssl3", "3.0.22-1~deb12u2", changelog=OPENSSL_CHA
                     Package("base-files", "12.4+deb12u5"),  # the installed version: nothing to fix
                     Package("tzdata", "2025b-0+deb12u1", arch="all")]
 TODAY = dt.date(2026, 11, 25)
-ROOT_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+ROOT_TEMPLATES = DEFAULT_TEMPLATES
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,52 @@ from pathlib import Path
 from . import matrix as matrix_stage
 from . import render as render_stage
 from .bases_lock import LOCK_NAME, read_lock
+from .model import InputError, Problem
 
-ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
+# The folder above the package: this repository when the package runs from a clone (its tests read its data here).
+ROOT = PACKAGE.parent
+# The Dockerfile templates every project renders with until it has a templates/ folder of its own.
+DEFAULT_TEMPLATES = PACKAGE / "templates"
+MATRIX_NAME = "matrix.yaml"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def find_project(start: Path) -> Path | None:
+    """The project a command run in `start` works on: the nearest folder, from start upwards, holding a matrix.yaml
+    (as git finds its repository)."""
+    start = start.resolve()
+    return next((folder for folder in (start, *start.parents) if (folder / MATRIX_NAME).is_file()), None)
+
+
+def locate(named: Path | None, matrix: Path | None, start: Path) -> Path:
+    """The project folder a run's defaults come from: --project's, else the one found from start upwards. A --matrix
+    needs no matrix.yaml there: outside any project, its own folder is the project."""
+    if matrix is not None and (named is not None or find_project(start) is None):
+        return named or matrix.parent
+    return project_folder(named, start)
+
+
+def project_folder(named: Path | None, start: Path) -> Path:
+    """--project's folder, else the one found from start upwards; one line naming where it looked when there is
+    none."""
+    if named is not None:
+        if not (named / MATRIX_NAME).is_file():
+            raise InputError([Problem(str(named), 0, f"--project {named} holds no {MATRIX_NAME}: name a project folder, "
+                                                     "or make one with `torchimages init`")])
+        return named
+    found = find_project(start)
+    if found is None:
+        raise InputError([Problem(str(start), 0, f"no {MATRIX_NAME} here or in any folder above: run the command in "
+                                                  "a project, name one with --project DIR, or make one with "
+                                                  "`torchimages init`")])
+    return found
+
+
+def templates_of(folder: Path) -> Path:
+    """The one rule for templates: a project's own templates/ folder wins; without one, the package's defaults."""
+    own = folder / "templates"
+    return own if own.is_dir() else DEFAULT_TEMPLATES
 
 
 @dataclass
@@ -21,6 +64,14 @@ class Project:
     templates: Path
     images: Path
     reports: Path
+
+    @classmethod
+    def at(cls, folder: Path, matrix: Path | None = None, compat: Path | None = None, templates: Path | None = None,
+           images: Path | None = None, reports: Path | None = None) -> Project:
+        """The project in folder, each path given replacing its default there."""
+        matrix = matrix or folder / MATRIX_NAME
+        return cls(matrix, compat or matrix_stage.compat_beside(matrix), templates or templates_of(folder),
+                   images or folder / "images", reports or folder / "reports")
 
     def load(self) -> matrix_stage.Matrix:
         return matrix_stage.load_matrix(self.matrix, self.compat)

@@ -14,12 +14,11 @@ from rich.text import Text
 from .. import sharding, verify
 from ..builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
-from ..matrix import compat_beside
 from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
-from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, ROOT, Project
+from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, Project, locate
 from ..redaction import Secrets
 from ..registry import parse_registry
-from . import compat, images, nightly, publishing, security, verifying
+from . import compat, images, init, nightly, publishing, security, verifying
 from .display import errors
 from .options import parse_date
 from .streams import (
@@ -33,19 +32,21 @@ from .streams import (
     standard_streams,
 )
 
-COMMAND_GROUPS = (images, publishing, verifying, nightly, compat, security)
+COMMAND_GROUPS = (init, images, publishing, verifying, nightly, compat, security)
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="build.py", description=DESCRIPTION)
-    parser.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="the version matrix (default: %(default)s)")
+    parser = argparse.ArgumentParser(prog="torchimages", description=DESCRIPTION)
+    parser.add_argument("--project", type=Path, metavar="DIR",
+                        help="the project folder (default: the nearest folder holding matrix.yaml, from here upwards)")
+    parser.add_argument("--matrix", type=Path, metavar="PATH", help="the version matrix (default: the project's matrix.yaml)")
     parser.add_argument("--compat", type=Path, metavar="PATH",
                         help="its compatibility facts (default: compat.yaml beside the matrix)")
-    parser.add_argument("--templates", type=Path, default=ROOT / "templates", help=argparse.SUPPRESS)
-    parser.add_argument("--images", type=Path, default=ROOT / "images", help="rendered Dockerfiles (default: %(default)s)")
-    parser.add_argument("--reports", type=Path, default=ROOT / "reports", help="logs and reports (default: %(default)s)")
+    parser.add_argument("--templates", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--images", type=Path, metavar="DIR", help="rendered Dockerfiles (default: the project's images/)")
+    parser.add_argument("--reports", type=Path, metavar="DIR", help="logs and reports (default: the project's reports/)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.register(commands)
@@ -115,7 +116,7 @@ def lock_wait() -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, start: Path | None = None) -> int:
     """Every command's one boundary: bad input exits 2, a failed file or stream 1 or 2, Ctrl-C 130 and SIGTERM 143,
     each with one line on stderr and no traceback; files are written whole or not at all."""
     with standard_streams() as closed, handling_sigterm():
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             return report(f"{closed}: closed ({errno.errorcode[errno.EBADF]}): run the command with {closed} open "
                           "(>/dev/null to drop it)", EXIT_BAD_INPUT)
         try:
-            code = run(argv)
+            code = run(argv, start or Path.cwd())
             sys.stdout.flush()  # a full disk or closed pipe behind stdout shows here, not after main returns
             return code
         except InputError as error:
@@ -155,12 +156,16 @@ def run_secrets(args: argparse.Namespace) -> Secrets:
             | Secrets.of(login, login.partition(":")[2]))
 
 
-def run(argv: list[str] | None) -> int:
+def run(argv: list[str] | None, start: Path) -> int:
+    """start: the folder the project is looked for from (the current one; build.py's own in a clone)."""
     arguments = sys.argv[1:] if argv is None else argv
     keep_out(Secrets.in_arguments(arguments))  # before parsing: argparse's own errors quote what they refuse
     args = build_parser().parse_args(argv)
     keep_out(run_secrets(args) | Secrets.in_arguments(arguments))
-    project = Project(args.matrix, args.compat or compat_beside(args.matrix), args.templates, args.images, args.reports)
+    if getattr(args, "makes_project", False):  # init: there is no project yet
+        return args.handler(args)
+    project = Project.at(locate(args.project, args.matrix, start), args.matrix, args.compat, args.templates,
+                         args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)
     with hold_folders(writes(project, args) if writes else [], lock_wait()):
