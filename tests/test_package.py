@@ -1,33 +1,137 @@
-"""The wheel users install holds every module the commands import (issue 46: a hand-written package list missed
-torchimages.build_inputs, so the installed package did not import; only editable installs, which CI used, worked)."""
+"""What users install (issue 46): the wheel holds every module and data file, installs (not editable) into a fresh
+venv as a working `torchimages` command, and `torchimages init` makes a project that renders at once. A hand-written
+package list once missed torchimages.build_inputs, so the installed package did not import: only editable installs,
+which CI used, worked."""
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
-from .conftest import ROOT
+import pytest
+
+from torchimages.project import DEFAULT_TEMPLATES
+
+from .conftest import FIXTURE_PROJECT, ROOT, run_cli_in_process
+
+# What the commands read from the package besides its modules: the check suite's pytest.ini, the default templates and
+# the starter project init writes.
+DATA_FILES = {"torchimages/checks/suite/pytest.ini", "torchimages/templates/Dockerfile.j2",
+              "torchimages/templates/macros.j2", "torchimages/templates/os/apt.j2",
+              "torchimages/templates/context/entrypoint.sh", "torchimages/starter/matrix.yaml",
+              "torchimages/starter/compat.yaml", "torchimages/starter/images.yml", "torchimages/starter/gitignore"}
+INIT_FILES = ("matrix.yaml", "compat.yaml", ".gitignore", ".github/workflows/images.yml", "README.md")
 
 
-def test_the_wheel_holds_every_module_and_data_file_and_imports_from_itself(tmp_path):
-    source = tmp_path / "source"  # a copy: setuptools writes build/ beside the project it builds
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    """The wheel and the sdist, built from a copy of the checkout (setuptools writes build/ beside what it builds)."""
+    folder = tmp_path_factory.mktemp("dist")
+    source = folder / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "torchimages", source / "torchimages", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(source)], check=True, capture_output=True, timeout=300)
-    [wheel] = tmp_path.glob("torchimages-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        packed = set(archive.namelist())
-        archive.extractall(tmp_path / "site")
+    for hook in ("build_wheel", "build_sdist"):  # one process each: the second builds nothing after the first
+        subprocess.run([sys.executable, "-c", f"import sys; from setuptools import build_meta; "
+                        f"build_meta.{hook}(sys.argv[1])", str(folder)], cwd=source, check=True, capture_output=True,
+                       timeout=300)
+    return folder
+
+
+def test_the_wheel_holds_every_module_and_data_file_and_an_index_takes_its_metadata(dist):
+    [wheel] = dist.glob("torchimages-*.whl")
+    packed = set(zipfile.ZipFile(wheel).namelist())
     sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "torchimages").rglob("*.py")
                if "__pycache__" not in path.parts}
     assert sources - packed == set(), "modules the wheel leaves out"
-    assert "torchimages/checks/suite/pytest.ini" in packed
-    site = tmp_path / "site"
-    imported = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
-                               "import torchimages, torchimages.builder, torchimages.cli; print(torchimages.__file__)"],
-                              capture_output=True, text=True, timeout=120, check=False)
-    assert imported.returncode == 0, imported.stderr
-    assert Path(imported.stdout.strip()).is_relative_to(site), "imported from the checkout, not the wheel"
+    assert DATA_FILES - packed == set(), "data files the wheel leaves out"
+    assert "console_scripts" in zipfile.ZipFile(wheel).read("torchimages-0.1.0.dist-info/entry_points.txt").decode()
+    [sdist] = dist.glob("torchimages-*.tar.gz")
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.fixture(scope="module")
+def installed(dist, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed as a user's pip installs it. Its dependencies come from this venv's
+    site-packages on PYTHONPATH (tests reach no index); that folder holds the checkout only as an editable-install
+    .pth, which Python reads in site folders alone, so the package comes from the fresh venv."""
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+    [wheel] = dist.glob("torchimages-*.whl")
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=120)
+    return venv
+
+
+def user_run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": sysconfig.get_paths()["purelib"],
+           "COLUMNS": "200"}
+    return subprocess.run(["torchimages", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_the_installed_command_makes_a_project_that_renders_and_lists_at_once(installed, tmp_path):
+    shown = user_run(installed, "--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "init" in shown.stdout, shown.stderr
+    where = subprocess.run([str(installed / "bin" / "python"), "-m", "torchimages", "--help"], capture_output=True,
+                           text=True, timeout=60, check=False, env={"PYTHONPATH": sysconfig.get_paths()["purelib"]})
+    assert where.returncode == 0 and "usage: torchimages" in where.stdout, where.stderr
+    assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
+    demo = tmp_path / "demo"
+    assert all((demo / name).is_file() for name in INIT_FILES)
+    listed = user_run(installed, "list", cwd=demo)
+    assert listed.returncode == 0 and "2 images" in listed.stdout, listed.stderr
+    rendered = user_run(installed, "render", cwd=demo / ".github")  # found from a folder below the project
+    assert rendered.returncode == 0, rendered.stderr
+    assert {path.name for path in (demo / "images").iterdir() if path.is_dir()} == {
+        "2.15.0-cuda13.2-cudnn9-runtime", "2.13.0-cpu-runtime"}
+    assert user_run(installed, "render", "--check", cwd=demo).returncode == 0
+
+
+def test_the_installed_command_renders_the_tests_project_as_a_checkout_does(installed, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(FIXTURE_PROJECT, project)
+    listed = user_run(installed, "list", cwd=project)
+    assert listed.returncode == 0 and "2.13.0-cpu-runtime" in listed.stdout, listed.stderr
+    assert user_run(installed, "render", cwd=project).returncode == 0
+    checkout = run_cli_in_process("--project", str(project), "render", "--check", check_exit=0)
+    assert "up to date" in checkout.stdout, "the installed templates render what the checkout's do"
+
+
+def test_init_overwrites_nothing_and_force_writes_only_what_is_missing(tmp_path):
+    run_cli_in_process("init", str(tmp_path), check_exit=0)
+    (tmp_path / "matrix.yaml").write_text("registry: mine\n")
+    (tmp_path / ".gitignore").unlink()
+    refused = run_cli_in_process("init", str(tmp_path), check_exit=2)
+    assert refused.stderr.count("\n") == 1 and "matrix.yaml" in refused.stderr and "--force" in refused.stderr
+    run_cli_in_process("init", str(tmp_path), "--force", check_exit=0)
+    assert (tmp_path / "matrix.yaml").read_text() == "registry: mine\n" and (tmp_path / ".gitignore").is_file()
+    assert (tmp_path / "README.md").read_text().count("## Images") == 1, "the README section is added once"
+
+
+def test_a_project_is_found_from_the_current_folder_upwards_or_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = run_cli_in_process("list", check_exit=2)
+    assert missing.stderr.count("\n") == 1 and str(tmp_path) in missing.stderr and "init" in missing.stderr
+    named = run_cli_in_process("--project", str(tmp_path / "nowhere"), "list", check_exit=2)
+    assert "nowhere" in named.stderr and named.stderr.count("\n") == 1
+    run_cli_in_process("init", "demo", check_exit=0)
+    assert "2 images" in run_cli_in_process("--project", "demo", "list", check_exit=0).stdout
+    (tmp_path / "demo" / "deeper").mkdir()
+    monkeypatch.chdir(tmp_path / "demo" / "deeper")
+    run_cli_in_process("render", check_exit=0)
+    assert (tmp_path / "demo" / "images" / "2.13.0-cpu-runtime" / "Dockerfile").is_file()
+
+
+def test_a_projects_own_templates_win_over_the_packages(tmp_path):
+    run_cli_in_process("init", str(tmp_path), "--templates", check_exit=0)
+    templates = tmp_path / "templates"
+    assert (templates / "Dockerfile.j2").read_bytes() == (DEFAULT_TEMPLATES / "Dockerfile.j2").read_bytes()
+    with (templates / "Dockerfile.j2").open("a") as template:
+        template.write("LABEL org.example.team=ours\n")
+    run_cli_in_process("--project", str(tmp_path), "render", check_exit=0)
+    assert "org.example.team=ours" in (tmp_path / "images" / "2.13.0-cpu-runtime" / "Dockerfile").read_text()

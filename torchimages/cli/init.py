@@ -45,7 +45,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                                                   "and overwrites nothing (--force writes only the missing files)")])
     for name, source in writes.items():
         if name not in present:
-            atomic_write(folder / name, source.read_bytes(), mode=source.stat().st_mode & 0o777, root=folder)
+            atomic_write(folder / name, source.read_bytes(), root=folder)
     add_readme_section(folder / "README.md")
     print(f"{folder}: a new project; next: cd {folder} && torchimages list && torchimages render")
     return EXIT_OK
