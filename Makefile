@@ -7,7 +7,7 @@ ENGINE_ENV := .engine/env
 # else the CPU rows (build.py says so).
 SELECTION ?=
 WHEELHOUSE ?= wheelhouse
-# classic (the default) or buildkit: the engine's builder the main job builds with (README, "The builder").
+# classic (the default) or buildkit: the engine's builder the main job builds with (docs/building.md, "The builder").
 BUILDER ?= classic
 PYTEST_ARGS ?=
 # pytest-xdist workers for the engine-free tests: twice the cores, since about a third of their time is spent waiting

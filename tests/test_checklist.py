@@ -1,6 +1,7 @@
-"""One declaration per check (torchimages/checks/checklist.py): the reports, the suite's markers, the README's table
-and the CLI's help follow it."""
+"""One declaration per check (torchimages/checks/checklist.py): the reports, the suite's markers, the docs' table
+and the CLI's help follow it. The README's and the docs' command lines and links hold."""
 import re
+from pathlib import Path
 
 from torchimages.checks import checklist
 from torchimages.verify.plan import CHECKS, GPU_CHECKS, SUITE
@@ -10,9 +11,15 @@ from .conftest import ROOT, run_cli_in_process
 MARKED = re.compile(r"""(?:pytestmark = pytest\.mark\.check|@pytest\.mark\.check)\("([^"]+)"\)""")
 
 
-def test_the_readme_table_is_the_declared_one():
-    assert checklist.markdown_table() in (ROOT / "README.md").read_text(), (
-        "README.md's check table differs from torchimages/checks/checklist.py: paste markdown_table()'s output")
+VERIFICATION_PAGE = ROOT / "docs" / "verification.md"  # "What verification proves": the check table
+COMMANDS_PAGE = ROOT / "docs" / "commands.md"  # "Every command": one line per command
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "policies" / "README.md"]
+
+
+def test_the_docs_table_is_the_declared_one():
+    assert checklist.markdown_table() in VERIFICATION_PAGE.read_text(), (
+        "docs/verification.md's check table differs from torchimages/checks/checklist.py: paste markdown_table()'s "
+        "output")
 
 
 def test_every_declared_check_has_tests_in_the_suite_and_every_marked_check_is_declared():
@@ -40,15 +47,47 @@ def parser_commands() -> set[str]:
             for action in (subcommands(command) or [""])}
 
 
-def test_the_readmes_command_list_names_every_command_and_no_other():
-    """README.md's `## Commands` block against the parser: a command added or removed is listed or unlisted there."""
-    block = (ROOT / "README.md").read_text().split("## Commands\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+def command_of(line: str, commands: set[str]) -> str | None:
+    """The command a shown command line runs (`torchimages X` or, from a clone, `python build.py X`), or None."""
+    words = line.split()
+    start = 1 if words[:1] == ["torchimages"] else 2 if words[:2] == ["python", "build.py"] else None
+    if start is None or len(words) <= start or words[start].startswith("-"):
+        return None
+    pair = " ".join(words[start:start + 2])
+    return pair if pair in commands else words[start]
+
+
+def shell_lines(page: Path) -> list[str]:
+    """The lines of a page's ```bash blocks."""
+    blocks = page.read_text().split("```bash\n")[1:]
+    return [line for block in blocks for line in block.split("```", 1)[0].splitlines()]
+
+
+def test_the_command_list_names_every_command_and_no_other():
+    """docs/commands.md's `## Every command` block against the parser: a command added or removed is listed or
+    unlisted there."""
+    block = COMMANDS_PAGE.read_text().split("## Every command\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands = parser_commands()
-    listed = set()
-    for line in block.splitlines():
-        words = line.split()
-        if words[:2] == ["python", "build.py"]:
-            pair = " ".join(words[2:4])
-            listed.add(pair if pair in commands else words[2])
-    assert listed == commands, (f"README.md's command list lacks {sorted(commands - listed)} and lists "
-                                f"{sorted(listed - commands)}: add a line for each command (see `build.py --help`)")
+    listed = {command_of(line, commands) for line in block.splitlines()} - {None}
+    assert listed == commands, (f"docs/commands.md's command list lacks {sorted(commands - listed)} and lists "
+                                f"{sorted(listed - commands)}: add a line for each command (see `torchimages --help`)")
+
+
+def test_every_command_the_readme_and_the_docs_show_exists_and_answers_help():
+    commands = parser_commands()
+    shown = {(page.name, command_of(line, commands)) for page in DOCS for line in shell_lines(page)}
+    shown = {(page, command) for page, command in shown if command is not None}
+    assert {command for _, command in shown} & {"init", "images", "render"}, "the pages' commands were not found"
+    unknown = sorted((page, command) for page, command in shown if command not in commands)
+    assert unknown == [], f"commands the docs show that do not exist: {unknown}"
+    for command in {command for _, command in shown}:
+        run_cli_in_process(*command.split(), "--help", check_exit=0)
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_every_link_of_the_readme_and_the_docs_to_a_file_of_this_repository_resolves():
+    broken = [(page.relative_to(ROOT).as_posix(), target) for page in DOCS for target in LINK.findall(page.read_text())
+              if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()]
+    assert broken == [], f"links to nothing: {broken}"
