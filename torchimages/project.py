@@ -25,11 +25,12 @@ def find_project(start: Path) -> Path | None:
     return next((folder for folder in (start, *start.parents) if (folder / MATRIX_NAME).is_file()), None)
 
 
-def locate(named: Path | None, matrix: Path | None, start: Path) -> Path:
-    """The project folder a run's defaults come from: --project's, else the one found from start upwards. A --matrix
-    needs no matrix.yaml there: outside any project, its own folder is the project."""
-    if matrix is not None and (named is not None or find_project(start) is None):
-        return named or matrix.parent
+def locate(named: Path | None, start: Path, file: Path | None = None) -> Path:
+    """The project folder a run's defaults come from: --project's, else the one found from start upwards. A file
+    named by --matrix (or, without one, --compat) needs no matrix.yaml there: outside any project, its own folder is
+    the project."""
+    if file is not None and (named is not None or find_project(start) is None):
+        return named or file.parent
     return project_folder(named, start)
 
 

@@ -164,8 +164,8 @@ def run(argv: list[str] | None, start: Path) -> int:
     keep_out(run_secrets(args) | Secrets.in_arguments(arguments))
     if getattr(args, "makes_project", False):  # init: there is no project yet
         return args.handler(args)
-    project = Project.at(locate(args.project, args.matrix, start), args.matrix, args.compat, args.templates,
-                         args.images, args.reports)
+    folder = locate(args.project, start, args.matrix or args.compat)
+    project = Project.at(folder, args.matrix, args.compat, args.templates, args.images, args.reports)
     check_flags(project, args)
     writes = getattr(args, "writes", None)
     with hold_folders(writes(project, args) if writes else [], lock_wait()):
