@@ -2,6 +2,8 @@
 venv as a working `torchimages` command, and `torchimages init` makes a project that renders at once. A hand-written
 package list once missed torchimages.build_inputs, so the installed package did not import: only editable installs,
 which CI used, worked."""
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,10 +69,14 @@ def installed(dist, tmp_path_factory) -> Path:
     return venv
 
 
-def user_run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+# What a user's shell passes on to the command in the engine lane: the engine, and the session's own user cache.
+PASSED_ON = ("DOCKER_HOST", "XDG_CACHE_HOME")
+
+
+def user_run(venv: Path, *args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": sysconfig.get_paths()["purelib"],
-           "COLUMNS": "200"}
-    return subprocess.run(["torchimages", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+           "COLUMNS": "200", **{name: os.environ[name] for name in PASSED_ON if name in os.environ}}
+    return subprocess.run(["torchimages", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
 
 
@@ -135,3 +141,20 @@ def test_a_projects_own_templates_win_over_the_packages(tmp_path):
         template.write("LABEL org.example.team=ours\n")
     run_cli_in_process("--project", str(tmp_path), "render", check_exit=0)
     assert "org.example.team=ours" in (tmp_path / "images" / "2.13.0-cpu-runtime" / "Dockerfile").read_text()
+
+
+def test_the_installed_command_builds_and_verifies_an_init_projects_cpu_row(installed, tmp_path, cpu_images,
+                                                                             wheelhouse):
+    """The done-when of issue 46, on the engine: `images` through the installed command, its check suite, probe and
+    pytest.ini read from the installed package. cpu_images built the row first (the same Dockerfile), so this run
+    finds it unchanged and verifies it."""
+    assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
+    demo = tmp_path / "demo"
+    assert user_run(installed, "render", cwd=demo).returncode == 0
+    doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", cwd=demo)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    result = user_run(installed, "images", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo,
+                      timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((demo / "reports" / "2.13.0-cpu-runtime" / "verify.json").read_text())
+    assert report["passed"] is True and report["checks"]["smoke"]["status"] == "passed"
