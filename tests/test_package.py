@@ -158,3 +158,13 @@ def test_the_installed_command_builds_and_verifies_an_init_projects_cpu_row(inst
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((demo / "reports" / "2.13.0-cpu-runtime" / "verify.json").read_text())
     assert report["passed"] is True and report["checks"]["smoke"]["status"] == "passed"
+
+
+def test_the_workflow_init_writes_passes_actionlint(tmp_path):
+    run_cli_in_process("init", str(tmp_path), check_exit=0)
+    workflow = tmp_path / ".github" / "workflows" / "images.yml"
+    linted = subprocess.run([str(Path(sys.executable).parent / "actionlint"), str(workflow)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    steps = workflow.read_text()
+    assert all(command in steps for command in ("torchimages render --check", "torchimages images", "torchimages test"))
