@@ -46,15 +46,17 @@ def torch_facts(spec, flags: list[str]) -> dict:
 
 
 def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
-    """The probe's own GPU part (first CUDA call, nvidia-smi, every device, cuDNN, attention, AMP, multi-GPU)."""
+    """The probe's own GPU part (first CUDA call, nvidia-smi and the GPUs' health, every device, cuDNN, attention, AMP,
+    multi-GPU, and the speed figures the host recorded), as verification gathers it."""
     import torch
 
     cudnn = torch_facts(spec, flags)["cudnn_version"]
-    with gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers, cudnn):
+    with (gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers, cudnn),
+          gpu_hosts.recorded_speed(probe, scenario)):
         in_process = lambda: probe.section(probe.multi_gpu_facts, torch)  # noqa: E731 - patched torch.cuda lives here
         original, probe.multi_gpu_in_subprocess = probe.multi_gpu_in_subprocess, in_process
         try:
-            return probe.section(probe.gpu_facts, torch, flags)
+            return probe.section(probe.gpu_facts, torch, flags, True)
         finally:
             probe.multi_gpu_in_subprocess = original
 

@@ -181,7 +181,9 @@ def verification_report(gpu: bool) -> tuple[VerifyReport, dict]:
 def test_the_verification_report_names_the_gpu_host_a_policy_can_require():
     spec = load_matrix(MATRIX).specs[0]
     on_gpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=True))
-    assert on_gpu["host"] == {"kind": "gpu", "gpu_models": ["NVIDIA H100 80GB HBM3"],
+    kept = {key: value for key, value in on_gpu["host"].items() if key not in ("health", "performance")}  # issue 44
+    assert on_gpu["host"]["health"]["healthy"] is None  # these facts carry no nvidia-smi health fields
+    assert kept == {"kind": "gpu", "gpu_models": ["NVIDIA H100 80GB HBM3"],
                               "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}], "driver": "580.95.05",
                               "driver_major": 580, "cuda_driver": "13000", "note": ""}
     assert on_gpu["checks"]["gpu"]["status"] == "passed" and on_gpu["result"] == "passed"

@@ -47,7 +47,8 @@ def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict) 
         "result": "passed" if report.passed else "failed",
         "verified_at": report.finished_at,
         "host": verification_host(report, facts),
-        "checks": {name: {"status": verdict.status, "reason": verdict.message, "warnings": list(verdict.warnings)}
+        "checks": {name: {"status": verdict.status, "reason": verdict.message, "warnings": list(verdict.warnings),
+                          "blame": verdict.blame}
                    for name, verdict in sorted(report.checks.items())},
     }
 
@@ -57,13 +58,18 @@ def _mapping(value: object) -> dict:
 
 
 def verification_host(report, facts: dict) -> dict:
-    """The host's GPUs as the probe saw them where the gpu check passed; else that it had none."""
+    """The host's GPUs as the probe saw them where the gpu check passed; else that it had none. With either, the
+    GPUs' health (healthy: true, false, or null where unread) and the speed figures against their floors, so that a
+    policy can require "gpu passed on a healthy host"."""
+    from .checks.gpu_speed import host_report
+
     main = _mapping(facts.get("main"))
     gpu = _mapping(main.get("gpu"))
     gpu_check = report.checks.get("gpu")
+    health_and_speed = host_report(gpu)
     if gpu_check is None or gpu_check.status != "passed":
         return {"kind": "cpu-only", "gpu_models": [], "gpus": [], "driver": "", "driver_major": 0,
-                "cuda_driver": "", "note": NO_GPU}
+                "cuda_driver": "", "note": NO_GPU, **health_and_speed}
     devices = [device for device in gpu.get("devices") or [] if isinstance(device, dict)]
     driver = str(gpu.get("driver_version") or "")
     return {
@@ -75,6 +81,7 @@ def verification_host(report, facts: dict) -> dict:
         "driver_major": int(driver.split(".")[0]) if driver.split(".")[0].isdigit() else 0,
         "cuda_driver": str(gpu.get("libcuda_driver_version") or ""),
         "note": "",
+        **health_and_speed,
     }
 
 

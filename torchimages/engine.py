@@ -188,7 +188,7 @@ def nvidia_cdi_specs(folders) -> list[str]:
 
 def docker_version(info: dict) -> tuple[int, int] | None:
     """/info's ServerVersion ("28.5.1", "29.2.0-rc.1") as (major, minor); None where it is not a release's ("dev")."""
-    match = re.match(r"(\d+)\.(\d+)", str(info.get("ServerVersion") or ""))
+    match = re.match(r"(\d+)\.(\d+)", str(info.get("ServerVersion") or ""), re.ASCII)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 

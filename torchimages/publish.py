@@ -140,16 +140,25 @@ def read_facts(path: Path) -> dict:
 
 def verified_on(report: VerifyReport, facts: dict) -> dict:
     """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
-    which checks ran there and which were skipped."""
+    which checks ran there and which were skipped; on a GPU host whether it was healthy (None: not read) and the
+    speed figures (bf16 TFLOPS, pinned copies and all-reduce bus bandwidth in GB/s; None: not measured)."""
+    from .checks.gpu_speed import host_report
+
     gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
     devices = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
     on_gpu = "gpu" in report.with_status("passed")
+    host = host_report(gpu)
+    speed = host["performance"]
     return {
         "host": "gpu" if on_gpu else "cpu-only",
         "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
         "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
         "ran": report.with_status("passed"),
         "skipped": report.with_status("skipped"),
+        "healthy": host["health"]["healthy"] if on_gpu else None,
+        "performance": {"bf16_tflops": speed["bf16_matmul"]["tflops"], "h2d_gbps": speed["pinned_copies"]["h2d_gbps"],
+                        "d2h_gbps": speed["pinned_copies"]["d2h_gbps"],
+                        "all_reduce_busbw_gbps": speed["all_reduce"]["busbw_gbps"]} if on_gpu else {},
     }
 
 

@@ -337,6 +337,39 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
             setattr(owner, name, value)
 
 
+NOT_MEASURED = {"ok": True, "not_measured": "the lane host records no speed"}
+
+
+@contextlib.contextmanager
+def recorded_speed(probe, scenario: dict):
+    """The probe's speed measurements answer the host's recorded figures (`speed`: bf16_tflops, h2d_gbps, d2h_gbps,
+    busbw_gbps, as the real host measured them), or "not measured": a CPU's timings say nothing about a GPU's."""
+    from torchimages.checks import gpu_speed
+
+    speed = scenario.get("speed") or {}
+
+    def bf16(torch, *args, **kwargs):
+        return {"ok": True, "tflops": speed["bf16_tflops"]} if "bf16_tflops" in speed else NOT_MEASURED
+
+    def copies(torch):
+        return ({"ok": True, "h2d_gbps": speed["h2d_gbps"], "d2h_gbps": speed["d2h_gbps"]} if "h2d_gbps" in speed
+                else NOT_MEASURED)
+
+    def all_reduce(torch, count):
+        return {"ok": True, "gpus": count, "busbw_gbps": speed["busbw_gbps"]} if "busbw_gbps" in speed else NOT_MEASURED
+
+    stand_ins = [(probe, "bf16_matmul_throughput", bf16), (gpu_speed, "pinned_copy_bandwidth", copies),
+                 (gpu_speed, "all_reduce_bus_bandwidth", all_reduce)]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
+    for owner, name, value in stand_ins:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in originals:
+            setattr(owner, name, value)
+
+
 def init_error(facts: dict) -> str:
     """What torch.cuda.init() raises where CUDA cannot start: c10's device_count_ensure_non_zero throws the words torch
     warned at the first call ("The NVIDIA driver on your system is too old ...", "... Error 803: ..."), or "No CUDA

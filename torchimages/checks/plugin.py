@@ -28,6 +28,11 @@ class CheckWarning(UserWarning):
     compatibility): warnings.warn(CheckWarning(...)) in a test puts it on the check's verdict, which still passes."""
 
 
+class HostWarning(CheckWarning):
+    """A CheckWarning whose cause is the host, not the image (a sick GPU, a degraded link): the check's verdict says
+    blame "host"."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     test: str
@@ -35,10 +40,12 @@ class Outcome:
     status: str  # passed | failed | skipped
     message: str = ""
     seconds: float = 0.0
+    host: bool = False  # a passed test that warned about the host (HostWarning)
 
 
 def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict[str, dict]:
-    """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why."""
+    """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why. Its blame:
+    "image" where it failed, "host" where it passed with a warning about the host, else ""."""
     verdicts = {}
     for name in checks:
         mine = [o for o in outcomes if o.check == name]
@@ -58,8 +65,10 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
                 message += "; warning: " + "; ".join(warned)
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
+        host = status == "passed" and any(o.host for o in mine if o.status == "passed")
         verdicts[name] = {"status": status, "message": message,
                           "warnings": warned if status == "passed" else [],
+                          "blame": "image" if status == "failed" else "host" if host else "",
                           "tests": [{"test": o.test, "status": o.status, "message": o.message, "seconds": o.seconds}
                                     for o in mine]}
     return verdicts
@@ -157,7 +166,8 @@ class CheckRecorder:
         outcome = self.outcomes.get(self._stable(nodeid))
         if issubclass(warning_message.category, CheckWarning) and outcome and outcome.status == "passed":
             message = "; ".join(filter(None, (outcome.message, str(warning_message.message))))
-            self.outcomes[outcome.test] = replace(outcome, message=message)
+            host = outcome.host or issubclass(warning_message.category, HostWarning)
+            self.outcomes[outcome.test] = replace(outcome, message=message, host=host)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--check-results")

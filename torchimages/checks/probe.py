@@ -33,6 +33,14 @@ import traceback
 import typing
 import warnings
 
+try:
+    from . import gpu_health, gpu_speed
+except ImportError:  # run as a script: its helper modules are copied beside it (verify.container.copy_probe), and
+    # its folder is not on sys.path where the image sets PYTHONSAFEPATH (or under -I)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_health  # type: ignore[no-redef]
+    import gpu_speed  # type: ignore[no-redef]
+
 PROBE_VERSION = 3
 # Every time bound below is used through bound(), which multiplies it by --slowdown: the factor the host gives where
 # its engine runs the image under emulation (torchimages/verify/emulation.py, SLOWDOWN), 1 natively.
@@ -745,6 +753,8 @@ def driver_facts() -> dict:
             facts["driver_version"] = rows[0][0]
             facts["compute_modes"] = [row[1] for row in rows]
             facts["mig_modes"] = [row[2] for row in rows]
+        # Read before any GPU work, so that a sick host is told apart from a bad image (checks/gpu_health.py).
+        facts["health"] = gpu_health.read_health(smi, run_tool)
     if facts["driver_version"] is None:
         try:
             with open(NVIDIA_DRIVER_PROC, encoding="utf-8") as stream:
@@ -955,8 +965,11 @@ def multi_gpu_facts(torch) -> dict:
     torch.cuda.nccl.all_reduce(tensors)
     expected = float(sum(range(1, count + 1)))
     reduced_ok = all(bool((t == expected).all()) for t in tensors)
-    return {"ok": copies_ok and reduced_ok, "devices": count, "peer_access": peers, "peer_copies_ok": copies_ok,
-            "all_reduce_ok": reduced_ok, "nccl_version": _nccl_version(torch)}
+    facts = {"ok": copies_ok and reduced_ok, "devices": count, "peer_access": peers, "peer_copies_ok": copies_ok,
+             "all_reduce_ok": reduced_ok, "nccl_version": _nccl_version(torch)}
+    if reduced_ok:  # its speed, judged against the topology's floor (checks/gpu_speed.py)
+        facts["bandwidth"] = section(gpu_speed.all_reduce_bus_bandwidth, torch, count)
+    return facts
 
 
 def multi_gpu_in_subprocess() -> dict:
@@ -1027,6 +1040,8 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
     facts["amp_bf16"] = section(bf16_on_gpu, torch)
     if throughput and facts["amp_bf16"].get("supported"):
         facts["bf16_matmul"] = section(bf16_matmul_throughput, torch)
+    if throughput:
+        facts["copy_bandwidth"] = section(gpu_speed.pinned_copy_bandwidth, torch)
     if count < 2:
         facts["multi_gpu"] = {"ok": True, "skipped": f"{count} GPU visible"}
     elif mig_reason:
@@ -1492,7 +1507,7 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     facts["amp_cpu"] = section(cpu_bf16_autocast, torch)
     if smoke:
         facts["smoke"] = smoke_eager(torch)
-    facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"], False, availability, host, multi_gpu)
+    facts["gpu"] = section(gpu_facts, torch, facts["torch"]["arch_flags"], True, availability, host, multi_gpu)
     if dataloader:
         facts["shm"]["dataloader"] = dataloader_facts(dataloader)
     if extension:

@@ -25,6 +25,8 @@ from .selection import CheckSelection
 
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 PROBE_PATH = "/tmp/torchimages-probe.py"
+# The standard-library modules the probe imports, copied beside it: a script's own folder is first on its sys.path.
+PROBE_MODULES = ("gpu_health.py", "gpu_speed.py")
 # OpenShift-style arbitrary uid: unknown to /etc/passwd, so Docker gives it group 0.
 ARBITRARY_UID = "12345"
 # With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.
@@ -61,6 +63,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
 def copy_probe(container) -> None:
     """The probe and the downstream wheel into /tmp, readable by every uid the probe runs as."""
     files = {os.path.basename(PROBE_PATH): (PROBE_SOURCE.read_bytes(), 0o755),
+             **{module: ((CHECKS_DIR / module).read_bytes(), 0o644) for module in PROBE_MODULES},
              f"{os.path.basename(downstream.CONTAINER_DIR)}/{downstream.WHEEL}": (downstream.wheel_bytes(), 0o644)}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:

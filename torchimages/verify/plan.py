@@ -107,6 +107,7 @@ class VerifyResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     cpu_standin: str = ""  # why the CPU identity the image saw was a stand-in (emulation.py); "" for the engine's own
     selection: CheckSelection = CheckSelection()  # the checks it ran: a selective result is never one to publish
+    host: dict = field(default_factory=dict)  # the GPUs' health and speed figures (checks/gpu_speed.host_report)
 
 
 @dataclass(frozen=True)

@@ -10,25 +10,15 @@ import sys
 from dataclasses import dataclass
 
 from ..checks import checklist
+from ..checks.gpu_speed import host_report, peak_tflops
 from ..checks.probe import arch_flags_for
 from ..model import ImageSpec, InputError, PeerError, Problem
 from .plan import SUITE, parse_gpus
 from .suite import run_suite_on_facts
 
 # The suites that judge GPU facts alone; the others need a container's files, users and smoke run.
-GPU_SUITES = ("test_gpu.py", "test_cudnn.py", "test_amp.py")
+GPU_SUITES = ("test_gpu.py", "test_gpu_host.py", "test_cudnn.py", "test_amp.py")
 GPU_ONLY_TIMEOUT_S = 900
-# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by a part of the device name torch reports; the first match
-# wins (GH200 before H200, GB200 before B200, L40S and L40 before L4). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5, NVL 835: "H100 Tensor Core GPU" datasheet,
-# BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200 datasheet, GH200 datasheet: 989.4 dense; H200
-# NVL 1,671 with sparsity, 835.5 dense),
-# A100 (A100 datasheet: 312), L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121),
-# GB200 (GB200 NVL72 datasheet: 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet:
-# 2.25 PFLOPS dense per GPU).
-PEAK_BF16_DENSE_TFLOPS = (
-    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
-    ("A100", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0), ("GB200", 2500.0), ("B200", 2250.0),
-)
 
 
 @dataclass(frozen=True)
@@ -36,14 +26,6 @@ class Record:
     line: str  # the docs/gpu-validation.md table row
     passed: bool  # no GPU check failed, and the GPU work ran (only multi-gpu may skip, on one GPU)
     checks: dict[str, dict]
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The device's dense bf16 peak; None for a MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), which has a part of
-    the GPU's SMs, not its peak."""
-    if " MIG " in device_name:
-        return None
-    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS if part in device_name), None)
 
 
 def build_mismatch(spec: ImageSpec, torch_facts: dict) -> str:
@@ -113,9 +95,34 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     unknown = " (peak unknown: a MIG slice has part of the GPU)" if " MIG " in first else " (peak unknown)"
     bf16 = ("not measured" if throughput is None
             else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else unknown))
+    host = host_report(gpu)
     line = (f"| {date} | {device} | {gpu.get('driver_version') or 'unknown'} | {source} / torch "
-            f"{facts['torch'].get('version')} ({spec.tag}) | {result} | {bf16} |")
+            f"{facts['torch'].get('version')} ({spec.tag}) | {result}{health_note(host['health'])} | "
+            f"{bf16}{speed_note(host['performance'])} |")
     return Record(line, not failed and not not_run, checks)
+
+
+def health_note(health: dict) -> str:
+    """The record's word on the host: its findings, or that it was healthy; nothing where nvidia-smi told nothing."""
+    if health["healthy"] is None:
+        return ""
+    if health["healthy"]:
+        return "; healthy host"
+    return "; host: " + ", ".join(f"GPU {finding['gpu']} {finding['field']}" for finding in health["findings"])
+
+
+def speed_note(performance: dict) -> str:
+    """The copy and all-reduce figures where measured, with their floors' verdicts."""
+    copies, reduce = performance["pinned_copies"], performance["all_reduce"]
+    notes = []
+    if copies["h2d_gbps"] is not None:
+        link = copies["link"]
+        notes.append(f"pinned copies {copies['h2d_gbps']}/{copies['d2h_gbps']} GB/s H2D/D2H"
+                     + (f" of gen {link['gen']} x{link['width']}'s {link['gbps']}" if link else "")
+                     + f" ({copies['verdict']})")
+    if reduce["busbw_gbps"] is not None:
+        notes.append(f"NCCL all-reduce busbw {reduce['busbw_gbps']} GB/s, {reduce['topology']} ({reduce['verdict']})")
+    return "".join(f"; {note}" for note in notes)
 
 
 def host_gpu_facts() -> dict:

@@ -13,6 +13,7 @@ from .plan import CHECKS, Plan, VerifyResult
 
 REPORT_SCHEMA = 1
 REPORT_NAME = "verify.json"
+FACTS_NAME = "facts.json"
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped"}
 
 
@@ -22,6 +23,7 @@ class CheckVerdict:
     message: str = ""
     tests: list = field(default_factory=list)  # the pytest outcomes behind the verdict
     warnings: list = field(default_factory=list)  # a passed check's limits worth knowing; publishing gates on status
+    blame: str = ""  # "image" (it failed), "host" (it passed warning about a sick host: checks/gpu_health.py) or ""
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class VerifyReport:
     # The checks selected (--only/--skip): {} where every check ran, the only report publish accepts.
     selection: dict[str, list[str]] = field(default_factory=dict)
     junit: str = "junit.xml"
-    facts: str = "facts.json"
+    facts: str = FACTS_NAME
+    # The GPUs' health and the speed figures against their floors (checks/gpu_speed.host_report); {} without facts.
+    host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"schema": REPORT_SCHEMA, **asdict(self)}
@@ -63,12 +67,13 @@ def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> Ver
     return VerifyReport(
         tag=result.tag, image=result.image, image_id=result.image_id, spec_hash=plan.spec.spec_hash(),
         passed=result.passed,
-        checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []), check.get("warnings", []))
+        checks={name: CheckVerdict(check["status"], check["message"], check.get("tests", []), check.get("warnings", []),
+                                   check.get("blame", ""))
                 for name, check in result.checks.items()},
         run={"gpus": plan.gpus.text, "shm_size": plan.shm_size, "probe_timeout_s": plan.timeout,
              "cpu_identity": emulation.cpu_identity_note(plan.standin_cpus)},
         started_at=utc_timestamp(started_at), finished_at=utc_timestamp(), duration_s=result.duration,
-        stage_seconds=result.stage_seconds, selection=result.selection.to_json(),
+        stage_seconds=result.stage_seconds, selection=result.selection.to_json(), host=result.host,
     )
 
 
@@ -101,6 +106,20 @@ def _mark(check: dict) -> str:
     return "⚠️ passed" if check["status"] == "passed" and check.get("warnings") else STATUS_MARK[check["status"]]
 
 
+HOST_BLAMED = " charged to the host, not the image"
+
+
+def host_notes(host: dict) -> list[str]:
+    """The summary's lines on the GPU host: its findings (a sick host), and the speed figures below their floors."""
+    health = host.get("health") or {}
+    notes = [f"- **host health**: {markdown_cell(finding['cause'])} on GPU {finding['gpu']}: "
+             f"{markdown_cell(finding['fix'])}" for finding in health.get("findings") or []]
+    below = [name for name, figure in (host.get("performance") or {}).items()
+             if figure.get("verdict") in ("host", "image")]
+    return notes + ([f"- **speed below its floor**: {', '.join(below)} (see the gpu and multi-gpu checks)"]
+                    if below else [])
+
+
 def summary_markdown(results: list[VerifyResult]) -> str:
     """Checks x images, then what failed and what was skipped, for a CI step summary."""
     lines = ["# Image verification", "", "| check | " + " | ".join(f"`{r.tag}`" for r in results) + " |",
@@ -112,8 +131,10 @@ def summary_markdown(results: list[VerifyResult]) -> str:
     for result in results:
         notes = [f"- **{name}** {check['status']}: {markdown_cell(check['message'])}"
                  for name, check in result.checks.items() if check["status"] != "passed"]
-        notes += [f"- **{name}** passed with a warning: {markdown_cell(warning)}"
+        notes += [f"- **{name}** passed with a warning{HOST_BLAMED if check.get('blame') == 'host' else ''}: "
+                  f"{markdown_cell(warning)}"
                   for name, check in result.checks.items() for warning in check.get("warnings", [])]
+        notes += host_notes(result.host)
         notes += [f"- **CPU identity** was a stand-in: {markdown_cell(result.cpu_standin)}"] if result.cpu_standin else []
         notes += [] if result.selection.full else [f"- **selection**: {selective_note(result)}"]
         if notes:

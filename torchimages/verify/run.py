@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ import docker
 import docker.errors
 
 from .. import engine
+from ..checks.gpu_speed import host_report
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec, TorchImagesError
 from . import emulation
@@ -24,7 +26,7 @@ from .container import (
     remove_containers_of,
 )
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
-from .reports import REPORT_NAME, summary_markdown, verify_report
+from .reports import FACTS_NAME, REPORT_NAME, summary_markdown, verify_report
 from .suite import (
     expectations,
     failed_start_checks,
@@ -98,8 +100,11 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
     tag, started_at, started = plan.spec.tag, datetime.now(timezone.utc), time.monotonic()
     report_dir = options.reports_dir / tag
     make_folder(report_dir, options.reports_dir)
-    # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current.
+    # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current;
+    # nor an older run's facts, which the report's host part and publishing read (a container that never started
+    # has none).
     remove_file(report_dir / REPORT_NAME, options.reports_dir)
+    remove_file(report_dir / FACTS_NAME, options.reports_dir)
     clock = StageClock(tag, progress, cancelled)
     names: list[str] = []
     try:
@@ -119,11 +124,23 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
     checks = selected_verdicts(checks, options.selection)
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds,
-                          emulation.cpu_identity_note(plan.standin_cpus).get("why", ""), options.selection)
+                          emulation.cpu_identity_note(plan.standin_cpus).get("why", ""), options.selection,
+                          host_report(_gpu_facts(report_dir / FACTS_NAME)))
     atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json(),
                       root=options.reports_dir)
     progress.finished(result)
     return result
+
+
+def _gpu_facts(path: Path) -> dict:
+    """The main probe's GPU facts this run wrote ({} where it wrote none, or they are not an object)."""
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    main = facts.get("main") if isinstance(facts, dict) else None
+    gpu = main.get("gpu") if isinstance(main, dict) else None
+    return gpu if isinstance(gpu, dict) else {}
 
 
 def _started_container(docker_client, plan: Plan, options: VerifyOptions, names: list[str]):
@@ -158,7 +175,7 @@ def _probe_and_check(docker_client, container, plan: Plan, options: VerifyOption
                            if plan.slowdown > 1 else "")
     copy_probe(container)
     facts = gather_facts(docker_client, container, plan, str(options.reports_dir.resolve()), options.selection)
-    expect_path, facts_path = report_dir / "expect.json", report_dir / "facts.json"
+    expect_path, facts_path = report_dir / "expect.json", report_dir / FACTS_NAME
     expected = expectations(plan, options, host_gpu_runtime, container.id)
     atomic_write_json(expect_path, expected, root=options.reports_dir)
     atomic_write_json(facts_path, facts, root=options.reports_dir)

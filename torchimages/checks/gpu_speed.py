@@ -1,0 +1,214 @@
+"""Speed floors, judged per GPU model: the bf16 matmul against the model's dense peak, pinned host<->device copies
+against the PCIe link's rate, and with 2+ GPUs the NCCL all-reduce bus bandwidth against a floor for the topology.
+Below a floor, the host's health (gpu_health) says whether the host explains it (a warning charged to the host) or
+nothing does (a failure charged to the image).
+
+The measuring half runs in the container with the image's torch (the probe imports it beside its own copy); the
+judging half runs on the host side. Standard library only. Each measurement is a few hundred milliseconds on a GPU
+(issue 44: at most 60 s of added GPU work per image): a handful of repeats of one size, after a warm-up.
+"""
+from __future__ import annotations
+
+import time
+import typing
+
+try:
+    from .gpu_health import host_causes, host_health, pcie_below_max
+except ImportError:  # beside the probe in a container, a top-level module (verify.container.copy_probe)
+    from gpu_health import host_causes, host_health, pcie_below_max  # type: ignore[no-redef]
+
+# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by a part of the device name torch reports; the first match
+# wins (GH200 before H200, GB200 before B200, L40S and L40 before L4). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5,
+# NVL 835: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200
+# datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense), A100 (A100 datasheet: 312),
+# L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121), GB200 (GB200 NVL72 datasheet:
+# 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet: 2.25 PFLOPS dense per GPU).
+PEAK_BF16_DENSE_TFLOPS = (
+    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
+    ("A100", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0), ("GB200", 2500.0), ("B200", 2250.0),
+)
+# Issue 44's floor: half the dense peak. The real H100 SXM gave 794-805 TFLOPS, 80-81% (docs/gpu-records/).
+BF16_FLOOR = 0.5
+# PCIe bandwidth per lane and direction, GB/s, after line coding: 2.5 and 5 GT/s with 8b/10b, 8 to 32 GT/s with
+# 128b/130b (PCI-SIG base specifications 1.0 to 5.0); 64 and 128 GT/s FLIT mode, 242/256 payload (6.0, 7.0).
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
+# Pinned copies reach 75-90% of the link on a healthy host (NVIDIA's bandwidthTest on gen4/gen5 x16: 24-26 of 31.5,
+# 50-55 of 63 GB/s); half is the floor.
+COPY_FLOOR = 0.5
+# Boards whose GPUs talk over NVLink through NVSwitch (HGX/DGX SXM boards, Grace superchips); PCIe cards, NVL cards
+# included (an NVLink bridge joins pairs only), talk over PCIe.
+NVLINK_BOARDS = ("SXM", "H100 80GB HBM3", "H200", "B200", "B300", "GB200", "GH200")
+PCIE_BOARDS = (" NVL", "PCIe")
+# nccl-tests' all_reduce_perf busbw on an 8-GPU HGX H100 reaches about 450 GB/s with large messages; 100 GB/s at this
+# message size, 2 to 8 GPUs, is far below any healthy NVSwitch board and above any PCIe one. Over PCIe, a fifth of one
+# link (P2P through the host bridge, or staged through host memory where P2P is off).
+ALL_REDUCE_FLOOR_GBPS = {"nvlink": 100.0}
+PCIE_ALL_REDUCE_FLOOR = 0.2
+
+COPY_BYTES = 256 << 20
+COPY_REPEATS = 5
+ALL_REDUCE_BYTES = 64 << 20
+ALL_REDUCE_REPEATS = 5
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak; None for a MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), which has a part of
+    the GPU's SMs, not its peak."""
+    if " MIG " in device_name:
+        return None
+    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS if part in device_name), None)
+
+
+# ---------------------------------------------------------------- measured in the container
+
+def _gbps(torch, work: typing.Callable[[], object], nbytes: int, repeats: int, devices: int = 1) -> float:
+    """GB/s (10^9) of `work` moving nbytes, after one warm-up run, every device synchronised."""
+    def synchronise() -> None:
+        for index in range(devices):
+            torch.cuda.synchronize(index)
+
+    work()
+    synchronise()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        work()
+    synchronise()
+    return round(nbytes * repeats / (time.perf_counter() - started) / 1e9, 2)
+
+
+def pinned_copy_bandwidth(torch) -> dict:
+    """Host-to-device and device-to-host copies of pinned memory on cuda:0, as a DataLoader with pin_memory does."""
+    host = torch.empty(COPY_BYTES, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda:0")
+    h2d = _gbps(torch, lambda: device.copy_(host, non_blocking=True), COPY_BYTES, COPY_REPEATS)
+    d2h = _gbps(torch, lambda: host.copy_(device, non_blocking=True), COPY_BYTES, COPY_REPEATS)
+    return {"ok": True, "bytes": COPY_BYTES, "repeats": COPY_REPEATS, "h2d_gbps": h2d, "d2h_gbps": d2h}
+
+
+def all_reduce_bus_bandwidth(torch, count: int) -> dict:
+    """NCCL all-reduce of float32 tensors, one per GPU: algorithm bandwidth (bytes per GPU / time) and bus bandwidth,
+    nccl-tests' busbw = algbw * 2(n-1)/n (NVIDIA/nccl-tests doc/PERFORMANCE.md), which compares across GPU counts."""
+    tensors = [torch.ones(ALL_REDUCE_BYTES // 4, device=f"cuda:{index}") for index in range(count)]
+    algbw = _gbps(torch, lambda: torch.cuda.nccl.all_reduce(tensors), ALL_REDUCE_BYTES, ALL_REDUCE_REPEATS, count)
+    return {"ok": True, "bytes": ALL_REDUCE_BYTES, "repeats": ALL_REDUCE_REPEATS, "gpus": count, "algbw_gbps": algbw,
+            "busbw_gbps": round(algbw * 2 * (count - 1) / count, 2)}
+
+
+# ---------------------------------------------------------------- judged on the host side
+
+class Shortfall(typing.NamedTuple):
+    what: str  # the figure against its floor, in a sentence
+    host: list[str]  # the host findings that explain it; none: the image is charged
+
+
+def _figure(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def _section(gpu: dict, name: str) -> dict:
+    value = gpu.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _first_device(gpu: dict) -> dict:
+    devices = gpu.get("devices")
+    return devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], dict) else {}
+
+
+def bf16_figure(gpu: dict) -> dict:
+    """The bf16 matmul on cuda:0 against its model's dense peak (none known: not judged)."""
+    tflops = _figure(_section(gpu, "bf16_matmul").get("tflops"))
+    name = str(_first_device(gpu).get("name") or "")
+    peak = peak_tflops(name)
+    figure = {"tflops": tflops, "device": name, "peak_tflops": peak, "floor": BF16_FLOOR}
+    figure["ratio"] = round(tflops / peak, 3) if tflops and peak else None
+    return figure
+
+
+def link_of(gpu: dict, health: dict) -> dict | None:
+    """cuda:0's PCIe link (gen and width both ends allow) from the health row with its UUID (CUDA's order is not
+    nvidia-smi's), or the only row; None where unknown or absurd."""
+    rows = health.get("gpus") or []
+    uuid = str(_first_device(gpu).get("uuid") or "").removeprefix("GPU-")
+    row = next((row for row in rows if uuid and row["uuid"].removeprefix("GPU-") == uuid), None)
+    row = row or (rows[0] if len(rows) == 1 else None)
+    if row is None or None in (row["pcie"]["gen_max"], row["pcie"]["width_max"]):
+        return None
+    gen, width = row["pcie"]["gen_max"], row["pcie"]["width_max"]
+    return {"gen": gen, "width": width, "gbps": round(PCIE_LANE_GBPS[gen] * width, 2)}
+
+
+def copy_figure(gpu: dict, health: dict) -> dict:
+    copies = _section(gpu, "copy_bandwidth")
+    link = link_of(gpu, health)
+    return {"h2d_gbps": _figure(copies.get("h2d_gbps")), "d2h_gbps": _figure(copies.get("d2h_gbps")),
+            "link": link, "floor": COPY_FLOOR}
+
+
+def topology(gpu: dict) -> str:
+    """nvlink where every device is an NVSwitch board's, else pcie."""
+    devices: list = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
+    names = [str(device.get("name") or "") for device in devices if isinstance(device, dict)]
+    nvlink = names and all(any(part in name for part in NVLINK_BOARDS)
+                           and not any(part in name for part in PCIE_BOARDS) for name in names)
+    return "nvlink" if nvlink else "pcie"
+
+
+def all_reduce_figure(gpu: dict, health: dict) -> dict:
+    measured = _section(_section(gpu, "multi_gpu"), "bandwidth")
+    kind = topology(gpu)
+    link = link_of(gpu, health)
+    floor = ALL_REDUCE_FLOOR_GBPS.get(kind) or (round(link["gbps"] * PCIE_ALL_REDUCE_FLOOR, 2) if link else None)
+    return {"busbw_gbps": _figure(measured.get("busbw_gbps")), "gpus": measured.get("gpus"), "topology": kind,
+            "floor_gbps": floor}
+
+
+def bf16_shortfall(gpu: dict, health: dict) -> Shortfall | None:
+    figure = bf16_figure(gpu)
+    if figure["ratio"] is None or figure["ratio"] >= BF16_FLOOR:
+        return None
+    return Shortfall(f"the bf16 matmul ran at {figure['tflops']} TFLOPS, {figure['ratio']:.0%} of {figure['device']}'s "
+                     f"{figure['peak_tflops']} dense peak, below the {BF16_FLOOR:.0%} floor",
+                     host_causes(health, ("clocks",)))
+
+
+def copy_shortfall(gpu: dict, health: dict) -> Shortfall | None:
+    figure = copy_figure(gpu, health)
+    link = figure["link"]
+    slow = [f"{name} {figure[key]} GB/s" for name, key in (("host-to-device", "h2d_gbps"), ("device-to-host", "d2h_gbps"))
+            if link and figure[key] is not None and figure[key] < COPY_FLOOR * link["gbps"]]
+    if not slow:
+        return None
+    return Shortfall(f"pinned copies ran at {' and '.join(slow)}, below {COPY_FLOOR:.0%} of the PCIe gen "
+                     f"{link['gen']} x{link['width']} link's {link['gbps']} GB/s",
+                     host_causes(health, ("link",)) or pcie_below_max(health))
+
+
+def all_reduce_shortfall(gpu: dict, health: dict) -> Shortfall | None:
+    figure = all_reduce_figure(gpu, health)
+    if figure["busbw_gbps"] is None or figure["floor_gbps"] is None or figure["busbw_gbps"] >= figure["floor_gbps"]:
+        return None
+    return Shortfall(f"the NCCL all-reduce across {figure['gpus']} GPUs ran at a bus bandwidth of {figure['busbw_gbps']} "
+                     f"GB/s, below the {figure['floor_gbps']} GB/s floor for {figure['topology']} GPUs",
+                     host_causes(health, ("clocks", "link")) or pcie_below_max(health))
+
+
+def performance(gpu: dict, health: dict) -> dict:
+    """The figures and their floors, for the signed report and the catalog; each with its verdict: ok, host (below
+    its floor, explained by the host's health), image (below, unexplained) or not judged (no figure or no floor)."""
+    def verdict(figure_known: bool, shortfall: Shortfall | None) -> str:
+        return "not judged" if not figure_known else "ok" if shortfall is None else "host" if shortfall.host else "image"
+
+    bf16, copies, reduce = bf16_figure(gpu), copy_figure(gpu, health), all_reduce_figure(gpu, health)
+    bf16["verdict"] = verdict(bf16["ratio"] is not None, bf16_shortfall(gpu, health))
+    copies["verdict"] = verdict(bool(copies["link"]) and copies["h2d_gbps"] is not None, copy_shortfall(gpu, health))
+    reduce["verdict"] = verdict(None not in (reduce["busbw_gbps"], reduce["floor_gbps"]), all_reduce_shortfall(gpu, health))
+    return {"bf16_matmul": bf16, "pinned_copies": copies, "all_reduce": reduce}
+
+
+def host_report(gpu: dict) -> dict:
+    """The host's health and the speed figures with their verdicts, from the probe's GPU facts: what verify.json, the
+    signed verification report, the catalog and gpu-record's line carry."""
+    gpu = gpu if isinstance(gpu, dict) else {}
+    health = host_health(gpu)
+    return {"health": health, "performance": performance(gpu, health)}
