@@ -231,3 +231,16 @@ def test_the_probe_as_copied_into_a_container_finds_its_health_and_speed_modules
     done = subprocess.run([sys.executable, "-I", str(script), "--part", "files"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120, check=False)
     assert done.returncode == 0 and '"part": "files"' in done.stdout, done.stderr[-800:]
+
+
+@pytest.mark.parametrize(("host", "status", "says"), [
+    ("h100-row-remap-pending", "warn", "a row remapping is pending"),
+    ("h100-pcie-degraded", "warn", "the PCIe link runs x4 of x16 at gen 1 of 5"),
+    ("h100x8-nvlink", None, ""),  # no health fields recorded: doctor says nothing of health
+], indirect=["host"])
+def test_doctor_shows_the_host_findings_before_a_pull(host, status, says):
+    from torchimages.doctor import gpu_findings
+
+    found = [finding for finding in gpu_findings([BY_TAG[CU130]]) if finding.subject == "host gpu health"]
+    assert [finding.status for finding in found] == ([status] if status else [])
+    assert all(says in finding.detail for finding in found)

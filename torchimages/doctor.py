@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import engine
 from .builder import local_name
+from .checks.gpu_health import host_causes, host_health, read_health
 from .checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for, parse_nvidia_smi_list
 from .checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from .model import ImageSpec, InputError, parse_size
@@ -284,6 +285,29 @@ def host_gpus() -> list[HostGpu] | str | None:
     return gpus or f"`nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}` listed no GPU ({said})"
 
 
+def health_finding() -> Finding | None:
+    """The GPUs' health as verification reads it (checks/gpu_health.py), before a pull: a sick node is named with its
+    fix, as the checks will charge what it explains to the host; nothing where nvidia-smi tells nothing."""
+    smi = shutil.which("nvidia-smi")
+    health = host_health({"health": read_health(smi, _nvidia_smi_tool)}) if smi else None
+    if health is None or health["healthy"] is None:
+        return None
+    if health["healthy"]:
+        return Finding("host gpu health", "ok", "no uncorrected ECC error, no pending or failed row remap or page "
+                                                "retirement, no clock slowdown, no PCIe link below its width")
+    causes = host_causes(health, ("memory", "clocks", "link"))
+    return Finding("host gpu health", "warn", "; ".join(causes) + ": GPU checks on this host charge what this "
+                                                                   "explains to the host, not the image")
+
+
+def _nvidia_smi_tool(command: list[str], timeout: float = NVIDIA_SMI_TIMEOUT_S) -> dict:
+    """ask_nvidia_smi in the probe's run_tool shape, which read_health takes."""
+    answer = ask_nvidia_smi(command[0], command[1:])
+    if isinstance(answer, str):
+        return {"ok": False, "error": answer}
+    return {"ok": answer[0] == 0, "returncode": answer[0], "output": answer[1]}
+
+
 def ask_nvidia_smi(smi: str, arguments: list[str]) -> tuple[int, str, str] | str:
     """nvidia-smi's exit status, stdout and stderr, bounded in time and size; what went wrong where it did not
     answer (a hung driver, a flood)."""
@@ -388,7 +412,7 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
     findings = [Finding("host gpus", "ok", "; ".join(f"{gpu.name} (sm_{gpu.capability[0]}{gpu.capability[1]})"
                                                      for gpu in gpus) + f", driver {gpus[0].driver}")]
     findings += [finding for finding in [compute_mode_finding(gpus), mig_finding(gpus, host_mig_devices(gpus)),
-                                         cdi_spec_finding(host_cdi_specs(), gpus[0].driver)] if finding]
+                                         cdi_spec_finding(host_cdi_specs(), gpus[0].driver), health_finding()] if finding]
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
 
 
