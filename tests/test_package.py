@@ -89,13 +89,15 @@ def test_the_installed_command_makes_a_project_that_renders_and_lists_at_once(in
     assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
     demo = tmp_path / "demo"
     assert all((demo / name).is_file() for name in INIT_FILES)
+    assert {path.name for path in (demo / "images").iterdir() if path.is_dir()} == {
+        "2.15.0-cuda13.2-cudnn9-runtime", "2.13.0-cpu-runtime"}, "rendered by init: `images` can build at once"
     listed = user_run(installed, "list", cwd=demo)
     assert listed.returncode == 0 and "2 images" in listed.stdout, listed.stderr
-    rendered = user_run(installed, "render", cwd=demo / ".github")  # found from a folder below the project
-    assert rendered.returncode == 0, rendered.stderr
-    assert {path.name for path in (demo / "images").iterdir() if path.is_dir()} == {
-        "2.15.0-cuda13.2-cudnn9-runtime", "2.13.0-cpu-runtime"}
-    assert user_run(installed, "render", "--check", cwd=demo).returncode == 0
+    checked = user_run(installed, "render", "--check", cwd=demo / ".github")  # found from a folder below the project
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (demo / "images" / "2.13.0-cpu-runtime" / "Dockerfile").unlink()
+    assert user_run(installed, "render", cwd=demo).returncode == 0
+    assert (demo / "images" / "2.13.0-cpu-runtime" / "Dockerfile").is_file()
 
 
 def test_the_installed_command_renders_the_tests_project_as_a_checkout_does(installed, tmp_path):
@@ -129,8 +131,7 @@ def test_a_project_is_found_from_the_current_folder_upwards_or_named(tmp_path, m
     assert "2 images" in run_cli_in_process("--project", "demo", "list", check_exit=0).stdout
     (tmp_path / "demo" / "deeper").mkdir()
     monkeypatch.chdir(tmp_path / "demo" / "deeper")
-    run_cli_in_process("render", check_exit=0)
-    assert (tmp_path / "demo" / "images" / "2.13.0-cpu-runtime" / "Dockerfile").is_file()
+    assert str(tmp_path / "demo" / "images") in run_cli_in_process("render", "--check", check_exit=0).stdout
 
 
 def test_a_projects_own_templates_win_over_the_packages(tmp_path):
@@ -150,7 +151,6 @@ def test_the_installed_command_builds_and_verifies_an_init_projects_cpu_row(inst
     finds it unchanged and verifies it."""
     assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
     demo = tmp_path / "demo"
-    assert user_run(installed, "render", cwd=demo).returncode == 0
     doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", cwd=demo)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     result = user_run(installed, "images", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo,

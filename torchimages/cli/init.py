@@ -1,5 +1,5 @@
-"""init: a new project (matrix.yaml, compat.yaml, .gitignore, a CI workflow, a README section) that `render`, `list`,
-`doctor` and `images` work in at once. Its templates are the package's until the project has a templates/ folder."""
+"""init: a new project (matrix.yaml, compat.yaml, .gitignore, a CI workflow, a README section, its images rendered)
+that `render`, `list`, `doctor` and `images` work in at once. Its templates are the package's until the project has a templates/ folder."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..files import atomic_write
 from ..model import InputError, Problem
-from ..project import DEFAULT_TEMPLATES, EXIT_OK, MATRIX_NAME, PACKAGE
+from ..project import DEFAULT_TEMPLATES, EXIT_OK, MATRIX_NAME, PACKAGE, Project
+from ..render import write_rendered
 
 STARTER = PACKAGE / "starter"
 README_SECTION = STARTER / "README-section.md"
@@ -36,9 +37,7 @@ def register(commands) -> None:
 
 def cmd_init(args: argparse.Namespace) -> int:
     folder: Path = args.folder
-    writes = dict(WRITES)
-    if args.copy_templates:
-        writes.update(template_files())
+    writes = {**WRITES, **(template_files() if args.copy_templates else {})}
     present = [name for name in writes if (folder / name).exists()]
     if present and not args.force:
         raise InputError([Problem(str(folder), 0, f"holds {', '.join(present)} already: init writes a new project "
@@ -47,8 +46,20 @@ def cmd_init(args: argparse.Namespace) -> int:
         if name not in present:
             atomic_write(folder / name, source.read_bytes(), root=folder)
     add_readme_section(folder / "README.md")
-    print(f"{folder}: a new project; next: cd {folder} && torchimages list && torchimages render")
+    if MATRIX_NAME in present:  # --force beside a matrix of the project's own: its images are for `render` to write
+        print(f"{folder}: the missing files written; next: torchimages render")
+        return EXIT_OK
+    print(f"{folder}: a new project, its images rendered into {render_images(folder)}; next: cd {folder} && "
+          "torchimages list && torchimages images")
     return EXIT_OK
+
+
+def render_images(folder: Path) -> Path:
+    """The new project's images/, rendered now: `images` builds at once, and the workflow's render check passes on
+    the first commit."""
+    project = Project.at(folder)
+    write_rendered(project.images, project.rendered(project.load()))
+    return project.images
 
 
 def template_files() -> dict[str, Path]:
