@@ -244,3 +244,35 @@ def test_doctor_shows_the_host_findings_before_a_pull(host, status, says):
     found = [finding for finding in gpu_findings([BY_TAG[CU130]]) if finding.subject == "host gpu health"]
     assert [finding.status for finding in found] == ([status] if status else [])
     assert all(says in finding.detail for finding in found)
+
+
+POLICIES_README = Path(__file__).resolve().parents[1] / "docs" / "policies" / "README.md"
+
+
+@pytest.mark.parametrize(("host", "admitted"), [("h100-row-remap-pending", False), ("h100-r580-real", True)],
+                         indirect=["host"])
+def test_the_documented_healthy_host_conditions_judge_real_predicates(host, admitted, tmp_path, monkeypatch):
+    """docs/policies/README.md's example, JMESPath as the ClusterPolicy evaluates it and CEL as the
+    ImageValidatingPolicy does (tests/policy_eval.py), on the predicate of a sick and of a healthy H100."""
+    import re
+
+    import celpy
+    import yaml
+
+    from .policy_eval import _conditions_hold
+
+    healthy = gpu_hosts.load("h100-hw-slowdown")["nvidia_smi"]["gpus"][0]["health"]
+    scenario = host if not admitted else with_health(host, **{**healthy, "clocks_event_reasons.active": "0x1"})
+    scenario["speed"] = {"bf16_tflops": 805.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    verdicts = {name: CheckVerdict(check["status"], check["message"], check["tests"], check["warnings"], check["blame"])
+                for name, check in checks.items()}
+    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130)
+    predicate = attestations.verification_predicate(BY_TAG[CU130], report.image_id, report, {"main": {"gpu": gpu}})
+    text = POLICIES_README.read_text()
+    conditions = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    assert _conditions_hold([{"all": conditions}], predicate)[0] == admitted
+    expression = re.search(r"```cel\n(.*?)```", text, re.S).group(1).strip()
+    environment = celpy.Environment()
+    result = environment.program(environment.compile(expression)).evaluate({"report": celpy.json_to_cel(predicate)})
+    assert bool(result) == admitted
