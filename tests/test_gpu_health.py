@@ -276,3 +276,13 @@ def test_the_documented_healthy_host_conditions_judge_real_predicates(host, admi
     environment = celpy.Environment()
     result = environment.program(environment.compile(expression)).evaluate({"report": celpy.json_to_cel(predicate)})
     assert bool(result) == admitted
+
+
+@pytest.mark.parametrize("host", ["h100-pcie-degraded"], indirect=True)
+def test_a_records_lane_host_keeps_the_health_fields_and_the_speed_figures(host, tmp_path, monkeypatch):
+    """gpu-record writes a real host as a lane host: replayed, the same findings and figures."""
+    gpu, checks = gathered(host, tmp_path, monkeypatch)
+    facts = {"torch": {"version": "2.14.1+cu130"}, "host": probe.record_host_facts(), "gpu": gpu}
+    written = record.lane_host("2026-11-27", BY_TAG[CU130], "lane", facts, checks, "line")
+    assert written["nvidia_smi"]["gpus"][0]["health"] == host["nvidia_smi"]["gpus"][0]["health"]
+    assert written["speed"] == host["speed"]

@@ -234,6 +234,8 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     real run is a lane host whose replay must give the verdicts this host gave."""
     host, gpu = facts.get("host") or {}, facts["gpu"]
     expect = {name: verdict(checks[name]) for name in checklist.GPU_CHECKS + ("amp",) if name in checks}
+    smi = nvidia_smi_as_lane_host(host)
+    with_health_fields(smi.get("gpus") or [], gpu.get("health"))
     scenario = {
         "what": f"recorded on real hardware by build.py gpu-record {spec.tag} on {date} "
                 f"({host.get('hostname') or 'host unknown'}, {source}): {line}",
@@ -242,7 +244,7 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
                   f"torch {(facts.get('torch') or {}).get('version')} listed",
         "machine": host.get("machine") or "unknown",
         "proc_driver_version": host.get("proc_driver_version"),
-        "nvidia_smi": nvidia_smi_as_lane_host(host),
+        "nvidia_smi": smi,
         "libcuda": {"driver_version": gpu.get("libcuda_driver_version")},
         "torch_cuda": torch_cuda_as_lane_host(gpu),
         "runs": [{"row": spec.tag, "gpus": "all", "expect": expect,
@@ -255,4 +257,30 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     }
     if not scenario["proc_driver_version"]:
         del scenario["proc_driver_version"]
+    speed = recorded_speed(gpu)
+    if speed:
+        scenario["speed"] = speed
     return scenario
+
+
+def _object(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def with_health_fields(gpus: list[dict], health: object) -> None:
+    """Each lane GPU gets the health fields nvidia-smi printed for its UUID (checks/gpu_health.py), as printed."""
+    rows = _object(health).get("rows")
+    by_uuid = {str(row.get("uuid")): row for row in rows if isinstance(row, dict)} if isinstance(rows, list) else {}
+    for entry in gpus:
+        row = by_uuid.get(str(entry.get("uuid")))
+        if row:
+            entry["health"] = {field: str(value) for field, value in row.items() if field != "uuid"}
+
+
+def recorded_speed(gpu: dict) -> dict:
+    """The speed figures the host measured, as a lane host replays them (tests/gpu_hosts, `speed`)."""
+    copies = _object(gpu.get("copy_bandwidth"))
+    figures = {"bf16_tflops": _object(gpu.get("bf16_matmul")).get("tflops"), "h2d_gbps": copies.get("h2d_gbps"),
+               "d2h_gbps": copies.get("d2h_gbps"),
+               "busbw_gbps": _object(_object(gpu.get("multi_gpu")).get("bandwidth")).get("busbw_gbps")}
+    return {name: value for name, value in figures.items() if isinstance(value, (int, float))}
