@@ -305,7 +305,7 @@ def _nvidia_smi_tool(command: list[str], timeout: float = NVIDIA_SMI_TIMEOUT_S) 
     answer = ask_nvidia_smi(command[0], command[1:])
     if isinstance(answer, str):
         return {"ok": False, "error": answer}
-    return {"ok": answer[0] == 0, "returncode": answer[0], "output": answer[1]}
+    return {"ok": answer[0] == 0, "returncode": answer[0], "output": answer[1] + answer[2]}
 
 
 def ask_nvidia_smi(smi: str, arguments: list[str]) -> tuple[int, str, str] | str:

@@ -17,6 +17,7 @@ HEALTH_FIELDS = ("uuid", "ecc.mode.current", "ecc.errors.uncorrected.volatile.to
                  "remapped_rows.pending", "remapped_rows.failure", "clocks_event_reasons.active",
                  "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
 FIELD_ALIASES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+UNKNOWN_FIELD = "is not a valid field"  # nvidia-smi's words for a field name this driver does not know
 HEALTH_QUERY_TIMEOUT_S = 10  # one nvidia-smi call; a hung NVML must not hold the probe
 HEALTH_BUDGET_S = 20  # all calls together, the one-field-at-a-time fallback included
 # NVML's clocks event reason bits (nvml.h, nvmlClocksEventReason*): those that say the host slows the GPU down.
@@ -37,18 +38,18 @@ class Runner(typing.Protocol):
 
 def read_health(smi: str, run_tool: Runner) -> dict:
     """nvidia-smi's health fields per GPU, as printed: {"rows": [{field: text}], "unreadable": [fields]}. One call
-    for every field; where the driver rejects one (an older nvidia-smi), one call per field, within HEALTH_BUDGET_S."""
-    answer = _query(smi, HEALTH_FIELDS, run_tool)
-    if answer is not None:
-        return {"rows": answer, "unreadable": []}
+    for every field; where the driver rejects a field name (an older nvidia-smi), one call per field, within
+    HEALTH_BUDGET_S in all. A call that fails otherwise (NVML down, a hang) is not repeated: nothing is read."""
     started = time.monotonic()
-    rows: list[dict] = []
-    unreadable: list[str] = []
+    rows, rejected = _query(smi, HEALTH_FIELDS, run_tool)
+    if rows is not None or not rejected:
+        return {"rows": rows or [], "unreadable": [] if rows is not None else list(HEALTH_FIELDS[1:])}
+    rows, unreadable = [], []
     for field in HEALTH_FIELDS[1:]:
         values = None
         for name in (field, FIELD_ALIASES.get(field)):
             if name and values is None and time.monotonic() - started < HEALTH_BUDGET_S:
-                values = _query(smi, ("uuid", name), run_tool)
+                values = _query(smi, ("uuid", name), run_tool)[0]
         if values is None:
             unreadable.append(field)
             continue
@@ -58,19 +59,20 @@ def read_health(smi: str, run_tool: Runner) -> dict:
     return {"rows": rows, "unreadable": unreadable}
 
 
-def _query(smi: str, fields: typing.Sequence[str], run_tool: Runner) -> list[dict] | None:
+def _query(smi: str, fields: typing.Sequence[str], run_tool: Runner) -> tuple[list[dict] | None, bool]:
     """One --query-gpu call -> a row per GPU keyed by the fields asked (the answer under the first field's name where
-    it was an alias), or None where nvidia-smi failed or printed rows of another shape."""
+    it was an alias), or None where nvidia-smi failed or printed rows of another shape; and whether it failed on a
+    field name it does not know ('Field "..." is not a valid field to query.')."""
     done = run_tool([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
                     timeout=HEALTH_QUERY_TIMEOUT_S)
+    output = str(done.get("output") or "")
     if not done.get("ok"):
-        return None
-    rows = [[value.strip() for value in line.split(",")] for line in str(done.get("output") or "").splitlines()
-            if line.strip()]
+        return None, UNKNOWN_FIELD in output
+    rows = [[value.strip() for value in line.split(",")] for line in output.splitlines() if line.strip()]
     if not rows or any(len(row) != len(fields) for row in rows):
-        return None
+        return None, False
     canonical = [next((key for key, alias in FIELD_ALIASES.items() if alias == field), field) for field in fields]
-    return [dict(zip(canonical, row, strict=True)) for row in rows]
+    return [dict(zip(canonical, row, strict=True)) for row in rows], False
 
 
 # ---------------------------------------------------------------- reading the values
