@@ -98,21 +98,26 @@ def _bitmask(text: object) -> int | None:
     return number if number is not None and number < 1 << 64 else None
 
 
+def _one_of_words(text: object, allowed: tuple[str, ...]) -> str | None:
+    value = str(text or "").strip()
+    return value if value in allowed else None
+
+
+def _one_of(text: object, allowed: typing.Container[int]) -> int | None:
+    value = _number(text, MAX_ERROR_COUNT)
+    return value if value in allowed else None
+
+
 def _pcie(row: dict) -> dict:
-    gens = {key: _number(row.get(f"pcie.link.gen.{key}"), 99) for key in ("current", "max")}
-    widths = {key: _number(row.get(f"pcie.link.width.{key}"), 99) for key in ("current", "max")}
-    return {"gen_current": gens["current"] if gens["current"] in PCIE_GENERATIONS else None,
-            "gen_max": gens["max"] if gens["max"] in PCIE_GENERATIONS else None,
-            "width_current": widths["current"] if widths["current"] in PCIE_WIDTHS else None,
-            "width_max": widths["max"] if widths["max"] in PCIE_WIDTHS else None}
+    return {f"{kind}_{which}": _one_of(row.get(f"pcie.link.{kind}.{which}"), allowed)
+            for kind, allowed in (("gen", PCIE_GENERATIONS), ("width", PCIE_WIDTHS)) for which in ("current", "max")}
 
 
 def gpu_health(row: dict) -> dict:
     """One GPU's health fields as values (None wherever nvidia-smi did not give a usable one)."""
     reasons = _bitmask(row.get("clocks_event_reasons.active"))
     return {"uuid": str(row.get("uuid") or ""),
-            "ecc_mode": str(row.get("ecc.mode.current") or "") if row.get("ecc.mode.current") in ("Enabled", "Disabled")
-            else None,
+            "ecc_mode": _one_of_words(row.get("ecc.mode.current"), ("Enabled", "Disabled")),
             "ecc_uncorrected_volatile": _number(row.get("ecc.errors.uncorrected.volatile.total"), MAX_ERROR_COUNT),
             "retired_pages_pending": _flag(row.get("retired_pages.pending")),
             "remapped_rows_pending": _flag(row.get("remapped_rows.pending")),
