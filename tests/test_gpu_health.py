@@ -114,20 +114,28 @@ def test_the_links_rate_is_its_generation_times_its_lanes(gen, width, gbps):
 
 # ------------------------------------------------------------------ a sick host's failed kernels
 
-@pytest.mark.parametrize(("error", "blame"), [
-    ("CUDA error: uncorrectable ECC error encountered", "host"),
-    ("CUDA error: no kernel image is available for execution on the device", "image"),  # no host makes a cubin
+ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
+
+
+@pytest.mark.parametrize(("check", "failure", "errors", "blame"), [
+    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, "3", "host"),
+    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, "0", "image"),  # no memory error: the image's
+    # no host makes a cubin: the arch list misses the GPU, whatever its memory
+    ("gpu", {"kernel_ok": False, "kernel_error": gpu_hosts.NO_KERNEL_IMAGE}, "3", "image"),
+    ("amp", {"amp_fp16": {"ok": False, "error": ECC_ERROR}}, "3", "host"),
+    ("cudnn", {"cudnn": {"ok": False, "max_abs_error": 1e9, "grad_relative_errors": {}, "grads_ok": False}}, "3",
+     "host"),
 ])
 @pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
-def test_kernels_that_fail_on_a_gpu_with_memory_errors_are_charged_to_the_host(host, error, blame, tmp_path,
-                                                                                monkeypatch):
-    scenario = with_health(host, **{"ecc.errors.uncorrected.volatile.total": "3"})
+def test_gpu_work_that_fails_on_a_gpu_with_memory_errors_is_charged_to_the_host(host, check, failure, errors, blame,
+                                                                              tmp_path, monkeypatch):
+    scenario = with_health(host, **{"ecc.errors.uncorrected.volatile.total": errors})
     gpu, _ = gathered(scenario, tmp_path, monkeypatch)
-    gpu["devices"][0].update({"kernel_ok": False, "kernel_error": error})
+    (gpu["devices"][0] if check == "gpu" else gpu).update(failure)
     spec = BY_TAG[CU130]
     checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
-    assert checks["gpu"]["blame"] == blame and (checks["gpu"]["status"] == "failed") == (blame == "image")
-    assert ("3 uncorrected ECC error(s)" in checks["gpu"]["message"]) == (blame == "host")
+    assert checks[check]["blame"] == blame and (checks[check]["status"] == "failed") == (blame == "image")
+    assert ("3 uncorrected ECC error(s)" in checks[check]["message"]) == (blame == "host"), checks[check]["message"]
 
 
 # ------------------------------------------------------------------ what nvidia-smi may answer instead

@@ -12,6 +12,7 @@ def _training_problem(result: dict) -> str:
             f"(finite: {result['finite']}), outputs were {result['output_dtype']}")
 
 
+@pytest.mark.gpu_work
 def test_fp16_autocast_with_grad_scaler(gpu, devices):
     result = gpu["amp_fp16"]
     assert result.get("ok") and result.get("output_dtype") == "torch.float16", (
@@ -19,6 +20,7 @@ def test_fp16_autocast_with_grad_scaler(gpu, devices):
         "expected a finite, falling loss with float16 outputs")
 
 
+@pytest.mark.gpu_work
 def test_bf16_autocast_on_gpu(gpu, devices):
     result = gpu["amp_bf16"]
     if not result.get("error") and not result.get("supported"):

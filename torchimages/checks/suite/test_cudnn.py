@@ -18,6 +18,7 @@ def test_cudnn_is_available_and_consistent(devices, torch_facts, spec):
         f"says cuDNN {spec.cudnn}: remove other cuDNN copies so torch loads its own wheel's")
 
 
+@pytest.mark.gpu_work
 def test_conv2d_forward_and_backward(gpu, devices):
     result = gpu["cudnn"]
     problem = result.get("error") or (f"max error {result.get('max_abs_error')} against the CPU, gradients' relative "
@@ -27,6 +28,7 @@ def test_conv2d_forward_and_backward(gpu, devices):
         "means mixed cuDNN copies (see hygiene) or a GPU outside the arch list")
 
 
+@pytest.mark.gpu_work
 def test_scaled_dot_product_attention(gpu, devices):
     result = gpu["cudnn_attention"]
     problem = result.get("error") or (f"NaN in the output: {not result.get('no_nan')}, relative error "
