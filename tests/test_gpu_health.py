@@ -154,6 +154,12 @@ def test_an_odd_value_in_any_health_field_neither_crashes_nor_blames_the_image(v
     assert "image" not in [figure["verdict"] for figure in report["performance"].values()]
 
 
+@pytest.mark.parametrize("figure", ["fast", True, -3.0, 0, float("inf"), float("nan"), None, [1]])
+def test_a_figure_that_is_no_measurement_is_not_judged(figure):
+    gpu = {"devices": [{"name": "NVIDIA H100 80GB HBM3"}], "bf16_matmul": {"tflops": figure}}
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == "not judged"
+
+
 def test_a_missing_or_malformed_health_part_is_unknown_not_healthy():
     for gpu in ({}, {"health": None}, {"health": {"rows": "x"}}, {"health": {"rows": [None, 3]}}, None):
         assert gpu_health.host_health(gpu)["healthy"] is None

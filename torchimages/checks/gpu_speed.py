@@ -9,6 +9,7 @@ judging half runs on the host side. Standard library only. Each measurement is a
 """
 from __future__ import annotations
 
+import math
 import time
 import typing
 
@@ -102,7 +103,10 @@ class Shortfall(typing.NamedTuple):
 
 
 def _figure(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+    """A measured figure, or None: not a number, not above zero, or not finite (JSON's Infinity parses)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def _section(gpu: dict, name: str) -> dict:
