@@ -136,6 +136,8 @@ def test_gpu_work_that_fails_on_a_gpu_with_memory_errors_is_charged_to_the_host(
     checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
     assert checks[check]["blame"] == blame and (checks[check]["status"] == "failed") == (blame == "image")
     assert ("3 uncorrected ECC error(s)" in checks[check]["message"]) == (blame == "host"), checks[check]["message"]
+    # Charged to the host, the failed work is not judged (skipped with the reason), never counted as a pass.
+    assert ("not judged on a GPU with memory errors" in checks[check]["message"]) == (blame == "host")
 
 
 # ------------------------------------------------------------------ what nvidia-smi may answer instead

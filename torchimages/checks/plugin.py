@@ -28,6 +28,11 @@ class CheckWarning(UserWarning):
     compatibility): warnings.warn(CheckWarning(...)) in a test puts it on the check's verdict, which still passes."""
 
 
+# A test skipped because the host spoils the work it checks (a GPU with memory errors): not judged, and charged to the
+# host. Never a pass: the work did not run right, so nothing is proven of the image.
+HOST_SKIP = "host: "
+
+
 class HostWarning(CheckWarning):
     """A CheckWarning whose cause is the host, not the image (a sick GPU, a degraded link): the check's verdict says
     blame "host"."""
@@ -40,12 +45,12 @@ class Outcome:
     status: str  # passed | failed | skipped
     message: str = ""
     seconds: float = 0.0
-    host: bool = False  # a passed test that warned about the host (HostWarning)
+    host: bool = False  # a passed test that warned about the host (HostWarning), or one skipped for it (HOST_SKIP)
 
 
 def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict[str, dict]:
     """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why. Its blame:
-    "image" where it failed, "host" where it passed with a warning about the host, else ""."""
+    "image" where it failed, "host" where a test warned about the host or was skipped for it, else ""."""
     verdicts = {}
     for name in checks:
         mine = [o for o in outcomes if o.check == name]
@@ -65,7 +70,7 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict
                 message += "; warning: " + "; ".join(warned)
             if skipped:
                 message += "; not applicable: " + "; ".join(dict.fromkeys(o.message for o in skipped))
-        host = status == "passed" and any(o.host for o in mine if o.status == "passed")
+        host = status != "failed" and any(o.host for o in mine if o.status != "failed")
         verdicts[name] = {"status": status, "message": message,
                           "warnings": warned if status == "passed" else [],
                           "blame": "image" if status == "failed" else "host" if host else "",
@@ -155,8 +160,9 @@ class CheckRecorder:
             message = failure_message(call.excinfo) if call.excinfo else report.longreprtext[-500:]
             self.outcomes[test] = Outcome(test, check, "failed", message, round(report.duration, 3))
         elif report.skipped and (previous is None or previous.status != "failed"):
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            self.outcomes[test] = Outcome(test, check, "skipped", reason.removeprefix("Skipped: "))
+            reason = (report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                      ).removeprefix("Skipped: ")
+            self.outcomes[test] = Outcome(test, check, "skipped", reason, host=reason.startswith(HOST_SKIP))
         elif report.when == "call" and report.passed:
             self.outcomes[test] = Outcome(test, check, "passed", "", round(report.duration, 3))
         return report

@@ -3,12 +3,11 @@
 The data fixtures (expect, spec, facts) and the container (host, from testinfra's --hosts) come from
 torchimages.checks.plugin; run these suites through `python build.py test`, which starts the container.
 """
-import warnings
 
 import pytest
 
 from torchimages.checks.gpu_health import host_causes, host_health
-from torchimages.checks.plugin import HostWarning, failure_message
+from torchimages.checks.plugin import HOST_SKIP, failure_message
 
 from .helpers import gpu_skip_reason
 
@@ -19,7 +18,8 @@ NO_KERNEL_IMAGE = "no kernel image is available"
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     """A GPU with memory errors (uncorrected ECC errors, a failed or pending row remap or page retirement) spoils GPU
-    work whatever the image: a `gpu_work` test that fails there is a warning charged to the host, naming the errors."""
+    work whatever the image: a `gpu_work` test that fails there is skipped, not judged, and charged to the host, naming
+    the errors (never passed: nothing of the image was proven)."""
     try:
         return (yield)
     except (AssertionError, pytest.fail.Exception) as error:
@@ -30,8 +30,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         if not pyfuncitem.get_closest_marker("gpu_work") or not memory or arch_missed:
             raise
         message = failure_message(pytest.ExceptionInfo.from_exception(error))
-        warnings.warn(HostWarning(f"host: {message}; on a GPU with memory errors: {'; '.join(memory)}"), stacklevel=1)
-        return True
+        pytest.skip(f"{HOST_SKIP}not judged on a GPU with memory errors ({'; '.join(memory)}): {message}")
 
 
 def _part(facts: dict, name: str) -> dict:
