@@ -50,7 +50,9 @@ lint: setup
 	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
-images: render-check engine
+# The main job sets up emulation and the arm64 base only when its selection names an -arm64 row (make test always does).
+images: render-check setup
+	$(PYTHON) -m devtools.localengine up $(if $(findstring arm64,$(SELECTION)),,--native-only)
 	source $(ENGINE_ENV) && $(PYTHON) build.py images $(SELECTION) --wheelhouse $(WHEELHOUSE) --builder $(BUILDER)
 
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).

@@ -131,13 +131,16 @@ class EngineInfo:
 
 # ---------------------------------------------------------------------------------------------------------- public API
 
-def ensure_engine() -> EngineInfo:
-    """What `up` does: an answering engine holding SEEDED_BASES, a registry, and `.engine/env` describing both."""
+def ensure_engine(foreign: bool = True) -> EngineInfo:
+    """What `up` does: an answering engine holding SEEDED_BASES, a registry, and `.engine/env` describing both.
+    Without foreign (`up --native-only`, the main job when it builds no other machine's row): no emulation and no
+    other machine's base, which on a fresh x86_64 host are qemu's install and a debootstrap under it."""
     with _locked():
         client, docker_host, ours = _ensure_dockerd()
         try:
-            _ensure_emulation()
-            _seed_bases(client, docker_host)
+            if foreign:
+                _ensure_emulation()
+            _seed_bases(client, docker_host, [name for name in SEEDED_BASES if foreign or _is_native(name)])
         finally:
             client.close()
         registry, registry_pid = _ensure_registry()
@@ -248,8 +251,14 @@ def _dockerd_pid() -> int | None:
 
 # -------------------------------------------------------------------------------------------------------- base images
 
-def _seed_bases(client: docker.DockerClient, docker_host: str) -> None:
-    for name in SEEDED_BASES:
+def _is_native(name: str) -> bool:
+    """Whether a seeded base is for this host's machine (a foreign namespace names its machine)."""
+    namespace = FOREIGN_NAMESPACES.get(_namespace(name))
+    return namespace is None or namespace[2] == os.uname().machine
+
+
+def _seed_bases(client: docker.DockerClient, docker_host: str, names: list[str]) -> None:
+    for name in names:
         if _has_image(client, name):
             continue
         tarball = _rootfs_tarball(name)
@@ -657,17 +666,21 @@ def main(argv: list[str] | None = None) -> int:
                                      description="A private Docker engine and registry for building and testing.")
     parser.add_argument("command", choices=("up", "down", "env"),
                         help="up: start or reuse and print env lines; down: stop; env: print env lines if up")
-    command = parser.parse_args(argv).command
+    parser.add_argument("--native-only", action="store_true",
+                        help="with up: no emulation and no base for another machine (the main job without -arm64 rows)")
+    arguments = parser.parse_args(argv)
     try:
-        return {"up": _cmd_up, "down": _cmd_down, "env": _cmd_env}[command]()
+        if arguments.command == "up":
+            return _cmd_up(foreign=not arguments.native_only)
+        return {"down": _cmd_down, "env": _cmd_env}[arguments.command]()
     except EngineError as error:
         _log(str(error))
         return 1
 
 
-def _cmd_up() -> int:
+def _cmd_up(foreign: bool) -> int:
     started = time.monotonic()
-    info = ensure_engine()
+    info = ensure_engine(foreign)
     _log(f"ready in {time.monotonic() - started:.1f} s; load it with `source {ENV_FILE}`")
     print("\n".join(info.env_lines()))
     return 0
