@@ -14,7 +14,7 @@ from ..checks.gpu_speed import host_report, peak_tflops
 from ..checks.probe import arch_flags_for
 from ..model import ImageSpec, InputError, PeerError, Problem
 from .plan import SUITE, parse_gpus
-from .suite import run_suite_on_facts
+from .suite import arch_rows, run_suite_on_facts
 
 # The suites that judge GPU facts alone; the others need a container's files, users and smoke run.
 GPU_SUITES = ("test_gpu.py", "test_gpu_host.py", "test_cudnn.py", "test_amp.py")
@@ -66,7 +66,7 @@ def judge(spec: ImageSpec, gpus: str, torch_facts: dict, gpu: dict, matrix: list
     expect = {"tag": spec.tag, "image": spec.tag, "image_id": "", "container_id": "gpu-record",
               "spec": spec.to_json(), "gpus": parse_gpus(gpus).to_json(), "host_gpu_runtime": True,
               "shm_size": spec.shm_size, "arbitrary_uid": 12345,
-              "arch_rows": {row.tag: list(row.arch_list) for row in matrix if row.is_gpu}}
+              "arch_rows": arch_rows(matrix)}
     facts = {"main": {"torch": torch_facts, "gpu": gpu}, "image": {"labels": {}}}
     return run_suite_on_facts(expect, facts, [SUITE / name for name in GPU_SUITES])
 

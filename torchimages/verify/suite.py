@@ -33,9 +33,16 @@ def expectations(plan: Plan, options: VerifyOptions, host_gpu_runtime: bool, con
         "tag": plan.spec.tag, "image": plan.image, "image_id": plan.image_id, "container_id": container_id,
         "spec": plan.spec.to_json(), "gpus": plan.gpus.to_json(), "host_gpu_runtime": host_gpu_runtime,
         "shm_size": plan.shm_size, "arbitrary_uid": int(ARBITRARY_UID),
-        "arch_rows": {row.tag: list(row.arch_list) for row in rows if row.is_gpu},
+        "arch_rows": arch_rows(rows),
         "selection": options.selection.to_json(),
     }
+
+
+def arch_rows(rows) -> dict[str, dict]:
+    """The GPU rows a device's arch check may name as covering it: each row's arch list with its CUDA (torch's Tegra
+    coverage changes with it) and machine (an aarch64 image covers no x86_64 host's GPU)."""
+    return {row.tag: {"arch_list": list(row.arch_list), "cuda": row.cuda, "arch": row.arch}
+            for row in rows if row.is_gpu}
 
 
 def suite_arguments(tests: Sequence[Path], host: str, expect_path: Path, facts_path: Path, results_path: Path,

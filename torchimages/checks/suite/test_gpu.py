@@ -89,7 +89,8 @@ def test_every_device_is_covered_by_the_arch_list(devices, gpu, torch_facts, exp
             continue
         if coverage:
             continue
-        rows = [tag for tag, arch in expect["arch_rows"].items() if arch_covers(arch_flags_for(arch), capability)]
+        rows = [tag for tag, row in expect["arch_rows"].items() if row["arch"] == spec.arch
+                and arch_covers(arch_flags_for(row["arch_list"]), capability, row["cuda"])]
         uncovered.append(f"{device['name']} is {sm}, but this image's torch has {' '.join(flags)} (no cubin "
                          f"sm_{capability[0]}x at or below it, no PTX at or below {capability[0]}.{capability[1]}); "
                          f"rows that cover it: {', '.join(rows) or 'none in the matrix'}")
