@@ -33,6 +33,7 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from ruamel.yaml.tokens import CommentToken
 
 from . import index_http
+from .compat_file import load_compat_file, round_trip_yaml
 from .files import atomic_write, brief, read_text, remove_file
 from .matrix import compat_shape_problems
 from .model import PYPI, InputError, Problem
@@ -604,7 +605,7 @@ def refresh(options: RefreshOptions, index: Index | None = None) -> Refresh:
     they add, each build with its source; disagreements change compat.yaml only with `correct`."""
     index = index or open_index(options.index_url)
     yaml = round_trip_yaml()
-    document = _load(yaml, options.compat_file)
+    document = load_compat_file(yaml, options.compat_file)
     torch_section = document["torch"]
     result = Refresh()
     for torch in options.versions or tuple(torch_section):
@@ -641,27 +642,6 @@ def _carried_numpy(torch_section, torch: str, block: dict) -> list[Difference]:
     other, numpy = max(pinned)
     block["numpy"] = str(numpy)
     return [Difference(torch, "numpy", None, str(numpy), f"torch {other}'s pin (the index has no NumPy)")]
-
-
-def round_trip_yaml() -> YAML:
-    yaml = YAML()  # round-trip: compat.yaml's comments and order stay as people wrote them
-    yaml.width = 120
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    yaml.preserve_quotes = True
-    return yaml
-
-
-def _load(yaml: YAML, path: Path):
-    text = read_text(path, "restore it with `git checkout`")  # a FIFO or /dev/zero refused, not read for ever
-    try:
-        document = yaml.load(text)
-    except (ValueError, RecursionError) as error:  # ruamel's errors are ValueErrors
-        raise InputError([Problem(str(path), 0, f"cannot read it ({brief(str(error), 200)}): restore it with "
-                                                "`git checkout`")]) from None
-    if not isinstance(document, dict) or not isinstance(document.get("torch"), dict):
-        raise InputError([Problem(str(path), 0, "needs a `torch:` mapping of releases: restore it with "
-                                                "`git checkout`")])
-    return document
 
 
 def plain(node: Any) -> Any:

@@ -16,6 +16,7 @@ from . import compat_refresh
 from . import matrix as matrix_stage
 from . import render as render_stage
 from .bases_lock import LOCK_NAME, read_lock
+from .compat_file import round_trip_yaml
 from .files import atomic_write, read_text, remove_file
 from .model import InputError, Problem
 from .redaction import inert
@@ -164,7 +165,7 @@ def with_proposed_rows(text: str, variants, newest_in_matrix: str, pairs: list[t
     first = min(row.line for row in variants if str(row.get("torch")) == newest_in_matrix)
     at = _start_of_comment_above(lines, first - 1)  # the aliases removed are below this line
     stream = StringIO()
-    compat_refresh.round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
+    round_trip_yaml().dump([_flow_lists(row) for row in rows], stream)
     header = [f"  # Proposed by the release watch ({origin}),\n",
               (f"  # shaped like the newest rows ({newest_in_matrix}; CPU rows like the newest CPU ones): review its "
               "facts in compat.yaml.\n")]
