@@ -563,6 +563,14 @@ def test_lock_names_a_registry_that_never_answers(silent_registry, make_engine, 
         resolver.resolve(f"{silent_registry.host}/base/os:1")
 
 
+def test_an_engine_describing_an_image_without_id_is_named_when_verifying(scratch, make_engine):
+    """An engine that answers an image's inspect without its Id was a KeyError traceback in `build.py test` (issue 45,
+    earlier rounds' leftovers): the image is checked for its shape, as every other inspect is."""
+    fake = make_engine(engine_answering(image=(200, {"Size": 1, "Config": {"Labels": {}}})))
+    result = run_in(scratch, "test", CPU_RUNTIME, "--image", "some/image:1", env=fake.env)
+    assert_names_the_peer(result, str(fake.path), "described image 'some/image:1' with no Id")
+
+
 def test_engine_info_that_stalls_after_a_good_ping_is_named(scratch, make_engine, bounds_cut):
     fake = make_engine(engine_answering(info=(STALL, None)))
     result = run_in(scratch, "doctor", CPU_RUNTIME, env=fake.env)
