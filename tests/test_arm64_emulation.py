@@ -141,7 +141,7 @@ def test_a_timeout_the_user_gave_is_kept_under_emulation_and_the_other_bounds_st
 
 def test_the_default_timeout_is_scaled_and_an_explicit_one_kept_from_the_options(tmp_path):
     """verify_images's own path: plan_all decides the row's timeout, for_this_engine scales it unless --timeout."""
-    client = FakeImages({"image": {"Id": "sha256:1", "Architecture": "arm64"}})
+    client = FakeImages({"image": {"Id": "sha256:1", "Architecture": "arm64", "Size": 1, "Config": {"Labels": {}}}})
     for timeout, expected in ((None, RUNTIME_TIMEOUT_S * emulation.SLOWDOWN), (42, 42)):
         options = VerifyOptions(tmp_path, gpus="none", image="image", timeout=timeout)
         [plan] = plan_all(client, [GRACE[ARM]], options, Progress())

@@ -77,10 +77,17 @@ def inspect_image(docker_client: docker.DockerClient, reference: str) -> dict | 
         image = _ask(docker_client, f"the inspect of image {brief(reference)}", "/images/{0}/json", reference)
     except docker.errors.ImageNotFound:
         return None
-    problem = _image_shape_problem(image)
+    return checked_image(image, reference)
+
+
+def checked_image(image: object, reference: str) -> dict:
+    """An engine's description of an image, once it has the shape every caller reads; a PeerError naming the engine
+    otherwise."""
+    problem = _image_shape_problem(image) if isinstance(image, dict) else "something that is not a JSON object"
     if problem:
         raise PeerError(f"the Docker engine at {where()} described image {brief(reference)} with {problem}: "
                         f"{brief(image)}; is DOCKER_HOST a Docker engine?")
+    assert isinstance(image, dict)
     return image
 
 

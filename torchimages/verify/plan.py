@@ -176,20 +176,18 @@ def _plan(docker_client: docker.DockerClient, spec: ImageSpec, options: VerifyOp
 
 def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, progress: Progress, tag: str) -> dict:
     """The engine's description of image (pulled first where asked and missing), checked for the shape every caller
-    reads (engine.inspect_image: a PeerError naming the engine otherwise)."""
-    found = engine.inspect_image(docker_client, image)
-    if found is not None:
-        return found
+    reads (engine.checked_image: a PeerError naming the engine otherwise)."""
+    try:
+        return engine.checked_image(docker_client.api.inspect_image(image), image)
+    except docker.errors.ImageNotFound:
+        pass
     if not pull:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine: build it with "
                                             f"`python build.py build {tag}`, or check another with --image")])
     progress.stage(tag, f"pulling {image}")
     try:
         docker_client.images.pull(image)
-        found = engine.inspect_image(docker_client, image)
+        return engine.checked_image(docker_client.api.inspect_image(image), image)
     except docker.errors.APIError as error:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine and could not be pulled "
                                             f"({engine.explain_start_error(error)})")]) from None
-    if found is None:
-        raise InputError([Problem(image, 0, f"image {image} was pulled, yet the engine has no such image")])
-    return found
