@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from asn1crypto import keys as asn1_keys
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
@@ -79,6 +80,18 @@ def scratch_folders(folder: Path) -> list[str]:
     return ["--reports", str(folder / "reports"), "--images", str(folder / "images")]
 
 
+def with_pbkdf2_iterations(pem: bytes, iterations: int) -> bytes:
+    """An encrypted PKCS#8 key whose PBKDF2 asks for this many iterations (it no longer opens: only read up front)."""
+    info = asn1_keys.EncryptedPrivateKeyInfo.load(pem_to_der(pem))
+    info["encryption_algorithm"]["parameters"]["key_derivation_func"]["parameters"]["iteration_count"] = iterations
+    body = base64.encodebytes(info.dump(force=True)).decode()
+    return f"-----BEGIN ENCRYPTED PRIVATE KEY-----\n{body}-----END ENCRYPTED PRIVATE KEY-----\n".encode()
+
+
+def pem_to_der(pem: bytes) -> bytes:
+    return base64.b64decode(b"".join(line for line in pem.splitlines() if not line.startswith(b"-----")))
+
+
 def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
     """name -> (--signing-key value, environment, what the one line must say)."""
     (folder / "rsa.pem").write_bytes(pem_key(rsa.generate_private_key(65537, 2048)))
@@ -92,6 +105,13 @@ def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
     body = base64.b64encode(json.dumps(document).encode()).decode()
     (folder / "greedy.key").write_text(f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}\n"
                                        "-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
+    # Within each parameter's old bound, yet together 16 GiB of scrypt memory (past hashlib's maxmem: a traceback).
+    document["kdf"]["params"] = {"N": 1 << 20, "r": 32, "p": 16}
+    body = base64.b64encode(json.dumps(document).encode()).decode()
+    (folder / "greedy-together.key").write_text(f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}\n"
+                                                "-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
+    (folder / "slow-pbkdf2.pem").write_bytes(with_pbkdf2_iterations(
+        pem_key(ec.generate_private_key(ec.SECP256R1()), TEST_PASSWORD.encode()), 2_000_000_000))
     password = {"COSIGN_PASSWORD": TEST_PASSWORD}
     return {
         "missing": (str(folder / "nope.key"), password, "cannot read it"),
@@ -105,12 +125,15 @@ def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
         "garbage": (str(folder / "garbage.key"), password, "is not a PEM private key"),
         "damaged": (str(folder / "damaged.key"), password, "the file is damaged"),
         "greedy scrypt": (str(folder / "greedy.key"), password, "scrypt parameters"),
+        "greedy scrypt together": (str(folder / "greedy-together.key"), password, "MiB of scrypt memory"),
+        "slow pbkdf2": (str(folder / "slow-pbkdf2.pem"), password, "2000000000 PBKDF2 iterations"),
         "empty env": ("env://NO_SUCH_VARIABLE_SET", password, "NO_SUCH_VARIABLE_SET is not set"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "folder", "no password", "wrong password", "public key", "rsa", "ed25519",
-                                  "p384", "garbage", "damaged", "greedy scrypt", "empty env"])
+                                  "p384", "garbage", "damaged", "greedy scrypt", "greedy scrypt together",
+                                  "slow pbkdf2", "empty env"])
 def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
     source, environment, expected = bad_keys(tmp_path)[case]
     result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(tmp_path), "publish", CPU_ROW, "--registry",

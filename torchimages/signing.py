@@ -38,6 +38,7 @@ from pathlib import Path
 
 import nacl.exceptions
 import nacl.secret
+from asn1crypto import keys as asn1_keys
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
@@ -59,6 +60,11 @@ ENV_PREFIX = "env://"  # cosign's way to name a key held in an environment varia
 COSIGN_PEM_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
 # scrypt's cost parameters are read from the key file: bounded, so a hostile file cannot ask for gigabytes.
 MAX_SCRYPT_N = 1 << 20
+# scrypt works in 128 * r * N bytes of memory: cosign's keys ask 32 MiB (N 32768, r 8). More is refused before any
+# derivation, as is a PBKDF2 count past what any tool writes (OpenSSL 2048, cryptography far fewer than this): one
+# derivation is one C call that no signal interrupts.
+MAX_SCRYPT_MEMORY = 256 << 20
+MAX_PBKDF2_ITERATIONS = 10_000_000
 MAKE_A_KEY = ("make one with `cosign generate-key-pair` (password in COSIGN_PASSWORD) or "
               "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem`")
 PKCS11_SCHEME = "pkcs11:"
@@ -258,7 +264,23 @@ def _key_kind(name: str) -> str:
     return kinds.get(base, name)
 
 
+def _pbkdf2_iterations(data: bytes) -> int:
+    """The key-derivation iteration count an encrypted PKCS#8 PEM asks for (0 when it cannot be read here: the key
+    loader then says what is wrong with it)."""
+    body = b"".join(line.strip() for line in data.splitlines() if line.strip() and not line.startswith(b"-----"))
+    try:
+        algorithm = asn1_keys.EncryptedPrivateKeyInfo.load(base64.b64decode(body))["encryption_algorithm"]
+        return int(algorithm.kdf_iterations)  # PBES2's PBKDF2, or PBES1's and PKCS#12's own counts
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        return 0
+
+
 def _load_pem(data: bytes, password: bytes, wrong):
+    if _pem_type(data.decode("ascii", errors="replace")) == "ENCRYPTED PRIVATE KEY":
+        iterations = _pbkdf2_iterations(data)
+        if iterations > MAX_PBKDF2_ITERATIONS:
+            raise wrong(f"asks for {iterations} PBKDF2 iterations, more than any key tool writes "
+                        f"({MAX_PBKDF2_ITERATIONS} at most): the file is damaged")
     try:
         return serialization.load_pem_private_key(data, password or None)
     except TypeError:  # encrypted and no password, or a password for a key that has none
@@ -294,9 +316,15 @@ def _cosign_decrypt(text: str, password: bytes, wrong) -> bytes:
         raise wrong("is encrypted with something other than scrypt and nacl/secretbox, which cosign writes")
     if not (2 <= n <= MAX_SCRYPT_N and n & (n - 1) == 0 and 1 <= r <= 32 and 1 <= p <= 16):
         raise wrong("asks for scrypt parameters outside what cosign writes: the file is damaged")
+    if 128 * r * n > MAX_SCRYPT_MEMORY:
+        raise wrong(f"asks for {128 * r * n >> 20} MiB of scrypt memory, more than any cosign key "
+                    f"({MAX_SCRYPT_MEMORY >> 20} MiB at most): the file is damaged")
     if not password:
         raise wrong(f"is encrypted: put its password in {PASSWORD_VARIABLE}")
-    secret = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=256 * r * n * p + (1 << 20))
+    try:
+        secret = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=128 * r * (n + p + 2) + (1 << 20))
+    except (ValueError, MemoryError):
+        raise wrong("cannot derive its key with the scrypt parameters it names: the file is damaged") from None
     try:
         return nacl.secret.SecretBox(secret).decrypt(ciphertext, nonce)
     except (nacl.exceptions.CryptoError, ValueError, TypeError):
