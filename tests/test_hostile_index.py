@@ -426,6 +426,17 @@ def test_what_the_libraries_raise_on_a_hostile_answer_is_one_line_exit_2(tmp_pat
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_metadata_listing_thousands_of_requirements_is_refused_before_they_are_parsed(tmp_path, compat):
+    """One METADATA of 600,000 Requires-Dist lines cost seconds per wheel (issue 45, earlier rounds' leftovers): past
+    a thousand (torch names a few dozen) the wheel is refused in one line, before any is parsed."""
+    metadata = b"Name: torch\nRequires-Python: >=3.11\n" + b"Requires-Dist: numpy\n" * 5000
+    with Peer() as peer:
+        url = serve_torch(peer, wheel_with("metadata", metadata, tmp_path))
+        result = refresh(compat, "2.16.0", "--index-url", url)
+    assert result.returncode == 2 and "it lists 5000 requirements" in result.stderr, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def truncated(body: bytes) -> Callable:
     """An answer that announces more than it sends, then closes the connection."""
     def answer(handler: BaseHTTPRequestHandler) -> None:

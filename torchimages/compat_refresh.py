@@ -154,21 +154,34 @@ def arch_list(libtorch_python: bytes) -> tuple[str, ...]:
     return tuple(entries[c] for c in sorted(entries, key=lambda c: tuple(map(int, c.split(".")))))
 
 
+# torch's METADATA names a few dozen requirements, torchvision's a handful: a thousand is none of theirs, and each
+# costs a parse (600,000 of them took seconds per wheel).
+MAX_REQUIREMENTS = 1000
+
+
+def requirements(metadata: str) -> list[Requirement]:
+    """The Requires-Dist lines of a METADATA, parsed; a ValueError past MAX_REQUIREMENTS, before parsing them."""
+    lines = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    if len(lines) > MAX_REQUIREMENTS:
+        raise ValueError(f"it lists {len(lines)} requirements, more than any torch or torchvision wheel "
+                         f"({MAX_REQUIREMENTS} at most)")
+    return [Requirement(line.split(":", 1)[1].strip()) for line in lines]
+
+
 def metadata_facts(metadata: str) -> tuple[str, dict[str, str], str]:
     """Requires-Python's minimum, the pins compat.yaml keeps, and triton's specifier, from a wheel's METADATA."""
     python_min, pins, triton = "", {}, ""
     for line in metadata.splitlines():
         if line.startswith("Requires-Python:"):
             python_min = _python_floor(line.split(":", 1)[1])
-        elif line.startswith("Requires-Dist:"):
-            requirement = Requirement(line.split(":", 1)[1].strip())
-            if requirement.name == "triton" and SPECIFIER.fullmatch(str(requirement.specifier)):
-                triton = str(requirement.specifier)
-            key = next((key for prefix, key in PINNED.items() if requirement.name.startswith(prefix)), None)
-            exact = [spec.version for spec in requirement.specifier
-                     if spec.operator == "==" and PINNED_VERSION.fullmatch(spec.version)]
-            if key and exact:
-                pins[key] = exact[0]
+    for requirement in requirements(metadata):
+        if requirement.name == "triton" and SPECIFIER.fullmatch(str(requirement.specifier)):
+            triton = str(requirement.specifier)
+        key = next((key for prefix, key in PINNED.items() if requirement.name.startswith(prefix)), None)
+        exact = [spec.version for spec in requirement.specifier
+                 if spec.operator == "==" and PINNED_VERSION.fullmatch(spec.version)]
+        if key and exact:
+            pins[key] = exact[0]
     return python_min, pins, triton
 
 
@@ -190,13 +203,10 @@ def version_facts(version_py: str) -> tuple[str, str | None]:
 
 def accepts_torch(metadata: str, torch: str) -> bool:
     """Whether a torchvision wheel's torch requirement (==2.14.0, >=2.14.0; local versions aside) admits torch."""
-    for line in metadata.splitlines():
-        if line.startswith("Requires-Dist:"):
-            requirement = Requirement(line.split(":", 1)[1].strip())
-            if requirement.name == "torch":
-                specifier = SpecifierSet(",".join(f"{s.operator}{_base_version(s.version)}"
-                                                  for s in requirement.specifier))
-                return specifier.contains(torch)
+    for requirement in requirements(metadata):
+        if requirement.name == "torch":
+            specifier = SpecifierSet(",".join(f"{s.operator}{_base_version(s.version)}" for s in requirement.specifier))
+            return specifier.contains(torch)
     return False
 
 
