@@ -32,7 +32,7 @@ from torchimages.signatures import SignatureStore, signature_layer
 
 from .conftest import run_cli, run_cli_in_process
 from .signing_fixtures import KEYS, cosign_accepts
-from .test_signing import CPU_ROW, DIGEST, MATRIX, pem_key, scratch_folders
+from .test_signing import CPU_ROW, DIGEST, MATRIX, pem_key, publish_refusing_the_key, scratch_folders
 
 TOKEN_LABEL = "torchimages-test"
 # Test PINs, distinctive so that a leak into any output is found by a plain search.
@@ -173,15 +173,10 @@ def bad_token_keys(token: Token, folder: Path) -> dict[str, tuple[str, dict, str
                                   "aws kms", "gcp kms", "azure kms", "vault", "kubernetes"])
 def test_a_bad_key_uri_exits_2_with_one_line_and_leaks_no_pin(token, tmp_path, case):
     source, environment, expected = bad_token_keys(token, tmp_path)[case]
-    result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(tmp_path), "publish", CPU_ROW, "--registry",
-                                "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--signing-key",
-                                source, env=environment)
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
+    result, line = publish_refusing_the_key(tmp_path, source, environment, expected)
     assert PIN not in result.stdout + result.stderr and WRONG_PIN not in result.stdout + result.stderr
     named = str(tmp_path / "nope") if case == "missing pin file" else source.partition(":")[0] + ":"
-    assert lines[0].startswith(f"error: {named}")  # the key or the PIN's file named (the CLI hides a URI's token=)
+    assert line.startswith(f"error: {named}")  # the key or the PIN's file named (the CLI hides a URI's token=)
 
 
 def test_a_wrong_pin_from_a_fresh_process_is_one_line_too(token, tmp_path):

@@ -92,6 +92,18 @@ def pem_to_der(pem: bytes) -> bytes:
     return base64.b64decode(b"".join(line for line in pem.splitlines() if not line.startswith(b"-----")))
 
 
+def publish_refusing_the_key(folder: Path, source: str, environment: dict, expected: str):
+    """A signed publish given a key it cannot use: exit 2 and one line saying expected, before anything is pushed.
+    Returns the run and its line."""
+    result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(folder), "publish", CPU_ROW, "--registry",
+                                "127.0.0.1:1/x/pytorch", "--catalog", str(folder / "catalog"), "--signing-key",
+                                source, env=environment)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
+    return result, lines[0]
+
+
 def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
     """name -> (--signing-key value, environment, what the one line must say)."""
     (folder / "rsa.pem").write_bytes(pem_key(rsa.generate_private_key(65537, 2048)))
@@ -136,12 +148,7 @@ def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
                                   "slow pbkdf2", "empty env"])
 def test_a_bad_key_exits_2_with_one_line_and_leaks_nothing(tmp_path, case):
     source, environment, expected = bad_keys(tmp_path)[case]
-    result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(tmp_path), "publish", CPU_ROW, "--registry",
-                                "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--signing-key",
-                                source, env=environment)
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
+    result, _ = publish_refusing_the_key(tmp_path, source, environment, expected)
     secret = environment.get("COSIGN_PASSWORD") or TEST_PASSWORD
     assert secret not in result.stdout + result.stderr
     assert "PRIVATE KEY-----\n" not in result.stderr and FIRST.read_text().splitlines()[1] not in result.stderr
