@@ -133,7 +133,7 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
         run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-*",
                 "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
     runtime_log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
-    assert "Looking in links: http://torchimages-build-inputs:8679/wheels/" in runtime_log
+    assert "Looking in links: http://build:****@torchimages-build-inputs:8679/wheels/" in runtime_log
     run_steps = [step for step in steps_run(runtime_log) if step.startswith("RUN ")]
     assert len(run_steps) == len(set(run_steps)), "each RUN step ran once: the image's build took the python stage " \
                                                   "built for the server from it"
@@ -175,7 +175,7 @@ def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_not
     """The python stage's image without that Python (here the bare base): the server's exit is the error, and the
     container and network made for it are removed."""
     with pytest.raises(ServerFailed, match="the build-input server could not start in image debian:bookworm .*python3.11.* not found"):
-        with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None):
+        with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None, "t"):
             pytest.fail("the server should not have started")
     assert build_input_servers_left(docker_client) == ([], [])
 

@@ -20,7 +20,7 @@ import pytest
 from torchimages.build_inputs import install_layer
 from torchimages.build_inputs.container import upload
 from torchimages.build_inputs.layers import layer_args
-from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer
+from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX, BuildInputsServer, basic_authorization
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 from torchimages.builder import default_inputs_server, engine_is_local
 
@@ -36,14 +36,19 @@ def make_wheel(folder: Path, name: str, version: str, body: bytes = b"") -> Path
     return path
 
 
-def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as response:
+TOKEN = "0123456789abcdef" * 3  # the build's secret, as new_token() makes one
+
+
+def fetch(url: str, token: str | None = TOKEN) -> bytes:
+    headers = {"Authorization": basic_authorization(token)} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
         return response.read()
 
 
 def test_the_server_serves_wheels_metadata_and_settings_then_stops(tmp_path):
     wheel = make_wheel(tmp_path / "wheels", "typing_extensions", "4.16.0", b"x" * 100_000)
-    with BuildInputsServer({wheel.name: wheel}, "[global]\nindex-url = https://u:secret@mirror/simple\n", "PEM") as served:
+    with BuildInputsServer({wheel.name: wheel}, "[global]\nindex-url = https://u:secret@mirror/simple\n", "PEM",
+                           TOKEN) as served:
         base = f"http://{served.address}:{BUILD_INPUTS_PORT}"
         page = fetch(f"{base}/wheels/").decode()
         assert 'href="typing_extensions-4.16.0-py3-none-any.whl" data-dist-info-metadata="true"' in page
@@ -60,7 +65,7 @@ def test_the_server_serves_wheels_metadata_and_settings_then_stops(tmp_path):
 
 
 def test_builds_side_by_side_get_addresses_of_their_own(tmp_path):
-    with BuildInputsServer({}, "", None) as first, BuildInputsServer({}, "", None) as second:
+    with BuildInputsServer({}, "", None, TOKEN) as first, BuildInputsServer({}, "", None, TOKEN) as second:
         assert first.address != second.address and first.address.startswith("127.")
 
 
@@ -110,14 +115,14 @@ def test_the_server_uploaded_to_the_engine_runs_on_the_standard_library_alone(tm
     """What container.py uploads is all the server imports: run with the host's Python without site-packages (no
     docker, no PyYAML, no pip), it starts from the uploaded folder as it does in the python stage's image."""
     wheel = make_wheel(tmp_path / "wheels", "typing_extensions", "4.16.0")
-    with tarfile.open(fileobj=upload(b'{"pip_conf": "", "ca_bundle": null}', {wheel.name: wheel})) as archive:
+    with tarfile.open(fileobj=upload(b'{"pip_conf": "", "ca_bundle": null, "token": "t"}', {wheel.name: wheel})) as archive:
         archive.extractall(tmp_path / "root", filter="data")
     folder = tmp_path / "root" / "build-inputs"
     assert (folder / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
     assert zipfile.ZipFile(folder / "planner.zip").getinfo("pip/__main__.py")
     probe = ("import sys; from pathlib import Path; import torchimages.build_inputs.server as server; "
              "assert 'pip' not in sys.modules and 'docker' not in sys.modules; "
-             "print(server.BuildInputsServer({}, '', None).planner is None, server.INSTALL_SCRIPT.exists())")
+             "print(server.BuildInputsServer({}, '', None, 't').planner is None, server.INSTALL_SCRIPT.exists())")
     result = subprocess.run([sys.executable, "-S", "-c", probe], env={"PYTHONPATH": str(folder / "code")},
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0 and result.stdout.split() == ["True", "True"], result.stderr
@@ -210,11 +215,12 @@ def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
             "python": "3.11", "script_template": "from %(module)s import %(import_name)s\n%(func)s()\n", "uid": 1000,
             "gid": 0, "time": 946684800}
     not_a_wheel = make_wheel(tmp_path / "wheels", "not_a_wheel", "1.0")  # METADATA, but no WHEEL file nor RECORD
-    with BuildInputsServer({wheel.name: wheel, not_a_wheel.name: not_a_wheel}, "", None) as served:
+    with BuildInputsServer({wheel.name: wheel, not_a_wheel.name: not_a_wheel}, "", None, TOKEN) as served:
         base = f"http://{served.address}:{BUILD_INPUTS_PORT}"
 
         def post(wheels) -> bytes:
-            request = urllib.request.Request(f"{base}/layer.tar", json.dumps({"wheels": wheels, "venv": venv}).encode())
+            request = urllib.request.Request(f"{base}/layer.tar", json.dumps({"wheels": wheels, "venv": venv}).encode(),
+                                             headers={"Authorization": basic_authorization(TOKEN)})
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.read()
 
@@ -244,12 +250,14 @@ def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhou
             "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
             "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
     image = docker_client.images.get("localhost:5000/test/secrets:2.13.0-cpu-runtime")
-    history = json.dumps(image.history()) + json.dumps(image.attrs["Config"])
+    history = json.dumps(image.history()) + json.dumps(image.attrs)
     assert ca_marker not in history and token_marker not in history
     assert "mirror.example.com" not in history
+    assert TOKEN_HOST_SUFFIX not in history, "the build-input server's token is in the history or the config"
     for member_name, content in image_layer_files(image):
         assert ca_marker.encode() not in content, f"CA bundle found in layer file {member_name}"
         assert token_marker.encode() not in content, f"token found in layer file {member_name}"
+        assert TOKEN_HOST_SUFFIX.encode() not in content, f"the server's token found in layer file {member_name}"
     docker_client.images.remove(image.id, force=True)
 
 

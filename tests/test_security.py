@@ -391,6 +391,7 @@ def test_a_nightly_that_cannot_read_the_index_rebuilds_nothing_and_says_why(tmp_
 
 
 def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_hash(tmp_path):
+    from torchimages.build_inputs.server import token_arg
     from torchimages.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args, build_context
     from torchimages.matrix import load_matrix
 
@@ -401,8 +402,9 @@ def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_ha
     plain = BuildOptions(tmp_path / "images", tmp_path / "reports")
     refresh = BuildOptions(tmp_path / "images", tmp_path / "reports", security_refresh={spec.tag: "abc"})
     context = build_context(spec, plain, "base", "")
-    assert build_args(refresh, context, spec.tag) == {**context.layer_args, SECURITY_REFRESH_ARG: "abc"}
-    assert build_args(plain, context, spec.tag) == context.layer_args
+    token_only = {name: f"torchimages-build-inputs,{token_arg('t')}" for name in ("NO_PROXY", "no_proxy")}
+    assert build_args(refresh, context, spec.tag, "t") == {**context.layer_args, SECURITY_REFRESH_ARG: "abc", **token_only}
+    assert build_args(plain, context, spec.tag, "t") == {**context.layer_args, **token_only}
     assert context.input_hash == build_context(spec, refresh, "base", "").input_hash
 
 

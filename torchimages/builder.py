@@ -27,7 +27,7 @@ from . import buildkit, engine
 from .bases_lock import LOCK_NAME, read_lock
 from .build_inputs.container import BuildInputsContainer
 from .build_inputs.layers import install_code_digest, layer_args
-from .build_inputs.server import BUILD_INPUTS_HOST, BUILD_INPUTS_URL, BuildInputsServer
+from .build_inputs.server import BUILD_INPUTS_HOST, BuildInputsServer, authorized_url, new_token, token_arg
 from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
 from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, Problem, TorchImagesError
 from .redaction import Secrets
@@ -108,21 +108,20 @@ def wheel_dir(wheelhouse: Path, spec: ImageSpec) -> Path:
     return wheelhouse / f"{spec.wheel_index}-py{spec.python}{machine}"
 
 
-def build_args(options: BuildOptions, context: BuildContext, tag: str = "") -> dict[str, str]:
+def build_args(options: BuildOptions, context: BuildContext, tag: str, token: str) -> dict[str, str]:
     """The layers' wheel identities, the OS security refresh the nightly asked for, and the proxies: Docker keeps its
     predefined proxy args out of the image history and the cache key. The build-input server is on loopback: never
-    through a proxy."""
+    through a proxy; no_proxy also carries the build's token for it (server.py), on every build and every stage."""
     args = dict(context.layer_args)
     if tag in options.security_refresh:
         args[SECURITY_REFRESH_ARG] = options.security_refresh[tag]
     args.update(options.proxies)
-    if options.proxies:
-        for name in ("NO_PROXY", "no_proxy"):
-            args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, "")]))
+    for name in ("NO_PROXY", "no_proxy"):
+        args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, ""), token_arg(token)]))
     return args
 
 
-def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool) -> str:
+def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool, token: str) -> str:
     """pip's configuration for the build steps, served to them (never a build arg: arguments of the final stage's
     steps are written into its history). {ca_bundle} is where the install script puts the CA bundle."""
     lines = ["[global]", f"index-url = {options.pip_index_url or spec.index_url}",
@@ -131,7 +130,7 @@ def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool) ->
         lines.append("cert = {ca_bundle}")
     if served_wheels:
         # Plain HTTP on loopback, to a server this build started: pip needs to be told it may trust it.
-        lines += ["no-index = true", f"find-links = {BUILD_INPUTS_URL}/wheels/", f"trusted-host = {BUILD_INPUTS_HOST}"]
+        lines += ["no-index = true", f"find-links = {authorized_url(token)}/wheels/", f"trusted-host = {BUILD_INPUTS_HOST}"]
     return "\n".join(lines) + "\n"
 
 
@@ -388,11 +387,12 @@ class Builder:
         # One connection per build thread: a requests session is not meant to be shared across threads.
         api = docker.APIClient(timeout=BUILD_SILENCE_S, version=self.client.api.api_version,
                                **docker.utils.kwargs_from_env())
+        token = new_token()  # this build's own: its server answers no one else
         try:
             with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, \
-                    self._inputs_server(api, spec, context, tar, log, fresh) as served:
+                    self._inputs_server(api, spec, context, tar, log, fresh, token) as served:
                 python_stage = served.image if isinstance(served, BuildInputsContainer) else None
-                image_id = self._stream_build(api, spec, context, tar, log, *served.build_network,
+                image_id = self._stream_build(api, spec, context, tar, log, token, *served.build_network,
                                               fresh=fresh or self._fresh_layers_of(python_stage))
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
@@ -411,28 +411,29 @@ class Builder:
         return result
 
     def _inputs_server(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
-                       fresh: str | None) -> BuildInputsServer | BuildInputsContainer:
+                       fresh: str | None, token: str) -> BuildInputsServer | BuildInputsContainer:
         """The build-input server for this build, not started yet. On the engine, it runs in the image of the row's
         `python` stage, built here first (the image's own build then takes those layers from the cache)."""
-        pip_conf = pip_settings(spec, self.options, bool(context.wheels))
+        pip_conf = pip_settings(spec, self.options, bool(context.wheels), token)
         if self.options.inputs_server == "loopback":
-            return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle)
-        python_stage = self._stream_build(api, spec, context, tar, log, "default", {}, target="python", fresh=fresh)
+            return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle, token)
+        python_stage = self._stream_build(api, spec, context, tar, log, token, "default", {}, target="python",
+                                          fresh=fresh)
         tar.seek(0)
         return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle,
-                                    host_network=self.options.builder == "buildkit")
+                                    token, host_network=self.options.builder == "buildkit")
 
-    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
+    def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log, token: str,
                       network_mode: str, extra_hosts: dict[str, str], target: str | None = None,
                       fresh: str | None = None) -> str:
         """The image built (only up to the stage target names, when given): its steps reach the build-input server
         on network_mode (the host's, or the server's own network on the engine), extra_hosts naming it there. fresh:
         an image this run made without the cache, whose layers this build takes (_fresh_layers)."""
         if self.options.builder == "buildkit":
-            return self._buildkit_build(api, spec, context, tar, log, network_mode, extra_hosts, target)
+            return self._buildkit_build(api, spec, context, tar, log, token, network_mode, extra_hosts, target)
         stream = api.build(
             fileobj=tar, custom_context=True, tag=None if target else local_name(spec), target=target,
-            buildargs=build_args(self.options, context, spec.tag),
+            buildargs=build_args(self.options, context, spec.tag, token),
             network_mode=network_mode, extra_hosts=extra_hosts or None,
             labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
             cache_from=[fresh] if fresh else self._cache_sources(spec),
@@ -451,14 +452,14 @@ class Builder:
             self._fail_on_engine_error(event, log)
         return _built(image_id)
 
-    def _buildkit_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
+    def _buildkit_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log, token: str,
                         network_mode: str, extra_hosts: dict[str, str], target: str | None) -> str:
         """_stream_build by the engine's BuildKit; its log is BuildKit's plain progress. The image carries its
         inline cache, so that a fresh runner's build takes layers from it as from the classic builder's images."""
         build_id = f"torchimages-{uuid.uuid4().hex}"
         params = buildkit.build_params(
             tag=None if target else local_name(spec), target=target,
-            build_args={**build_args(self.options, context, spec.tag), "BUILDKIT_INLINE_CACHE": "1"},
+            build_args={**build_args(self.options, context, spec.tag, token), "BUILDKIT_INLINE_CACHE": "1"},
             labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
             network_mode=network_mode, extra_hosts=extra_hosts, cache_from=self._cache_sources(spec),
             no_cache=self.options.no_cache, pull=self.options.pull, build_id=build_id)

@@ -45,7 +45,7 @@ class BuildInputsContainer:
     """A context manager: the network and the serving container on entry, both removed on exit."""
 
     def __init__(self, api: docker.APIClient, image: str, python: str, wheels: dict[str, Path], pip_conf: str,
-                 ca_bundle: str | None, host_network: bool = False):
+                 ca_bundle: str | None, token: str, host_network: bool = False):
         """host_network: serve on a loopback address of the engine's host instead of a network of the build's own
         (BuildKit runs a build's steps on the host's network or the default one, never on a container's)."""
         self.api = api
@@ -54,7 +54,7 @@ class BuildInputsContainer:
         self.image = image  # the row's python stage
         self.python = python  # its interpreter (python3.11, or /opt/python/python3.12)
         self.wheels = wheels
-        self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle}).encode()
+        self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle, "token": token}).encode()
         self.network = f"torchimages-build-inputs-{secrets.token_hex(6)}"
         self._container: str | None = None
         self._lifeline = None  # the attached standard input of the server: closed, the server exits

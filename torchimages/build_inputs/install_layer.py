@@ -9,6 +9,7 @@ as it comes; from an index, the image's own pip installs them and this script gi
 g=u and one file time. Either way the same wheels give byte-identical layers. Everything it fetched (settings, CA
 bundle) is deleted before the step ends: none of it reaches a layer."""
 import argparse
+import base64
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import urllib.parse
 import urllib.request
 from fnmatch import fnmatchcase
 
+TOKEN_HOST_SUFFIX = ".build-inputs.invalid"  # server.py's: the build's token comes as a no_proxy entry
 PIP_FLAGS = ["--no-cache-dir", "--disable-pip-version-check", "--no-compile", "--progress-bar", "off"]
 
 
@@ -34,6 +36,18 @@ def interpreter(venv):
     with open(os.path.join(venv, "bin", "pip")) as handle:
         named = handle.readline()[2:].strip()
     return named if os.path.exists(named) else os.path.join(venv, "bin", "python")
+
+
+def authorize(env):
+    """Every request to the build-input server from now on carries the build's token (server.py), read from the
+    predefined no_proxy build arg: in no layer, the history or the cache key."""
+    entries = ",".join(env.get(name, "") for name in ("no_proxy", "NO_PROXY")).split(",")
+    tokens = [entry[:-len(TOKEN_HOST_SUFFIX)] for entry in entries if entry.endswith(TOKEN_HOST_SUFFIX)]
+    if not tokens:
+        sys.exit("install_layer: no build-input token in no_proxy: build this Dockerfile with torchimages' builder")
+    opener = urllib.request.build_opener()
+    opener.addheaders = [("Authorization", "Basic " + base64.b64encode(f"build:{tokens[0]}".encode()).decode())]
+    urllib.request.install_opener(opener)
 
 
 def fetch_settings(url, workdir):
@@ -166,6 +180,7 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="torchimages-")
     try:
         since_ns = os.stat(workdir).st_ctime_ns
+        authorize(os.environ)
         env = fetch_settings(args.inputs, workdir)
         pip = [interpreter(args.venv), "-m", "pip"]
         if args.uninstall_replaced:

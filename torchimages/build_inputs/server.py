@@ -9,14 +9,23 @@ on a fixed port, so the rendered Dockerfile and the engine's cache key never cha
 - in a container on the engine (a remote one, or Docker Desktop's, which does not share this host's loopback):
   container.py runs this module there (`python -m torchimages.build_inputs.server FOLDER`, stdlib only) on a network
   of the build's own, under that name; for a BuildKit build, whose steps join no container's network, on a loopback
-  address of the engine's host (`--loopback`), as on this host."""
+  address of the engine's host (`--loopback`), as on this host.
+
+Any local user can reach a loopback address (its port shows in /proc/net/tcp), so every request but the install
+script's (the toolkit's published source) must carry the build's own secret: HTTP Basic, user `build`, password
+the token. The build's steps get it in the predefined `no_proxy` build arg, as an entry `<token>.build-inputs.invalid`
+that matches no host: Docker keeps predefined proxy args out of the image history, its config and the cache key
+(moby's prependEnvOnCmd; BuildKit's ProxyEnv), so the token reaches no layer and changes no cache hit."""
 from __future__ import annotations
 
+import base64
 import functools
+import hmac
 import html
 import io
 import json
 import random
+import secrets
 import socket
 import sys
 import threading
@@ -35,17 +44,22 @@ BUILD_INPUTS_PORT = 8679
 BUILD_INPUTS_URL = f"http://{BUILD_INPUTS_HOST}:{BUILD_INPUTS_PORT}"
 BIND_TRIES = 50
 MAX_REQUEST_BYTES = 1 << 20  # a layer request names wheels and a venv: kilobytes (the script template is the most)
+TOKEN_USER = "build"
+TOKEN_HOST_SUFFIX = ".build-inputs.invalid"  # install_layer.py reads the token back from no_proxy by this suffix
+PUBLIC_PATHS = ("/install_layer.py",)  # fetched by the Dockerfile's own step, which has no token to send
 REQUEST_TIMEOUT_S = 60  # a client that sends part of a request and stops holds its thread no longer
 
 
 class BuildInputsServer:
     """A context manager: started on entry, always stopped (and its socket closed) on exit."""
 
-    def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None, listen: str | None = None,
-                 planner: bytes | None = None):
-        """listen: the address to serve on (a free loopback address when None); planner: planner.zip's bytes (made
-        from this interpreter's pip when None)."""
+    def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None, token: str,
+                 listen: str | None = None, planner: bytes | None = None):
+        """token: the build's secret (new_token()), required on every request but PUBLIC_PATHS; listen: the address
+        to serve on (a free loopback address when None); planner: planner.zip's bytes (made from this interpreter's
+        pip when None)."""
         self.wheels = wheels
+        self.authorization = basic_authorization(token)
         self.listen = listen
         self.planner = planner
         self.metadata = {name: _metadata(path) for name, path in wheels.items() if name.endswith(".whl")}
@@ -80,6 +94,25 @@ class BuildInputsServer:
         return f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
 
 
+def new_token() -> str:
+    """A build's secret: hexadecimal, so that it is a valid host-name label in no_proxy."""
+    return secrets.token_hex(24)
+
+
+def token_arg(token: str) -> str:
+    """The no_proxy entry that carries the token to the build's steps."""
+    return token + TOKEN_HOST_SUFFIX
+
+
+def basic_authorization(token: str) -> str:
+    return "Basic " + base64.b64encode(f"{TOKEN_USER}:{token}".encode()).decode()
+
+
+def authorized_url(token: str) -> str:
+    """BUILD_INPUTS_URL with the build's login in it, for pip (which sends it on each request to that host)."""
+    return f"http://{TOKEN_USER}:{token}@{BUILD_INPUTS_HOST}:{BUILD_INPUTS_PORT}"
+
+
 def _bind(owner: BuildInputsServer) -> ThreadingHTTPServer:
     """A free 127.x.y.z on the fixed port: other builds (this run's, other checkouts') hold theirs."""
     rng = random.SystemRandom()
@@ -106,6 +139,8 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = unquote(self.path.split("?", 1)[0])
+            if path not in PUBLIC_PATHS and not self._authorized():
+                return
             if path == "/inputs.json":
                 self._send(owner.inputs, "application/json")
             elif path == "/planner.zip":
@@ -122,6 +157,8 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 self.send_error(HTTPStatus.NOT_FOUND)
 
         def do_POST(self) -> None:
+            if not self._authorized():
+                return
             if unquote(self.path) != "/layer.tar":
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
@@ -140,6 +177,18 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 unpack(layer, venv, cast(IO[bytes], self.wfile))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the build step went away (cancelled)
+
+        def _authorized(self) -> bool:
+            """Whether the request carries this build's secret; if not, it is answered 401 and nothing else."""
+            given = (self.headers.get("Authorization") or "").encode("ascii", "replace")
+            if hmac.compare_digest(given, owner.authorization.encode()):
+                return True
+            self.send_response(HTTPStatus.UNAUTHORIZED)
+            self.send_header("WWW-Authenticate", 'Basic realm="build inputs"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            self.close_connection = True
+            return False
 
         def _body(self) -> bytes:
             """The request's body, which must say its length and be no larger than a layer request needs."""
@@ -213,7 +262,7 @@ def serve_folder(folder: Path, listen: str | None) -> None:
     of the engine's host (None: a BuildKit build's steps on the host's network); say where, once serving."""
     inputs = json.loads((folder / "inputs.json").read_text())
     wheels = {path.name: path for path in sorted((folder / "wheels").iterdir())}
-    with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], listen,
+    with BuildInputsServer(wheels, inputs["pip_conf"], inputs["ca_bundle"], inputs["token"], listen,
                            (folder / "planner.zip").read_bytes()) as server:
         print(f"{SERVING} {len(wheels)} files at {server.address} port {BUILD_INPUTS_PORT}", flush=True)
         sys.stdin.buffer.read()  # until the builder closes it (it is done, or was killed)
