@@ -37,9 +37,11 @@ def matrix_row(spec: ImageSpec) -> dict:
     return {key: value for key, value in spec.to_json().items() if key != "matrix_line"}
 
 
-def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict) -> dict:
+def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict, security: dict | None = None) -> dict:
     """Each check's status and reason, the host they ran on, the tool: what a policy can require, e.g. that `gpu`
-    passed on an H100 with driver >= 580 (host.gpu_models, host.driver_major)."""
+    passed on an H100 with driver >= 580 (host.gpu_models, host.driver_major). With the security index's verdict
+    at publish (security.fix_record): the fixable OS packages the image carries and the age of the oldest fix it
+    lacks, which `verify-image` matches with the VEX statements."""
     return {
         "tool": {"name": "torchimages", "version": tool_version()},
         "tag": spec.tag,
@@ -50,6 +52,7 @@ def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict) 
         "checks": {name: {"status": verdict.status, "reason": verdict.message, "warnings": list(verdict.warnings),
                           "blame": verdict.blame}
                    for name, verdict in sorted(report.checks.items())},
+        **({"security": security} if security else {}),
     }
 
 
@@ -82,6 +85,39 @@ def verification_host(report, facts: dict) -> dict:
         "cuda_driver": str(gpu.get("libcuda_driver_version") or ""),
         "note": "",
         **health_and_speed,
+    }
+
+
+def check_counts(report) -> dict:
+    """Verification as the catalog shows it: counts by status, skipped checks with their reasons, when."""
+    return {
+        **{status: len(report.with_status(status)) for status in ("passed", "failed", "skipped")},
+        "skipped_checks": {name: report.checks[name].message for name in report.with_status("skipped")},
+        "verified_at": report.finished_at,
+    }
+
+
+def verified_on(report, facts: dict) -> dict:
+    """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
+    which checks ran there and which were skipped; on a GPU host whether it was healthy (None: not read) and the
+    speed figures (bf16 TFLOPS, pinned copies and all-reduce bus bandwidth in GB/s; None: not measured)."""
+    from .checks.gpu_speed import host_report
+
+    gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
+    devices = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
+    on_gpu = "gpu" in report.with_status("passed")
+    host = host_report(gpu)
+    speed = host["performance"]
+    return {
+        "host": "gpu" if on_gpu else "cpu-only",
+        "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
+        "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
+        "ran": report.with_status("passed"),
+        "skipped": report.with_status("skipped"),
+        "healthy": host["health"]["healthy"] if on_gpu else None,
+        "performance": {"bf16_tflops": speed["bf16_matmul"]["tflops"], "h2d_gbps": speed["pinned_copies"]["h2d_gbps"],
+                        "d2h_gbps": speed["pinned_copies"]["d2h_gbps"],
+                        "all_reduce_busbw_gbps": speed["all_reduce"]["busbw_gbps"]} if on_gpu else {},
     }
 
 

@@ -23,6 +23,8 @@ from . import attestations, engine, multiarch
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
 from . import security as security_stage
+from . import vex as vex_stage
+from .attestations import check_counts, verified_on
 from .bases_lock import LockedBase
 from .builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from .files import read_json_document, remove_file
@@ -119,15 +121,6 @@ def same_config(image: dict, config: dict) -> bool:
             and bool(config.get("created")) and config.get("created") == image.get("Created"))
 
 
-def check_counts(report: VerifyReport) -> dict:
-    """Verification as the catalog shows it: counts by status, skipped checks with their reasons, when."""
-    return {
-        **{status: len(report.with_status(status)) for status in ("passed", "failed", "skipped")},
-        "skipped_checks": {name: report.checks[name].message for name in report.with_status("skipped")},
-        "verified_at": report.finished_at,
-    }
-
-
 def facts_path(reports_dir: Path, tag: str) -> Path:
     return reports_dir / tag / "facts.json"
 
@@ -136,30 +129,6 @@ def read_facts(path: Path) -> dict:
     """reports/<tag>/facts.json as the verification left it (empty when there is none)."""
     facts = read_json_document(path, f"verify again with `python build.py test {path.parent.name}`", default={})
     return facts if isinstance(facts, dict) else {}
-
-
-def verified_on(report: VerifyReport, facts: dict) -> dict:
-    """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
-    which checks ran there and which were skipped; on a GPU host whether it was healthy (None: not read) and the
-    speed figures (bf16 TFLOPS, pinned copies and all-reduce bus bandwidth in GB/s; None: not measured)."""
-    from .checks.gpu_speed import host_report
-
-    gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
-    devices = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
-    on_gpu = "gpu" in report.with_status("passed")
-    host = host_report(gpu)
-    speed = host["performance"]
-    return {
-        "host": "gpu" if on_gpu else "cpu-only",
-        "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
-        "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
-        "ran": report.with_status("passed"),
-        "skipped": report.with_status("skipped"),
-        "healthy": host["health"]["healthy"] if on_gpu else None,
-        "performance": {"bf16_tflops": speed["bf16_matmul"]["tflops"], "h2d_gbps": speed["pinned_copies"]["h2d_gbps"],
-                        "d2h_gbps": speed["pinned_copies"]["d2h_gbps"],
-                        "all_reduce_busbw_gbps": speed["all_reduce"]["busbw_gbps"]} if on_gpu else {},
-    }
 
 
 def pinned_stems(rows: list[ImageSpec]) -> list[str]:
@@ -275,12 +244,15 @@ class Publisher:
         self.log = log
         self.registry = RegistryClient(options.registry, options.access, options.retry, log)
         self.wheel_records: dict[str, dict] = {}  # tag -> the build's wheel record, read before the first push
-        # tag -> the SBOM and verification report attested to its digest: what its multi-arch index's are made from
-        self.attested: dict[str, dict[str, dict]] = {}
+        # tag -> the SBOM, verification report and VEX attested to its digest (its multi-arch index's are made from
+        # them) and the fixes it carries that the row's previous digest lacked
+        self.attested: dict[str, dict] = {}
+        self.recorded: dict[str, catalog_stage.CatalogEntry] = {}  # each row's catalog entry before this run
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
         catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
+        self.recorded = dict(catalog.images)
         catalog_stage.require_sbom_folder(self.options.catalog_dir)
         if self.options.signing_key is not None:  # a catalog key file that holds another key stops the run here
             catalog_stage.save_public_key(self.options.catalog_dir, self.options.signing_key.public)
@@ -372,6 +344,7 @@ class Publisher:
             attestations.SBOM_PREDICATE: attestations.index_sbom(tag, repository, digest, members),
             attestations.PROVENANCE_PREDICATE: attestations.index_provenance_predicate(tag, members),
             attestations.VERIFICATION_PREDICATE: attestations.index_verification_predicate(tag, members),
+            **vex_stage.index_predicate(repository, digest, members),
         }
         signed = self._sign_and_attest(key, digest, predicates)
         self.log(f"{tag} (manifest list): signature {signed['signature_status']}, attestations "
@@ -385,7 +358,7 @@ class Publisher:
         with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
             signing = pool.submit(store.sign, key, digest)
             attesting = pool.submit(store.attest, key, digest, predicates,
-                                    frozenset({attestations.VERIFICATION_PREDICATE}))
+                                    frozenset({attestations.VERIFICATION_PREDICATE, vex_stage.VEX_PREDICATE}))
             signature, attested = signing.result(), attesting.result()
         return {"key": key.public.fingerprint, "signature": signature_tag(digest),
                 "attestation": attestation_tag(digest), "predicate_types": sorted(predicates),
@@ -435,7 +408,7 @@ class Publisher:
         # Signed before any floating tag moves to it; a digest this run pushed goes again if it cannot be signed.
         try:
             result.signing = self._attach(spec, image, report, facts, result, inventory)
-        except (RegistryError, sbom_stage.SbomError) as error:
+        except (RegistryError, sbom_stage.SbomError, vex_stage.VexError) as error:
             if pinned in result.created and digest not in current.values():
                 self._withdraw(digest, pinned)
                 remove_file(sbom_stage.sbom_path(self.options.catalog_dir, pinned), self.options.catalog_dir)
@@ -445,7 +418,9 @@ class Publisher:
             if current.get(name) != digest:
                 self._promote(name, manifest)
                 (result.moved if name in current else result.created).append(name)
-        self._record(spec, catalog, image, report, on_record, manifest, scan.summary(), result, targets, inventory)
+        security = vex_stage.scan_record(scan.summary(), self.options.security, spec.tag,
+                                         self.attested.get(spec.tag, {}).get("fixed", []), datetime.now().date())
+        self._record(spec, catalog, image, report, on_record, manifest, security, result, targets, inventory)
         return result
 
     def _scan(self, spec: ImageSpec, inventory: sbom_stage.Inventory) -> sbom_stage.ScanResult:
@@ -462,14 +437,20 @@ class Publisher:
         key = self.options.signing_key
         if key is None:
             return {}
+        sbom, today = self._sbom(result, image, inventory), datetime.now().date()
+        row = vex_stage.security_row(self.options.security, spec.tag, spec.os, sbom)
+        fixed = vex_stage.fixed_since(self.recorded.get(spec.tag), result.digest, sbom)
         predicates = {
-            attestations.SBOM_PREDICATE: self._sbom(result, image, inventory),
+            attestations.SBOM_PREDICATE: sbom,
             attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(
                 spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image)),
-            attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(spec, image["Id"], report, facts),
+            attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(
+                spec, image["Id"], report, facts, security_stage.fix_record(row, today)),
+            **vex_stage.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,
+                                        sbom, report.finished_at or utc_timestamp(), today),
         }
-        self.attested[spec.tag] = {"sbom": predicates[attestations.SBOM_PREDICATE],
-                                   "report": predicates[attestations.VERIFICATION_PREDICATE]}
+        self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
+                                   "vex": predicates.get(vex_stage.VEX_PREDICATE), "fixed": fixed}
         signed = self._sign_and_attest(key, result.digest, predicates)
         self.log(f"{spec.tag}: signature {signed['signature_status']}, attestations {signed['attestation_status']} "
                  f"({key.public.fingerprint})")

@@ -46,6 +46,10 @@ SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
 DEFAULT_FAIL_ON = ("CRITICAL", "HIGH")
 VULNERABILITY_ID = re.compile(r"CVE-[0-9]{4}-[0-9]{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}", re.ASCII)
 ALLOWLIST_KEYS = ("reason", "expires")  # and one of ALLOWLIST_SUBJECTS
+# An entry may also give OpenVEX's justification of why the image is not affected (its VEX statement says so)
+OPTIONAL_ALLOWLIST_KEYS = ("justification",)
+JUSTIFICATIONS = ("component_not_present", "vulnerable_code_not_present", "vulnerable_code_not_in_execute_path",
+                  "vulnerable_code_cannot_be_controlled_by_adversary", "inline_mitigations_already_exist")
 ALLOWLIST_SUBJECTS = ("cve", "package")  # a vulnerability, or an OS package whose security fixes are not taken yet
 PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+", re.ASCII)  # Debian policy 5.6.1
 SCAN_TIMEOUT_S = 1800
@@ -168,6 +172,8 @@ class AllowedVulnerability:
     id: str
     reason: str
     expires: dt.date
+    justification: str = ""  # OpenVEX's, where the entry gives one: the image is not affected, and this is why
+    line: int = field(default=0, compare=False)  # where scanner-allowlist.yaml gives it
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,17 @@ def load_allowlist(path: Path) -> Allowlist:
     return Allowlist(tuple(entries), fail_on, str(path))
 
 
+def refuse_expired(allowlist: Allowlist, today: dt.date) -> None:
+    """`publish` takes no entry past its expiry (exit 2, nothing published): it would sign a VEX statement accepting
+    a finding nobody accepts any more. The nightly keeps running on such a file, blocking only the rows it covers, so
+    that the fixes it ships are not held up by one stale entry."""
+    problems = [Problem(allowlist.path, entry.line, f"{entry.id}: expired {entry.expires}: renew it with a fresh "
+                                                    "reason and date, or remove it and fix the image")
+                for entry in allowlist.entries if entry.expires < today]
+    if problems:
+        raise InputError(problems)
+
+
 def _fail_on(document: LineDict, report) -> tuple[str, ...]:
     fail_on = document.get("fail_on", list(DEFAULT_FAIL_ON))
     if not isinstance(fail_on, list) or not all(isinstance(s, str) and s.upper() in SEVERITIES for s in fail_on):
@@ -216,7 +233,8 @@ def _allowed(items, line: int, report) -> list[AllowedVulnerability]:
     entries = []
     for item, item_line in zip(items, items.item_lines, strict=False):
         subjects = [key for key in ALLOWLIST_SUBJECTS if isinstance(item, LineDict) and key in item]
-        if not isinstance(item, LineDict) or len(subjects) != 1 or set(item) != {*subjects, *ALLOWLIST_KEYS}:
+        if not isinstance(item, LineDict) or len(subjects) != 1 or not (
+                {*subjects, *ALLOWLIST_KEYS} <= set(item) <= {*subjects, *ALLOWLIST_KEYS, *OPTIONAL_ALLOWLIST_KEYS}):
             report(item_line, "each allowlist entry needs exactly: cve (or package), reason, expires (e.g. {cve: "
                               "CVE-2024-12345, reason: \"not reachable: no TLS server in the image\", expires: "
                               "2026-12-31}, or {package: libssl3, reason: ..., expires: ...})")
@@ -232,8 +250,12 @@ def _allowed(items, line: int, report) -> list[AllowedVulnerability]:
         elif not isinstance(expires, dt.date) or isinstance(expires, dt.datetime):  # the gate compares dates
             report(item.line_of("expires"), f"{vulnerability}: 'expires' must be a date, YYYY-MM-DD, got "
                                             f"{brief(str(expires))}")
+        elif item.get("justification", JUSTIFICATIONS[0]) not in JUSTIFICATIONS:
+            report(item.line_of("justification"), f"{vulnerability}: 'justification' must be one of OpenVEX's: "
+                                                  f"{', '.join(JUSTIFICATIONS)}; got {brief(str(item['justification']))}")
         else:
-            entries.append(AllowedVulnerability(vulnerability, reason.strip(), expires))
+            entries.append(AllowedVulnerability(vulnerability, reason.strip(), expires, item.get("justification", ""),
+                                                item_line))
     return entries
 
 

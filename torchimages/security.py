@@ -108,9 +108,25 @@ class RowSecurity:
     fixable: list[Fixable] = field(default_factory=list)
     error: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self, today: dt.date | None = None) -> dict:
         return {"subject": self.subject, "os": self.os, "source": self.source, "signature": self.signature,
-                "fixable": [item.to_json() for item in self.fixable], "error": self.error}
+                "fixable": [item.to_json() for item in self.fixable], "error": self.error,
+                **fix_age(self.fixable, today or dt.date.today())}
+
+
+def fix_age(fixable: list[Fixable], today: dt.date) -> dict:
+    """How far an image is behind its security pocket: how many fixable OS packages it carries, the release date of
+    the oldest fix it lacks (its changelog's) and that fix's age in days (0 with none, or none dated)."""
+    oldest = min((item.since for item in fixable if item.since), default="")
+    return {"fixable_count": len(fixable), "oldest_missing_fix": oldest,
+            "fix_age_days": (today - dt.date.fromisoformat(oldest)).days if oldest else 0}
+
+
+def fix_record(row: RowSecurity | None, today: dt.date) -> dict:
+    """What the verification report and the catalog keep about a digest's fixes ({} where no index judged it)."""
+    if row is None or not row.source or row.error:
+        return {}
+    return {"source": row.source, "fixable": [item.to_json() for item in row.fixable], **fix_age(row.fixable, today)}
 
 
 # ------------------------------------------------------------------------------------------ compat.yaml and SBOMs
@@ -493,8 +509,13 @@ class Checker:
         self.compat, self.compat_path, self.mirror, self.log = compat, compat_path, mirror, log
         self.fetcher_factory = fetcher_factory
         self.indexes: dict[tuple[str, str], SecurityIndex | SecurityIndexError] = {}
+        self.judged: dict[str, RowSecurity] = {}  # subject -> its latest verdict: what publish attests and records
 
     def check(self, subject: str, os_name: str | None, installed: list[Installed]) -> RowSecurity:
+        self.judged[subject] = self._check(subject, os_name, installed)
+        return self.judged[subject]
+
+    def _check(self, subject: str, os_name: str | None, installed: list[Installed]) -> RowSecurity:
         if os_name is None:
             return RowSecurity(subject, "", error=f"{subject}: its /etc/os-release names no OS of {self.compat_path}")
         archive = archive_for(self.compat, os_name, self.compat_path, self.mirror)

@@ -1,6 +1,7 @@
 """Commands on the registry side: lock (pin the bases), publish, prune, catalog (verify-image: verifying.py)."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from collections import Counter
@@ -9,6 +10,8 @@ from .. import base_pins as lock_stage
 from .. import catalog as catalog_stage
 from .. import engine
 from .. import publish as publish_stage
+from .. import sbom as sbom_stage
+from .. import vex as vex_stage
 from ..bases_lock import read_lock, write_lock
 from ..files import atomic_write
 from ..project import EXIT_FAILED, EXIT_OK, Project
@@ -55,6 +58,8 @@ def cmd_lock(project: Project, args) -> int:
 def cmd_publish(project: Project, args) -> int:
     specs = project.select(args.selectors)
     options = publish_options(project, args)
+    sbom_stage.refuse_expired(options.allowlist, dt.date.today())
+    vex_stage.preflight(options.allowlist, dt.date.today())
     results = publish_stage.Publisher(engine.client(), options, log).publish_all(specs)
     print_results(results, options.registry.name)
     if options.signing_key is None and any(result.status in ("published", "unchanged") for result in results):

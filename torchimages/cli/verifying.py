@@ -7,6 +7,7 @@ and verification reports that meet the report rule (admission.py).
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import platform as host
 import re
@@ -14,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import admission, attestations, multiarch
+from .. import admission, attestations, multiarch, vex
 from ..model import InputError, Problem
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..registry import Manifest, RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
@@ -25,6 +26,7 @@ from .display import log
 from .options import access_settings, add_access_arguments, integer
 
 MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+NO_FIXABLE = "no-fixable"
 PLATFORM = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/v[0-9]+)?", re.ASCII)
 
 
@@ -37,6 +39,8 @@ class Subject:
     manifest: Manifest
     evidence: Evidence = field(default_factory=lambda: Evidence(""))
     reports: list[admission.ReportVerdict] = field(default_factory=list)
+    explained: list[vex.Finding] = field(default_factory=list)  # findings the reports record that signed VEX explains
+    unexplained: list[vex.Finding] = field(default_factory=list)
 
     @property
     def verified(self) -> bool:
@@ -49,6 +53,7 @@ class Subject:
                              "verified_at": v.report.get("verified_at"), "result": v.report.get("result"),
                              "host": v.report.get("host"), "admits": v.admits, "failures": v.failures,
                              "notes": v.notes} for v in self.reports],
+                "findings": {"explained": list(map(str, self.explained)), "unexplained": list(map(str, self.unexplained))},
                 "problems": self.evidence.problems, "warnings": self.evidence.warnings, "verified": self.verified}
 
 
@@ -62,7 +67,8 @@ def cmd_verify_image(project: Project, args) -> int:
     if args.platform != "all" and not PLATFORM.fullmatch(args.platform):
         raise InputError([Problem("--platform", 0, f"{args.platform!r} is not OS/ARCH (linux/amd64, linux/arm64) "
                                                    "or all")])
-    requirements = ([admission.parse_requirement(text, "check") for text in args.require]
+    no_fixable = NO_FIXABLE in args.require  # not a check's status: every fixable finding must be explained
+    requirements = ([admission.parse_requirement(text, "check") for text in args.require if text != NO_FIXABLE]
                     + [admission.parse_requirement(text, "host") for text in args.require_host])
     client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
     try:
@@ -73,6 +79,7 @@ def cmd_verify_image(project: Project, args) -> int:
         subjects = subjects_of(client, manifest, args.platform)
         for subject in subjects:
             check_subject(SignatureStore(client), keys, subject, requirements)
+            explain_findings(subject, no_fixable, dt.date.today())
     except RegistryError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -117,6 +124,19 @@ def check_subject(store: SignatureStore, keys: list[PublicKey], subject: Subject
     subject.evidence.problems += failures
 
 
+def explain_findings(subject: Subject, no_fixable: bool, today: dt.date) -> None:
+    """Match the fixable findings the subject's reports record with the VEX statements the keys signed; with
+    --require no-fixable an unexplained one keeps the subject from being verified."""
+    documents = [d for d in subject.evidence.statements.get(vex.VEX_PREDICATE, []) if not vex.schema_problems(d)]
+    if len(documents) < len(subject.evidence.statements.get(vex.VEX_PREDICATE, [])):
+        subject.evidence.warnings.append("a signed VEX document fails the OpenVEX schema: it explains nothing")
+    subject.explained, subject.unexplained = vex.explain([v.report for v in subject.reports], documents, today)
+    if no_fixable and subject.unexplained:
+        subject.evidence.problems.append(f"{len(subject.unexplained)} fixable finding(s) no signed VEX statement "
+                                         f"explains ({'; '.join(map(str, subject.unexplained))}): --require "
+                                         f"{NO_FIXABLE}")
+
+
 def image_reference(text: str):
     """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise."""
     registry, reference = image_registry(text or "")
@@ -138,6 +158,10 @@ def print_subject(repository: str, fingerprint: str, subject: Subject) -> None:
                 print_report(kind, number, len(subject.reports), verdict)
             continue
         print(f"  {kind}: " + (f"verified: {attestations.summary(kind, found[-1])}" if found else "NOT VERIFIED"))
+    found = evidence.statements.get(vex.VEX_PREDICATE, [])
+    print(f"  {vex.VEX_PREDICATE}: " + (f"verified: {sum(len(d.get('statements') or []) for d in found)} statements"
+                                         if found else "none (no finding the allowlist accepts)"))
+    print(f"  {len(subject.explained)} findings explained, {len(subject.unexplained)} unexplained")
     for warning in evidence.warnings:
         print(f"  warning: {warning}")
     for problem in evidence.problems:
@@ -166,7 +190,9 @@ def register(commands) -> None:
                           help="of a multi-arch tag, also check the image for this platform, or `all` "
                                "(default: this machine's, %(default)s)")
     checking.add_argument("--require", action="append", default=[], metavar="CHECK=STATUS",
-                          help="every verification report must give this check this status, e.g. gpu=passed")
+                          help="every verification report must give this check this status, e.g. gpu=passed; "
+                               f"`{NO_FIXABLE}`: every fixable OS package a report records must be explained by a "
+                               "signed VEX statement")
     checking.add_argument("--require-host", action="append", default=[], metavar="FIELD=VALUE",
                           help="every verification report ran on such a host: kind=gpu, gpu_model=NAME, "
                                "driver_major>=580")
