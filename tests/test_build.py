@@ -133,7 +133,7 @@ def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_im
         run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-*",
                 "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
     runtime_log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
-    assert "Looking in links: http://build:****@torchimages-build-inputs:8679/wheels/" in runtime_log
+    assert "Looking in links: http://<redacted>@torchimages-build-inputs:8679/wheels/" in runtime_log  # its token
     run_steps = [step for step in steps_run(runtime_log) if step.startswith("RUN ")]
     assert len(run_steps) == len(set(run_steps)), "each RUN step ran once: the image's build took the python stage " \
                                                   "built for the server from it"
