@@ -1,0 +1,100 @@
+"""Issue 48 on the real registry of `make engine` with the real cosign 2.5: a CPU row whose allowlist accepts one
+finding (a fix the security index lists and the image lacks) is published with a signed OpenVEX attestation that
+`cosign verify-attestation --type openvex` verifies; `verify-image` reports the finding explained, and without the
+VEX attestation unexplained (exit 1 under `--require no-fixable`); the catalog and the signed verification report
+record the digest's fixable package and the age of the oldest fix it lacks."""
+import base64
+import datetime as dt
+import json
+import shutil
+
+import pytest
+
+from torchimages import signing
+from torchimages.sbom import collect_inventory
+from torchimages.signatures import attestation_tag
+from torchimages.vex import VEX_PREDICATE
+
+from .security_fixtures import Package, make_key, write_archive
+from .signing_fixtures import FIRST, KEYS, run_cosign
+from .test_publish import RUNTIME, Workspace, clean_up
+from .test_signing import SIGNED, environment, store_of, write_layers
+
+pytestmark = pytest.mark.engine
+PUBLIC = KEYS / "first.pub"
+FIX_DATE = dt.date(2026, 11, 24)
+
+
+@pytest.fixture
+def workspace(tmp_path, engine_env, docker_client):
+    space = Workspace(tmp_path, engine_env.registry)
+    yield space
+    clean_up(docker_client, space)
+
+
+def a_fix_the_image_lacks(workspace: Workspace, docker_client, image_id: str, tmp_path) -> str:
+    """A signed security index listing a newer base-files than the image's, closing CVE-2026-90001."""
+    installed = {name: (version, arch) for name, version, arch in collect_inventory(docker_client, image_id).debs}
+    version, arch = installed["base-files"]
+    key = make_key(tmp_path, "archive")
+    shutil.copy(key.keyring, workspace.security_keyring)
+    changelog = (f"base-files ({version}+sec1) bookworm-security; urgency=high\n\n  * Fix CVE-2026-90001.\n\n"
+                 f" -- Security Team <team@security.debian.org>  Tue, 24 Nov 2026 10:00:00 +0000\n")
+    write_archive(workspace.security_archive, key, [Package("base-files", f"{version}+sec1", arch, changelog)])
+    return version
+
+
+def openvex_verified(cosign, reference: str) -> dict | None:
+    """The statement `cosign verify-attestation --type openvex` verified, or None when it refuses."""
+    done = run_cosign(cosign, "verify-attestation", "--key", str(PUBLIC), "--type", "openvex", reference)
+    if done.returncode != 0:
+        return None
+    envelope = json.loads(done.stdout.splitlines()[0])
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+def test_a_row_whose_allowlist_accepts_a_finding_carries_signed_vex_cosign_verifies_and_verify_image_explains(
+        workspace, docker_client, cosign, tmp_path):
+    image_id = workspace.build_verified(docker_client, RUNTIME)
+    installed = a_fix_the_image_lacks(workspace, docker_client, image_id, tmp_path)
+    allowlist = workspace.root / "allowlist.yaml"
+    allowlist.write_text("allow:\n  - {cve: CVE-2026-90001, reason: nothing in the image reads base-files, "
+                         "expires: 2099-01-01, justification: vulnerable_code_not_in_execute_path}\n")
+    workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST), "--allowlist", str(allowlist)],
+                      env=environment(**SIGNED))
+    entry = workspace.catalog_json()["images"][RUNTIME]
+    reference = f"{workspace.repository}@{entry['digest']}"
+
+    # The catalog: the fixable package the digest carries, and the age of the oldest fix it lacks.
+    scan = entry["scan"]
+    assert scan["fixable_count"] == 1 and scan["fixable"][0]["installed"] == installed
+    assert scan["oldest_missing_fix"] == FIX_DATE.isoformat()
+    assert scan["fix_age_days"] == (dt.date.today() - FIX_DATE).days
+
+    # The real cosign verifies the VEX attestation, under OpenVEX's predicate type.
+    statement = openvex_verified(cosign, reference)
+    assert statement is not None and statement["predicateType"] == VEX_PREDICATE
+    [vex] = statement["predicate"]["statements"]
+    assert vex["vulnerability"]["name"] == "CVE-2026-90001" and vex["status"] == "not_affected"
+    assert vex["justification"] == "vulnerable_code_not_in_execute_path"
+    assert vex["products"][0]["subcomponents"][0]["@id"].startswith("pkg:deb/debian/base-files@")
+
+    checked = workspace.cli("verify-image", reference, "--key", str(PUBLIC), "--require", "no-fixable")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "1 findings explained, 0 unexplained" in checked.stdout
+    shown = json.loads(workspace.cli("verify-image", reference, "--key", str(PUBLIC), "--format", "json").stdout)
+    assert shown["findings"] == {"explained": ["base-files (CVE-2026-90001)"], "unexplained": []}
+    assert shown["predicates"]["https://torchimages.io/verification-report/v1"]["security"]["fix_age_days"] == \
+        scan["fix_age_days"]
+
+    # Without the VEX attestation the finding is unexplained: cosign finds no openvex attestation, and verify-image
+    # refuses the digest where every fixable finding must be explained.
+    store = store_of(workspace)
+    layers = store.layers(attestation_tag(entry["digest"]), signing.ATTESTATION_MEDIA_TYPE)
+    write_layers(store, attestation_tag(entry["digest"]),
+                 [layer for layer in layers if layer.predicate_type != VEX_PREDICATE])
+    assert openvex_verified(cosign, reference) is None
+    plain = workspace.cli("verify-image", reference, "--key", str(PUBLIC))
+    assert plain.returncode == 0 and "0 findings explained, 1 unexplained" in plain.stdout
+    refused = workspace.cli("verify-image", reference, "--key", str(PUBLIC), "--require", "no-fixable", check_exit=1)
+    assert "1 fixable finding(s) no signed VEX statement explains (base-files (CVE-2026-90001))" in refused.stdout
