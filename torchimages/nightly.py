@@ -15,6 +15,7 @@ layers instead of starting from nothing.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -26,7 +27,7 @@ import docker.errors
 from . import base_pins as lock_stage
 from . import builder as build_stage
 from . import catalog as catalog_stage
-from . import engine, multiarch, rebuild
+from . import engine, multiarch, promise, rebuild
 from . import publish as publish_stage
 from . import render as render_stage
 from . import security as security_stage
@@ -72,6 +73,7 @@ class Nightly:
         self.log = log
         self.registry = RegistryClient(self.publishing.registry, self.publishing.access, self.publishing.retry, log)
         self.summary = Summary(self.publishing.registry.name, options.shard, [spec.tag for spec in specs], utc_timestamp())
+        self.behind: dict[str, security_stage.RowSecurity] = {}  # rows due for their OS's security fixes
 
     def run(self) -> Summary:
         started = time.monotonic()
@@ -89,6 +91,7 @@ class Nightly:
             passed = self.verify(client, buildable)
             if self.publish(client, passed) or current:
                 self.prune()
+            self.summary.notes += self.over_promise(dt.date.today())
             self.summary.size_changes = size_changes(before, catalog_stage.load_catalog(catalog_path),
                                                      self.summary.rows)
         self.summary.duration_s = round(time.monotonic() - started, 1)
@@ -159,7 +162,7 @@ class Nightly:
             if row.error:
                 self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({row.error})")
             elif row.fixable:
-                due[spec.tag] = security_stage.refresh_token(row.fixable)
+                due[spec.tag], self.behind[spec.tag] = security_stage.refresh_token(row.fixable), row
                 self.summary.notes.append(f"{spec.tag}: rebuilt for OS security fixes ({row.source}), its venv layers "
                                           f"reused: {security_stage.fixes_line(row)}")
         kept = [spec for spec in current if spec.tag not in due]
@@ -172,6 +175,10 @@ class Nightly:
                 f"tags name the catalog's digest), so nothing was pulled, built or verified: "
                 f"{', '.join(spec.tag for spec in kept)}")
         return due
+
+    def over_promise(self, today: dt.date) -> list[str]:
+        """The rows due for security fixes that this run did not publish, past the patch promise (promise.py)."""
+        return promise.over_promise(self.behind, {published.tag for published in self.summary.published}, today)
 
     def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
         """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a

@@ -34,6 +34,7 @@ MAX_RELEASE_BYTES = 4 << 20
 MAX_INDEX_BYTES = 64 << 20  # a compressed Packages file (bookworm-security's: 0.4 MB)
 MAX_UNPACKED_BYTES = 512 << 20
 MAX_PACKAGE_BYTES = 256 << 20  # a .deb read for its changelog
+CLOCK_SKEW = dt.timedelta(hours=1)  # a Release file dated later than this is from the future
 MAX_VERSION_CHARS = 256  # Debian's longest is under 100; thousands of digits cost int() its limit
 # What dpkg accepts: an optional epoch, an upstream version starting with a digit, a revision not empty
 DPKG_VERSION = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]*(?<!-)", re.ASCII)
@@ -212,6 +213,7 @@ def parse_release(text: str, source: str) -> dict[str, tuple[str, int]]:
     """A Release file's SHA256 list: path -> (sha256, size); any entry or date not of its shape refuses the file."""
     release = deb822.Release(text)
     _check_valid_until(release.get("Valid-Until"), source)
+    _check_not_future(release.get("Date"), source)
     entries = release.get("SHA256") or []
     if not entries:
         raise SecurityIndexError(f"{source}: not a Release file (no SHA256 list): the index is damaged or not an archive")
@@ -231,9 +233,24 @@ def _check_valid_until(text: str | None, source: str) -> None:
     valid_until = _when(text)
     if valid_until is None:
         raise SecurityIndexError(f"{source}: Valid-Until {brief(text)} is not a date: the index is damaged")
-    if valid_until < dt.datetime.now(dt.timezone.utc):
+    if valid_until < utc_now():
         raise SecurityIndexError(f"{source}: the Release file expired {valid_until:%Y-%m-%d %H:%M} UTC (Valid-Until): "
                                  "a stale mirror, or an old index replayed; use a current mirror")
+
+
+def utc_now() -> dt.datetime:
+    """This host's clock, in one place (a replay of recorded index snapshots freezes it)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _check_not_future(text: str | None, source: str) -> None:
+    """A Release file dated after now is a snapshot no archive has published yet (a wrong clock, or a forged one):
+    the ages of the fixes it lists would be negative. Bad input, exit 2; a little clock skew is allowed."""
+    when = _when(text)
+    if when is not None and when > utc_now() + CLOCK_SKEW:
+        raise InputError([Problem(source, 0, f"the Release file is dated {when:%Y-%m-%d %H:%M} UTC, after this "
+                                             f"host's clock ({utc_now():%Y-%m-%d %H:%M} UTC): use a snapshot the "
+                                             "archive has published, or set the clock right")])
 
 
 def parse_packages(text: str, source: str = "Packages") -> dict[tuple[str, str], Candidate]:

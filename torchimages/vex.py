@@ -137,10 +137,10 @@ def security_row(checker: Checker | None, tag: str, os_name: str, sbom: dict) ->
     if checker is None:
         return None
     if tag not in checker.judged:
-        try:
-            checker.check(tag, os_name, sbom_packages(sbom, f"the SBOM of {tag}"))
-        except InputError:  # an SBOM without OS packages: the gate already said so, nothing to record
+        installed = _installed(sbom)
+        if not installed:  # an SBOM without OS packages: the gate already said so, nothing to record
             return None
+        checker.check(tag, os_name, installed)
     return checker.judged[tag]
 
 
