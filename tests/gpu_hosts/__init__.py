@@ -36,6 +36,11 @@ INVALID_ORDINAL_WARNING = ("CUDA initialization: Unexpected error from cudaGetDe
                            "functions before calling NumCudaDevices() that might have already set an error? Error "
                            "101: invalid device ordinal")
 NO_CUDA_GPUS = "No CUDA GPUs are available"
+# What torch reports as total_memory (CUDA's totalGlobalMem, less than nvidia-smi's memory.total), per model where a
+# real host measured it: the H100 in docs/gpu-records/2026-11-27-h100-r580-torch2.11.0-cu130-gpu-only.json (gpu-audit-3
+# C7). Other models answer 80 GiB, which no check reads.
+TOTAL_MEMORY = {"NVIDIA H100 80GB HBM3": 85017493504}
+UNMEASURED_TOTAL_MEMORY = 80 * 2**30
 TORCH_WARNING_PREFIX = "CUDA initialization: "
 
 
@@ -109,7 +114,8 @@ def cuda_devices(scenario: dict, facts: dict) -> list[dict]:
         return [{**device, "capability": _capability(device["capability"])} for device in facts["devices"]]
     gpus = scenario["nvidia_smi"].get("gpus") or []
     # torch reports a GPU's UUID without nvidia-smi's "GPU-" (measured on an H100, gpu-audit-3 C7)
-    whole = [{"name": gpu["name"], "uuid": gpu["uuid"].removeprefix("GPU-"), "capability": _capability(gpu["compute_cap"])}
+    whole = [{"name": gpu["name"], "uuid": gpu["uuid"].removeprefix("GPU-"), "capability": _capability(gpu["compute_cap"]),
+              "total_memory": TOTAL_MEMORY.get(gpu["name"], UNMEASURED_TOTAL_MEMORY)}
              for gpu in gpus if gpu.get("mig_mode") != "Enabled" and not gpu.get("mig_devices")]
     mig = [{"name": f"{gpu['name']} MIG {device['profile']}", "uuid": device["uuid"],
             "capability": _capability(gpu["compute_cap"])}
@@ -236,7 +242,9 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
     def lazy_init():  # torch.cuda._lazy_init: from here on device_count() asks CUDA; it raises where CUDA cannot start
         if not facts["available"] or not count:
             raise RuntimeError(init_error(facts))
-        initialized["cuda"] = True
+        if not initialized["cuda"]:
+            initialized["cuda"] = True
+            init_checks(torch, scenario, cuda, arch_flags)
 
     def is_available():
         if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and nvml_count() >= 0:
@@ -258,7 +266,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         device = devices[index]
         major, minor = device["capability"]
         return types.SimpleNamespace(name=device["name"], major=major, minor=minor, uuid=device["uuid"],
-                                     total_memory=device.get("total_memory", 80 * 2**30))
+                                     total_memory=device.get("total_memory", UNMEASURED_TOTAL_MEMORY))
 
     def on_cuda(value) -> bool:
         return isinstance(value, (str, torch.device)) and str(value).startswith("cuda")
@@ -365,6 +373,23 @@ def recorded_speed(probe, scenario: dict):
         setattr(owner, name, value)
     try:
         yield
+    finally:
+        for owner, name, value in originals:
+            setattr(owner, name, value)
+
+
+def init_checks(torch, scenario: dict, cuda: str, arch_flags: list[str]) -> None:
+    """What torch.cuda's first initialisation runs after CUDA starts: the calls queued at import, _check_capability and
+    _check_cubins, which warn for a GPU the wheel's arch list misses (gpu-audit-3 C7: a P100 under a cu130 wheel gets
+    both). They run as torch's own, reading the wheel's CUDA, arch list and machine, which the CPU torch lacks."""
+    stand_ins = [(torch.version, "cuda", cuda), (torch.cuda, "get_arch_list", lambda: list(arch_flags)),
+                 (torch.cuda, "_host_arch_key", lambda: scenario["machine"])]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
+    for owner, name, value in stand_ins:
+        setattr(owner, name, value)
+    try:
+        torch.cuda._check_capability()
+        torch.cuda._check_cubins()
     finally:
         for owner, name, value in originals:
             setattr(owner, name, value)
