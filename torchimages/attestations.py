@@ -15,10 +15,13 @@ from .model import ImageSpec
 SBOM_PREDICATE = "https://cyclonedx.org/bom"  # cosign's `--type cyclonedx`
 PROVENANCE_PREDICATE = "https://slsa.dev/provenance/v1"  # cosign's `--type slsaprovenance1`
 VERIFICATION_PREDICATE = "https://torchimages.io/verification-report/v1"
-PREDICATE_TYPES = (SBOM_PREDICATE, PROVENANCE_PREDICATE, VERIFICATION_PREDICATE)
+PREDICATE_TYPES = (SBOM_PREDICATE, PROVENANCE_PREDICATE, VERIFICATION_PREDICATE)  # what every signed digest carries
+# The fourth, where there is a finding to explain or a fix carried (vex.py): cosign's `--type openvex` (cosign 2.5,
+# cmd/cosign/cli/options/predicate.go).
+VEX_PREDICATE = "https://openvex.dev/ns"
 # cosign's names for --type, where it has one (`cosign verify-attestation --type NAME`).
 COSIGN_TYPE_NAMES = {SBOM_PREDICATE: "cyclonedx", PROVENANCE_PREDICATE: "slsaprovenance1",
-                     VERIFICATION_PREDICATE: VERIFICATION_PREDICATE}
+                     VERIFICATION_PREDICATE: VERIFICATION_PREDICATE, VEX_PREDICATE: "openvex"}
 BUILDER_ID = "https://torchimages.io/builder/v1"
 BUILD_TYPE = "https://torchimages.io/build/v1"
 INDEX_BUILD_TYPE = "https://torchimages.io/index/v1"

@@ -20,13 +20,12 @@ from urllib.parse import quote
 
 import jsonschema
 
+from .attestations import VEX_PREDICATE
 from .catalog import CatalogEntry
 from .model import InputError, Problem
 from .sbom import AllowedVulnerability, Allowlist
 from .security import Checker, Fixable, Installed, RowSecurity, fix_record, sbom_packages
 
-VEX_PREDICATE = "https://openvex.dev/ns"  # cosign's `--type openvex` (cosign 2.5: options/predicate.go)
-COSIGN_TYPE_NAME = "openvex"
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "torchimages publish"
 SCHEMA = Path(__file__).parent / "schemas" / "openvex_json_schema.json"  # vendored: schemas/README.md
