@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -28,10 +27,14 @@ from .bases_lock import LOCK_NAME, read_lock
 from .build_inputs.container import BuildInputsContainer
 from .build_inputs.layers import install_code_digest, layer_args
 from .build_inputs.server import BUILD_INPUTS_HOST, BuildInputsServer, authorized_url, new_token, token_arg
-from .files import atomic_write_json, check_destinations, open_new, read_bytes, read_json_document, read_text
-from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, Problem, TorchImagesError
+from .files import check_destinations, open_new, read_bytes, read_text
+from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, TorchImagesError
 from .redaction import Secrets
-from .reporting import RowReport, require_schema, utc_timestamp
+from .reporting import RowReport
+from .reproducible import FILE_TIME, SourceDate, settle_image, source_date
+
+# read_wheel_record and wheel_record_path: publish and rebuild take them from here.
+from .wheel_record import read_wheel_record, wheel_record_path, write_wheel_record  # noqa: F401
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 # A build step that prints nothing for this long is stuck (pip, apt and the compilers print as they go): the build is
@@ -174,6 +177,7 @@ class BuildContext:
     input_hash: str
     base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
     layer_args: dict[str, str] = field(default_factory=dict)  # the venv layers' WHEELS_* build arguments
+    source: SourceDate = SourceDate("unknown", FILE_TIME)  # the row's commit and the date its image carries
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -206,7 +210,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
     sources = json.dumps([indexes, ca_bundle or "", install_code_digest()]).encode()
     inputs = build_inputs(files, sizes, index_settings(options), ca_bundle, base_identity)
     return BuildContext(files, wheels, ca_bundle, inputs, input_hash(inputs), base_image_id,
-                        layer_args(sizes, sources, spec.is_gpu))
+                        layer_args(sizes, sources, spec.is_gpu), source_date(folder))
 
 
 def build_inputs(files: dict[str, Path], wheel_sizes: dict[str, int], indexes: dict[str, str], ca_bundle: str | None,
@@ -234,30 +238,30 @@ def context_tar(context: BuildContext) -> io.BufferedRandom:
     # header from the first 512 bytes, and a PAX record (a file time with a fraction) is in the next block.
     with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as archive:
         for name, path in sorted(context.files.items()):
-            archive.add(str(path), arcname=name)
+            archive.add(str(path), arcname=name, filter=_settled_member)
     stream.seek(0)
     return stream
+
+
+def _settled_member(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A context file as COPY writes it into a layer, whatever the checkout did: one time, root's, 0644 or 0755."""
+    member.mtime, member.uid, member.gid, member.uname, member.gname = FILE_TIME, 0, 0, "", ""
+    member.mode = 0o755 if member.mode & 0o100 else 0o644
+    return member
 
 
 def _sha256(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def runtime_labels(input_hash: str, base_image_id: str) -> dict[str, str]:
+def runtime_labels(context: BuildContext) -> dict[str, str]:
+    """Creation date and revision: the row's commit, never the clock or the toolkit's HEAD (reproducible.py)."""
     return {
-        INPUT_HASH_LABEL: input_hash,
-        "org.opencontainers.image.created": utc_timestamp(),
-        "org.opencontainers.image.revision": _git_revision(),
-        "org.opencontainers.image.base.digest": base_image_id,
+        INPUT_HASH_LABEL: context.input_hash,
+        "org.opencontainers.image.created": context.source.timestamp,
+        "org.opencontainers.image.revision": context.source.commit,
+        "org.opencontainers.image.base.digest": context.base_image_id,
     }
-
-
-def _git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 class Progress:
@@ -394,6 +398,7 @@ class Builder:
                 python_stage = served.image if isinstance(served, BuildInputsContainer) else None
                 image_id = self._stream_build(api, spec, context, tar, log, token, *served.build_network,
                                               fresh=fresh or self._fresh_layers_of(python_stage))
+            image_id = settle_image(api, image_id, local_name(spec), context.source.timestamp)
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
@@ -435,7 +440,7 @@ class Builder:
             fileobj=tar, custom_context=True, tag=None if target else local_name(spec), target=target,
             buildargs=build_args(self.options, context, spec.tag, token),
             network_mode=network_mode, extra_hosts=extra_hosts or None,
-            labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
+            labels=None if target else runtime_labels(context),
             cache_from=[fresh] if fresh else self._cache_sources(spec),
             nocache=self.options.no_cache and not fresh, pull=self.options.pull, rm=True, forcerm=True, decode=True,
             timeout=BUILD_SILENCE_S,  # docker-py's build ignores the client's timeout: without it, no bound at all
@@ -460,7 +465,7 @@ class Builder:
         params = buildkit.build_params(
             tag=None if target else local_name(spec), target=target,
             build_args={**build_args(self.options, context, spec.tag, token), "BUILDKIT_INLINE_CACHE": "1"},
-            labels=None if target else runtime_labels(context.input_hash, context.base_image_id),
+            labels=None if target else runtime_labels(context),
             network_mode=network_mode, extra_hosts=extra_hosts, cache_from=self._cache_sources(spec),
             no_cache=self.options.no_cache, pull=self.options.pull, build_id=build_id)
         with self._lock:
@@ -580,53 +585,6 @@ class Builder:
 
     def _log_path(self, spec: ImageSpec) -> Path:
         return self.options.reports_dir / spec.tag / "build.log"
-
-
-WHEEL_RECORD_SCHEMA = 1
-
-
-def wheel_record_path(reports_dir: Path, tag: str) -> Path:
-    return reports_dir / tag / "wheels.json"
-
-
-def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> None:
-    """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
-    input hash they went into (publish's build provenance names them: the image keeps no wheel's hash), and every
-    input the hash was made of (`why` compares them with today's)."""
-    wheels = [{"name": name, "sha256": _file_sha256(path)} for name, path in sorted(context.wheels.items())
-              if name.endswith(".whl")]
-    atomic_write_json(wheel_record_path(reports_dir, tag),
-                      {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels,
-                       "inputs": context.inputs},
-                      root=reports_dir)
-
-
-def read_wheel_record(path: Path) -> dict:
-    """A wheel record as write_wheel_record left it ({} when there is none); another shape is an InputError."""
-    fix = f"delete it: `python build.py build {path.parent.name} --force` writes it again"
-    record = read_json_document(path, fix, default=None)
-    if record is None:
-        return {}
-    require_schema(record, WHEEL_RECORD_SCHEMA, path, "a wheel record", fix)
-    wheels = record.get("wheels")
-    if not isinstance(record.get("input_hash"), str) or not isinstance(wheels, list) or not all(
-            isinstance(wheel, dict) and isinstance(wheel.get("name"), str) and isinstance(wheel.get("sha256"), str)
-            for wheel in wheels) or not _text_mapping(record.get("inputs", {})):
-        raise InputError([Problem(str(path), 1, f"not a wheel record (input_hash, wheels: name and sha256, inputs: "
-                                                 f"name: identity): {fix}")])
-    return record
-
-
-def _text_mapping(value: object) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class BuildFailed(TorchImagesError):

@@ -6,18 +6,26 @@ ARG BASE_IMAGE=debian:bookworm
 # Stage 1: the Python the image runs, shared by the package build and the final image.
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates python3.11 \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 
 # Stage 2: the venv's own files (pyvenv.cfg, the interpreter's links, pip), made where `python -m venv` has what it
 # needs from the OS; the image does not need that. Wheels never enter a stage: the final one fetches them.
 FROM python AS venv
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
 # Empty /etc/hosts and /etc/resolv.conf come with the venv's own files (every runtime mounts its own over them): a
 # BuildKit before 0.12 (Docker 20.10's) makes them for each RUN where they are missing and removes them after it,
@@ -33,13 +41,23 @@ RUN python3.11 -m venv --system-site-packages /opt/venv \
  && chmod -R g=u /opt/venv-tree/opt/venv \
  && find /opt/venv-tree -exec touch -h -d @946684800 {} +
 
+# Stage 2b: the entrypoint, in a tree of its own with one file time. Copied from here, its folders (/usr/local/bin)
+# get that time too, where a COPY from the build context dates /usr/local/bin with the clock of the build.
+FROM python AS entrypoint
+COPY entrypoint.sh /opt/entrypoint-tree/usr/local/bin/torchimages-entrypoint
+RUN find /opt/entrypoint-tree -exec touch -h -d @946684800 {} +
+
 # Stage 3: the image users pull. Layers every flavor of this row shares come first, so that a devel build
 # reuses the runtime image's layers from the build cache.
 FROM python
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ python3.11-dev \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
 # the venv's own files, then one step per layer of torchimages/build_inputs/layers.py: the image's pip plans it, the
 # builder's build-input server unpacks the planned wheels as pip would and the image's tar writes them (from an
@@ -54,22 +72,30 @@ RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretri
 ARG WHEELS_REST
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.13.0+cpu numpy==2.3.5
-COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
+COPY --from=entrypoint /opt/entrypoint-tree/ /
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.13.0 \
     PYTHONUNBUFFERED=1 \
     LANG=C.UTF-8
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make ninja-build git \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # Security fixes the OS published since the layers above were built. The nightly sets OS_SECURITY_REFRESH when the
 # security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
 ARG OS_SECURITY_REFRESH=none
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 LABEL org.opencontainers.image.title="PyTorch 2.13.0 (2.13.0-cpu-devel)" \
       org.opencontainers.image.description="PyTorch 2.13.0 for CPU, Python 3.11, debian12, devel" \
       org.opencontainers.image.version="2.13.0-cpu-devel" \

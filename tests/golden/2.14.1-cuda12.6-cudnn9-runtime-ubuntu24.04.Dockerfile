@@ -6,21 +6,30 @@ ARG BASE_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04
 
 FROM ${BASE_IMAGE} AS python-standalone
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 RUN curl -LsSf https://astral.sh/uv/install.sh | env UV_INSTALL_DIR=/usr/local/bin sh \
  && uv python install 3.11 --install-dir /opt/python --no-bin \
- && ln -s "$(uv python find 3.11)" /opt/python/python3.11
+ && ln -s "$(uv python find 3.11)" /opt/python/python3.11 \
+ && find /opt/python -exec touch -h -d @946684800 {} +
 
 # Stage 1: the Python the image runs, shared by the package build and the final image.
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # Python 3.11 is not ubuntu24.04's own: it comes from python-build-standalone via uv.
 COPY --from=python-standalone /opt/python /opt/python
 
@@ -42,13 +51,23 @@ RUN /opt/python/python3.11 -m venv --system-site-packages /opt/venv \
  && chmod -R g=u /opt/venv-tree/opt/venv \
  && find /opt/venv-tree -exec touch -h -d @946684800 {} +
 
+# Stage 2b: the entrypoint, in a tree of its own with one file time. Copied from here, its folders (/usr/local/bin)
+# get that time too, where a COPY from the build context dates /usr/local/bin with the clock of the build.
+FROM python AS entrypoint
+COPY entrypoint.sh /opt/entrypoint-tree/usr/local/bin/torchimages-entrypoint
+RUN find /opt/entrypoint-tree -exec touch -h -d @946684800 {} +
+
 # Stage 3: the image users pull. Layers every flavor of this row shares come first, so that a devel build
 # reuses the runtime image's layers from the build cache.
 FROM python
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # torch loads these from its nvidia-* wheels; the base image's copies would be second ones.
 RUN rm -f /usr/local/cuda-12.6/targets/x86_64-linux/lib/libcudart.so* && ldconfig
 # /opt/venv, written once, in layers ordered by how rarely they change (a republish uploads the layers that did):
@@ -73,7 +92,7 @@ RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretri
 ARG WHEELS_REST
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
-COPY entrypoint.sh /usr/local/bin/torchimages-entrypoint
+COPY --from=entrypoint /opt/entrypoint-tree/ /
 ENV PATH=/opt/venv/bin:$PATH \
     PYTORCH_VERSION=2.14.1 \
     PYTHONUNBUFFERED=1 \
@@ -83,10 +102,14 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # Security fixes the OS published since the layers above were built. The nightly sets OS_SECURITY_REFRESH when the
 # security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
 ARG OS_SECURITY_REFRESH=none
-RUN apt-get update \
+RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
+ && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
+ && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 LABEL org.opencontainers.image.title="PyTorch 2.14.1 (2.14.1-cuda12.6-cudnn9-runtime-ubuntu24.04)" \
       org.opencontainers.image.description="PyTorch 2.14.1 with CUDA 12.6 and cuDNN 9, Python 3.11, ubuntu24.04, runtime" \
       org.opencontainers.image.version="2.14.1-cuda12.6-cudnn9-runtime-ubuntu24.04" \

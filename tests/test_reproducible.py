@@ -1,0 +1,119 @@
+"""Issue 47, the pure parts: the settled image config, the archive that loads it, the source date of a row, and
+where two layers differ. The engine's part (two --no-cache builds, one image id) is tests/test_reproducible_build.py."""
+import io
+import json
+import subprocess
+import tarfile
+
+from torchimages.layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
+from torchimages.reproducible import (
+    UNCOMMITTED,
+    UNCOMMITTED_EPOCH,
+    config_bytes,
+    iso_time,
+    load_archive,
+    saved_config,
+    settled_config,
+    source_date,
+)
+
+BUILT = {
+    "architecture": "amd64", "os": "linux", "created": "2026-11-27T21:10:34.123Z", "docker_version": "20.10.24",
+    "container": "b92a1fa7903346", "container_config": {"Hostname": "b92a1fa79033", "Image": "sha256:c69e"},
+    "config": {"Hostname": "vm", "Image": "sha256:c69e", "Env": ["PATH=/opt/venv/bin"], "Labels": {"a": "b"}},
+    "rootfs": {"type": "layers", "diff_ids": ["sha256:1", "sha256:2"]},
+    "history": [{"created": "2026-11-27T21:09:00Z", "created_by": "RUN apt-get"},
+                {"created": "2026-11-27T21:10:00Z", "created_by": "LABEL a=b", "empty_layer": True}],
+}
+
+
+def test_the_settled_config_keeps_what_the_inputs_made_and_drops_what_the_run_did():
+    settled = settled_config(BUILT, "2026-11-20T10:00:00Z")
+    assert settled["created"] == "2026-11-20T10:00:00Z"
+    assert [entry["created"] for entry in settled["history"]] == ["2026-11-20T10:00:00Z"] * 2
+    assert [entry["created_by"] for entry in settled["history"]] == ["RUN apt-get", "LABEL a=b"]
+    assert settled["history"][1]["empty_layer"] is True
+    assert not {"container", "container_config", "docker_version"} & set(settled)
+    assert settled["config"] == {"Env": ["PATH=/opt/venv/bin"], "Labels": {"a": "b"}}
+    assert settled["rootfs"] == BUILT["rootfs"]
+
+
+def test_two_runs_of_one_build_settle_to_the_same_bytes():
+    other_run = {**BUILT, "created": "2026-11-28T03:00:00Z", "container": "ffff", "container_config": {"Hostname": "x"},
+                 "config": {**BUILT["config"], "Hostname": "other", "Image": "sha256:dddd"},
+                 "history": [{**entry, "created": "2026-11-28T03:00:00Z"} for entry in BUILT["history"]]}
+    created = iso_time(1795000000)
+    assert config_bytes(settled_config(BUILT, created)) == config_bytes(settled_config(other_run, created))
+    changed_input = {**BUILT, "config": {**BUILT["config"], "Labels": {"a": "c"}}}
+    assert config_bytes(settled_config(changed_input, created)) != config_bytes(settled_config(BUILT, created))
+
+
+def test_the_load_archive_holds_the_config_and_a_manifest_naming_every_layer():
+    config = config_bytes(settled_config(BUILT, iso_time(0)))
+    with tarfile.open(fileobj=io.BytesIO(load_archive(config, 2, "repo:tag"))) as archive:
+        [manifest] = json.loads(archive.extractfile("manifest.json").read())
+        assert archive.extractfile(manifest["Config"]).read() == config
+    assert manifest["RepoTags"] == ["repo:tag"] and len(manifest["Layers"]) == 2
+
+
+def test_the_config_is_read_from_a_save_stream_in_chunks():
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        for name, content in (("abc/layer.tar", b"x" * 5000), ("abc.json", json.dumps(BUILT).encode()),
+                              ("manifest.json", json.dumps([{"Config": "abc.json"}]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    data = stream.getvalue()
+    assert saved_config(data[index:index + 777] for index in range(0, len(data), 777)) == BUILT
+
+
+def test_a_row_outside_git_or_edited_has_no_commit_and_the_fixed_date(tmp_path):
+    assert source_date(tmp_path) == (source := source_date(tmp_path)) and source.commit == UNCOMMITTED
+    assert source.epoch == UNCOMMITTED_EPOCH
+
+
+def test_a_committed_row_carries_its_commit_and_its_date(tmp_path):
+    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,  # noqa: E731
+                                       text=True).stdout.strip()
+    git("init", "-q")
+    row = tmp_path / "images" / "row"
+    row.mkdir(parents=True)
+    (row / "Dockerfile").write_text("FROM x\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "row", "--date", "@1790000000")
+    source = source_date(row)
+    assert source.commit == git("rev-parse", "HEAD") and source.epoch == int(git("log", "-1", "--format=%ct"))
+    (row / "Dockerfile").write_text("FROM y\n")
+    assert source_date(row).commit == UNCOMMITTED, "an edited Dockerfile is no commit's"
+
+
+def layer(*files: tuple[str, bytes, int]) -> io.BytesIO:
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        for name, content, mtime in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(content), mtime
+            archive.addfile(info, io.BytesIO(content))
+    stream.seek(0)
+    return stream
+
+
+def test_the_first_differing_layer_and_file_are_named():
+    assert first_differing_layer(["a", "b", "c"], ["a", "x", "c"]) == 1
+    assert first_differing_layer(["a", "b"], ["a", "b", "c"]) == 2
+    assert first_differing_layer(["a"], ["a"]) is None
+    same = [("a", b"1", 5), ("b", b"2", 5)]
+    assert first_differing_file(layer_entries(layer(*same)), layer_entries(layer(*same))) is None
+    differs = first_differing_file(layer_entries(layer(*same)), layer_entries(layer(("a", b"1", 5), ("b", b"3", 5))))
+    assert differs.startswith("ours b: size 1") and "theirs b:" in differs and "content sha256:" in differs
+    dated = first_differing_file(layer_entries(layer(*same)), layer_entries(layer(("a", b"1", 6), ("b", b"2", 5))))
+    assert "ours a: size 1, mode 0o644, owner 0:0, time 5" in dated and "time 6" in dated
+    extra = first_differing_file(layer_entries(layer(*same)),
+                                 layer_entries(layer(("a", b"1", 5), ("c", b"", 5), ("b", b"2", 5))))
+    assert extra.startswith("only in theirs: c:")
+
+
+def test_a_file_entry_says_everything_compared():
+    entry = FileEntry("usr/bin/x", 3, "0o755", "0:0", 946684800, "sha256:ab")
+    assert entry.describe() == "usr/bin/x: size 3, mode 0o755, owner 0:0, time 946684800, content sha256:ab"

@@ -1,0 +1,147 @@
+"""Same inputs, same image (issue 47): the date a build carries comes from its inputs, and what the classic builder
+writes into an image's config that depends on the run is rewritten after the build.
+
+The layers are made reproducible where they are written (templates/macros.j2: the venv's file time, the OS steps'
+os_step_begin/os_step_end). What remains is the image config: the classic builder dates it and every history entry
+with the clock and names the container that committed it (Docker 20.10 has no SOURCE_DATE_EPOCH for it). The config
+is read from the engine (`docker save`, whose stream ends with it), rewritten here (pure), and loaded back with the
+layers the engine already holds: `docker load` takes a layer it has by its chain id, so the archive loaded carries
+the config and manifest alone. The image built keeps its parent chain in the engine, untagged, so that the next build
+takes its steps from the cache and settles to the same image again.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import docker
+
+from .model import TorchImagesError
+
+# The time every file of every layer carries (templates/macros.j2 file_time; the build context's files get it too).
+FILE_TIME = 946684800
+# The date of a row that no commit holds unchanged (a scratch project, an edited Dockerfile): still the same twice.
+UNCOMMITTED_EPOCH = FILE_TIME
+UNCOMMITTED = "unknown"  # the revision label of such a row (attestations.py leaves it out of the provenance)
+# Written by the committing container, never by an input: the container's id, its config (the parent image's id, the
+# container's hostname), the engine's version.
+RUN_DEPENDENT_KEYS = ("container", "container_config", "docker_version")
+
+
+@dataclass(frozen=True)
+class SourceDate:
+    """The commit that holds a row's folder as it is (or UNCOMMITTED) and the date builds of it carry."""
+    commit: str
+    epoch: int
+
+    @property
+    def timestamp(self) -> str:
+        return iso_time(self.epoch)
+
+
+class SettleFailed(TorchImagesError):
+    pass
+
+
+def iso_time(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def source_date(row_folder: Path) -> SourceDate:
+    """The last commit of the row's folder and its commit time, when the folder is committed as it is; otherwise
+    UNCOMMITTED and UNCOMMITTED_EPOCH (a build from uncommitted files cannot be rebuilt from a commit)."""
+    changed = _git(row_folder, "status", "--porcelain", "--untracked-files=all", "--", ".")
+    found = _git(row_folder, "log", "-1", "--format=%H %ct", "--", ".")
+    if changed is None or changed or not found:
+        return SourceDate(UNCOMMITTED, UNCOMMITTED_EPOCH)
+    commit, epoch = found.split()
+    return SourceDate(commit, int(epoch))
+
+
+def _git(folder: Path, *arguments: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(folder), *arguments], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def settled_config(config: dict, created: str) -> dict:
+    """The image config without what the build's run put there: one creation time for the image and every history
+    entry, no committing container, no hostname, no parent image id."""
+    settled = {key: value for key, value in config.items() if key not in RUN_DEPENDENT_KEYS}
+    settled["created"] = created
+    settled["history"] = [{**entry, "created": created} for entry in config.get("history", [])]
+    settled["config"] = {key: value for key, value in (config.get("config") or {}).items()
+                         if key not in ("Hostname", "Image")}
+    return settled
+
+
+def config_bytes(config: dict) -> bytes:
+    """The config as the engine would store it for one id: sorted keys, no spaces."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def load_archive(config: bytes, layer_count: int, name: str) -> bytes:
+    """A `docker load` archive of the config and the manifest naming it: no layer files, the engine has them."""
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [name],
+                            "Layers": [f"layer{index}/layer.tar" for index in range(layer_count)]}]).encode()
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for member, content in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(member)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return stream.getvalue()
+
+
+def saved_config(chunks) -> dict:
+    """The config of the one image a `docker save` stream holds (read through; its layers are skipped)."""
+    configs: dict[str, dict] = {}
+    manifest = None
+    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+        for member in archive:
+            content = archive.extractfile(member) if member.isfile() and "/" not in member.name else None
+            if content is not None and member.name == "manifest.json":
+                manifest = json.loads(content.read())
+            elif content is not None and member.name.endswith(".json"):
+                configs[member.name] = json.loads(content.read())
+    if not manifest or manifest[0].get("Config") not in configs:
+        raise SettleFailed("the engine's `docker save` stream held no image config")
+    return configs[manifest[0]["Config"]]
+
+
+def settle_image(api: docker.APIClient, image_id: str, name: str, created: str) -> str:
+    """Rewrite the config of the image built (see the module's doc) and tag the result name; its id."""
+    config = saved_config(api.get_image(image_id))
+    settled = config_bytes(settled_config(config, created))
+    for answer in api.load_image(load_archive(settled, len(config["rootfs"]["diff_ids"]), name)):
+        if isinstance(answer, dict) and answer.get("error"):
+            raise SettleFailed(f"the engine did not load the settled config of {image_id}: {answer['error']}")
+    return f"sha256:{hashlib.sha256(settled).hexdigest()}"
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file over an iterator of byte chunks (docker-py's streamed response), for tarfile's stream mode."""
+
+    def __init__(self, chunks):
+        self._chunks, self._rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            self._rest = next(self._chunks, b"")
+            if not self._rest:
+                return 0
+        size = min(len(buffer), len(self._rest))
+        buffer[:size], self._rest = self._rest[:size], self._rest[size:]
+        return size
