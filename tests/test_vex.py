@@ -157,3 +157,28 @@ def test_the_allowlist_keeps_a_justification_and_the_entry_line(tmp_path):
                     "justification: component_not_present}\n")
     [entry] = load_allowlist(path).entries
     assert entry.justification == "component_not_present" and entry.line == 2
+
+
+def test_verify_image_takes_a_vex_document_failing_the_schema_as_explaining_nothing():
+    from torchimages.admission import ReportVerdict
+    from torchimages.cli.verifying import Subject, explain_findings
+    from torchimages.registry import Manifest
+    from torchimages.signatures import Evidence
+
+    entries = allowlist(AllowedVulnerability("libssl3", "the nightly takes it tonight", LATER))
+    document = vex.image_predicate(entries, ROW, [], REPOSITORY, DIGEST, SBOM, "2026-11-27T00:00:00Z",
+                                   TODAY)[vex.VEX_PREDICATE]
+
+    def subject(vex_documents: list[dict]) -> Subject:
+        found = Subject("image", DIGEST, Manifest(b"{}", "", DIGEST, "", 0),
+                        Evidence(DIGEST, ["x"], {vex.VEX_PREDICATE: vex_documents}),
+                        [ReportVerdict(report_with(OPENSSL))])
+        explain_findings(found, True, TODAY)
+        return found
+
+    good = subject([document])
+    assert len(good.explained) == 1 and not good.unexplained and not good.evidence.problems
+    broken = subject([{**document, "statements": [{k: v for k, v in s.items() if k != "action_statement"}
+                                                   for s in document["statements"]]}])
+    assert broken.unexplained and "fails the OpenVEX schema" in broken.evidence.warnings[0]
+    assert "no signed VEX statement explains (libssl3 (CVE-2026-28387, CVE-2026-7383))" in broken.evidence.problems[0]

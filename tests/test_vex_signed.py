@@ -98,3 +98,27 @@ def test_a_row_whose_allowlist_accepts_a_finding_carries_signed_vex_cosign_verif
     assert plain.returncode == 0 and "0 findings explained, 1 unexplained" in plain.stdout
     refused = workspace.cli("verify-image", reference, "--key", str(PUBLIC), "--require", "no-fixable", check_exit=1)
     assert "1 fixable finding(s) no signed VEX statement explains (base-files (CVE-2026-90001))" in refused.stdout
+
+
+def test_a_new_digest_states_fixed_what_the_rows_previous_digest_lacked(workspace, docker_client, cosign, tmp_path):
+    """The previous digest's catalog record lists a fix it lacked (a version the image's base-files has reached);
+    the row's next digest, publishing no accepted finding at all, carries a `fixed` statement for its CVE."""
+    workspace.build_verified(docker_client, RUNTIME)
+    workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    first = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    assert openvex_verified(cosign, f"{workspace.repository}@{first}") is None  # nothing to say: no VEX
+    catalog = workspace.catalog_json()
+    catalog["images"][RUNTIME]["scan"]["fixable"] = [
+        {"package": "base-files", "arch": "amd64", "installed": "12.0", "fixed": "12.1", "cves": ["CVE-2026-90009"],
+         "since": "2026-11-20"}]
+    (workspace.catalog / "catalog.json").write_text(json.dumps(catalog))
+
+    workspace.build_verified(docker_client, RUNTIME)  # another image of the row: a new digest
+    workspace.publish(RUNTIME, date="20260102", extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
+    entry = workspace.catalog_json()["images"][RUNTIME]
+    assert entry["digest"] != first
+    assert entry["scan"]["fixed"] == [{"package": "base-files", "fixed": "12.1", "cves": ["CVE-2026-90009"]}]
+    statement = openvex_verified(cosign, f"{workspace.repository}@{entry['digest']}")
+    assert statement is not None
+    [fixed] = statement["predicate"]["statements"]
+    assert fixed["status"] == "fixed" and fixed["vulnerability"]["name"] == "CVE-2026-90009"
