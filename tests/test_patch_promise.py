@@ -5,6 +5,7 @@ published digest within 24 hours of the nightly that first sees it. A recorded s
 (the OS security layer's `apt-get upgrade`); a ledger records when each fix was first seen and first published.
 No engine: the decision is the catalog's SBOM against the index, and publishing a rebuild is its SBOM moving on."""
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -140,3 +141,14 @@ def test_a_row_left_behind_is_over_the_promise_once_its_fix_is_more_than_a_day_o
                                [security.Fixable("libssl3", "amd64", "1", "2", ("CVE-2026-90001",), fixed_on)])
     assert bool(promise.over_promise({TAG: row}, set(), today)) is over
     assert promise.over_promise({TAG: row}, {TAG}, today) == []  # published this run: kept
+
+
+def test_the_security_command_reports_each_rows_fix_age(tmp_path, monkeypatch):
+    key = make_key(tmp_path, "archive")
+    monkeypatch.setattr(security, "utc_now", lambda: night(22))
+    root = snapshot(tmp_path / "archive", key, [OPENSSL, TZDATA], night(22) - dt.timedelta(hours=4))
+    args = published_project(tmp_path / "project", str(root), str(key.keyring),
+                             [(name, version, arch) for name, (version, arch) in INSTALLED.items()])
+    [row] = json.loads(run_cli_in_process(*args, "--format", "json", check_exit=1).stdout)["rows"]
+    assert row["fixable_count"] == 2 and row["oldest_missing_fix"] == "2026-11-20"
+    assert row["fix_age_days"] == 2  # by the frozen clock

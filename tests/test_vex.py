@@ -182,3 +182,13 @@ def test_verify_image_takes_a_vex_document_failing_the_schema_as_explaining_noth
                                                    for s in document["statements"]]}])
     assert broken.unexplained and "fails the OpenVEX schema" in broken.evidence.warnings[0]
     assert "no signed VEX statement explains (libssl3 (CVE-2026-28387, CVE-2026-7383))" in broken.evidence.problems[0]
+
+
+def test_a_vex_document_the_schema_refuses_stops_publish_with_exit_2_before_anything(tmp_path, monkeypatch):
+    """No allowlist that loads can give one (its entries are checked first): a document made wrong stands in."""
+    monkeypatch.setattr(vex, "document", lambda image, statements, timestamp: {"statements": statements})
+    path, refused = publish_with(tmp_path, "allow:\n  - {cve: CVE-2026-12345, reason: x, expires: 2099-01-01}\n")
+    lines = [row for row in refused.stderr.splitlines() if row.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert str(path) in lines[0] and "fails the OpenVEX schema" in lines[0] and "'@context' is a required" in lines[0]
+    assert "Traceback" not in refused.stderr and not (tmp_path / "catalog").exists()

@@ -109,10 +109,9 @@ class RowSecurity:
     fixable: list[Fixable] = field(default_factory=list)
     error: str = ""
 
-    def to_json(self, today: dt.date | None = None) -> dict:
+    def to_json(self, today: dt.date) -> dict:
         return {"subject": self.subject, "os": self.os, "source": self.source, "signature": self.signature,
-                "fixable": [item.to_json() for item in self.fixable], "error": self.error,
-                **fix_age(self.fixable, today or dt.date.today())}
+                "fixable": [item.to_json() for item in self.fixable], "error": self.error, **fix_age(self.fixable, today)}
 
 
 def fix_age(fixable: list[Fixable], today: dt.date) -> dict:

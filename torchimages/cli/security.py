@@ -1,7 +1,6 @@
 """`build.py security`: which OS packages of the published rows (or of any image) already have a security fix."""
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 from rich.table import Table
@@ -25,7 +24,7 @@ def cmd_security(project: Project, args) -> int:
     else:
         rows = published_security(checker, project, args)
     if args.format == "json":
-        print(json.dumps({"rows": [row.to_json(dt.date.today()) for row in rows]}, indent=2))
+        print(json.dumps({"rows": [row.to_json(security_stage.utc_now().date()) for row in rows]}, indent=2))
     else:
         print_table(rows)
     return EXIT_FAILED if any(row.fixable or row.error for row in rows) else EXIT_OK
