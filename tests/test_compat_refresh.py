@@ -120,9 +120,9 @@ def test_facts_from_wheel_contents():
 
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
     """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
-    from torchimages import compat_refresh
+    from torchimages import package_index
 
-    monkeypatch.setattr(compat_refresh, "MAX_MEMBER_BYTES", 1 << 16)
+    monkeypatch.setattr(package_index, "MAX_MEMBER_BYTES", 1 << 16)
     before = compat.read_text()
     result = refresh(index, compat, "2.16.0", check_exit=2)
     assert "torch/lib/libtorch_python.so is larger than a torch wheel's" in result.stderr

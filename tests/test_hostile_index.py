@@ -28,7 +28,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchimages import compat_refresh, doctor, files, index_http
+from torchimages import compat_refresh, doctor, files, index_http, package_index
 from torchimages.model import InputError
 from torchimages.redaction import inert
 
@@ -187,7 +187,7 @@ def test_a_redirect_to_another_origin_drops_the_login(tmp_path):
         mirror.routes["/simple/torch/"] = project_page([file_entry(mirror, TORCH_WHEEL, data)])
         mirror.routes[f"/files/{TORCH_WHEEL}"] = lambda handler: send(
             handler, 302, b"", headers={"Location": f"{elsewhere.url}/files/{TORCH_WHEEL}"})
-        index = compat_refresh.Index(mirror.url.replace("http://", "http://ci:pw-1234@") + "/simple")
+        index = package_index.Index(mirror.url.replace("http://", "http://ci:pw-1234@") + "/simple")
         [package] = index.packages("torch")
         index.read_members(package, lambda name: name.endswith("METADATA"))
         assert (f"/files/{TORCH_WHEEL}", login) in mirror.seen
@@ -498,7 +498,7 @@ def test_bytes_are_bounded_for_the_command_not_only_per_answer(tmp_path, compat,
 
 
 def test_many_members_under_the_member_bound_are_bounded_in_total(tmp_path, compat, monkeypatch):
-    monkeypatch.setattr(compat_refresh, "MAX_WHEEL_READ_BYTES", 1 << 16)
+    monkeypatch.setattr(package_index, "MAX_WHEEL_READ_BYTES", 1 << 16)
     path = make_wheel(tmp_path / "made", "torch", "2.16.0", PINS, ">=3.11", files={
         **{f"x{n}.dist-info/METADATA": b"Requires-Python: >=3.11\n" + b"#" * 20000 for n in range(8)},
         "torch/version.py": version_py("2.16.0+cu132", "13.2")})
@@ -570,7 +570,7 @@ def test_the_index_reader_gives_facts_of_their_shape_or_an_input_error(hostile_p
         JSON_TYPE)
     hostile_peer.routes[f"/files/{TORCH_WHEEL}"] = ranges_of(data)
     try:
-        release = compat_refresh.read_release(compat_refresh.Index(hostile_peer.url + "/simple"), "2.16.0")
+        release = compat_refresh.read_release(package_index.Index(hostile_peer.url + "/simple"), "2.16.0")
     except InputError as error:
         assert all("\n" not in str(problem) and "\x1b" not in str(problem) for problem in error.problems)
         return

@@ -12,7 +12,7 @@ from pathlib import Path
 from packaging.version import Version
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from . import compat_refresh
+from . import compat_refresh, package_index
 from . import matrix as matrix_stage
 from . import render as render_stage
 from .bases_lock import LOCK_NAME, read_lock
@@ -44,8 +44,8 @@ class Proposal:
     disagreements: list[str] = field(default_factory=list)
 
 
-def watch(options: WatchOptions, index: compat_refresh.Index | None = None) -> Proposal:
-    index = index or compat_refresh.open_index(options.index_url)
+def watch(options: WatchOptions, index: package_index.Index | None = None) -> Proposal:
+    index = index or package_index.open_index(options.index_url)
     matrix = matrix_stage.load_matrix(options.matrix_file, options.compat_file)
     proposal = Proposal(newest_in_matrix=str(max(Version(spec.torch) for spec in matrix.specs)))
     newest = compat_refresh.newest_release(index)
