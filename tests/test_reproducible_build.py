@@ -1,13 +1,23 @@
 """Issue 47 on a real engine: two --no-cache builds of the CPU rows from the same wheels give the same image ids, and
-pushed with the pinned compression the same manifest digests (docs/reproducible.md)."""
+pushed with the pinned compression the same manifest digests; `rebuild` reproduces a signed digest from its provenance
+and names the layer and file of one that differs (docs/reproducible.md)."""
+import hashlib
+import io
 import json
 import os
+import tarfile
 
+import docker.errors
 import pytest
 
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry, registry_access
+from torchimages import attestations
+from torchimages.matrix import load_matrix
+from torchimages.registry import RegistryClient, RetryPolicy, image_registry
+from torchimages.registry_access import registry_access
+from torchimages.signatures import SignatureStore
 
 from .conftest import CPU_SELECTOR, ROOT, SHARED_STEPS, one_process_at_a_time, run_cli, with_live_compat
+from .signing_fixtures import FIRST, KEYS, SECOND, key
 
 pytestmark = pytest.mark.engine
 REPOSITORY = "localhost:5000/test/reproducible"
@@ -45,3 +55,100 @@ def test_two_no_cache_builds_give_one_image_and_one_manifest_digest(cpu_images, 
     finally:
         for tag in first if "first" in locals() else ():
             docker_client.images.remove(f"{REPOSITORY}:{tag}", force=True)
+
+
+def tampered_copy(docker_client, image: str, name: str, path: str) -> None:
+    """image again as name, with one byte of one file changed in the small layer that holds path: the layer, its
+    diff id and the config that lists it change, nothing else (docker save, rewritten, docker load)."""
+    saved, rewritten = io.BytesIO(b"".join(docker_client.api.get_image(image))), io.BytesIO()
+    renamed = {}
+    with tarfile.open(fileobj=saved) as source, tarfile.open(fileobj=rewritten, mode="w") as target:
+        members = source.getmembers()
+        contents = {member.name: source.extractfile(member).read() for member in members if member.isfile()}
+        for name_in_tar, content in contents.items():
+            if name_in_tar.endswith("/layer.tar") and len(content) < 1 << 20 and path.encode() in content:
+                changed = tampered_layer(content, path)
+                renamed[f"sha256:{hashlib.sha256(content).hexdigest()}"] = f"sha256:{hashlib.sha256(changed).hexdigest()}"
+                contents[name_in_tar] = changed
+        assert renamed, f"no small layer of {image} holds {path}"
+        [manifest] = json.loads(contents["manifest.json"])
+        config = json.loads(contents[manifest["Config"]])
+        config["rootfs"]["diff_ids"] = [renamed.get(diff_id, diff_id) for diff_id in config["rootfs"]["diff_ids"]]
+        contents[manifest["Config"]] = json.dumps(config).encode()
+        contents["manifest.json"] = json.dumps([{**manifest, "RepoTags": [name]}]).encode()
+        for member in members:
+            if member.isfile():
+                member.size = len(contents[member.name])
+                target.addfile(member, io.BytesIO(contents[member.name]))
+            else:
+                target.addfile(member)
+    docker_client.api.load_image(rewritten.getvalue())
+
+
+def tampered_layer(layer: bytes, path: str) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(layer)) as source, tarfile.open(fileobj=out, mode="w") as target:
+        for member in source.getmembers():
+            content = source.extractfile(member).read() if member.isfile() else None
+            if member.name == path:
+                content = content[:-1] + bytes([content[-1] ^ 1])
+            target.addfile(member, io.BytesIO(content) if content is not None else None)
+    return out.getvalue()
+
+
+def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file_that_differ(
+        cpu_images, wheelhouse, tmp_path, docker_client, own_registry):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", REPOSITORY))
+    with_live_compat(matrix)
+    _, host = own_registry
+    address, _ = image_registry(f"{host}/test/reproducible:any")
+    registry = RegistryClient(address, registry_access(address, config_dir=tmp_path), RetryPolicy(retries=0), print)
+    store, tag = SignatureStore(registry), "2.13.0-cpu-runtime"
+    cli = lambda *args, **kwargs: run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"),  # noqa: E731
+                                          *args, **kwargs)
+    local, tampered = f"{REPOSITORY}:{tag}", f"{REPOSITORY}:{tag}-tampered"
+    try:
+        cli("build", tag, "--wheelhouse", str(wheelhouse), check_exit=0)
+        spec = next(spec for spec in load_matrix(matrix).specs if spec.tag == tag)
+        wheels = json.loads((tmp_path / "reports" / tag / "wheels.json").read_text())["wheels"]
+
+        def published(image: str, pinned: str, commit: str | None = None, signer=FIRST) -> str:
+            digest = registry.push(docker_client.api.inspect_image(image)["Id"], pinned, os.environ["DOCKER_HOST"],
+                                   "gzip")
+            provenance = attestations.provenance_predicate(spec, docker_client.api.inspect_image(image), wheels)
+            if commit:
+                provenance["buildDefinition"]["resolvedDependencies"][0]["digest"]["gitCommit"] = commit
+            store.sign(key(signer), digest)
+            store.attest(key(signer), digest, {attestations.PROVENANCE_PREDICATE: provenance})
+            return f"{host}/test/reproducible@{digest}"
+
+        reference = published(local, tag)
+        done = cli("rebuild", reference, "--key", str(KEYS / "first.pub"), "--wheelhouse", str(wheelhouse), check_exit=0)
+        assert f"reproduced {reference.split('@')[1]}" in done.stdout
+        # Bad provenance: another key's, a wheel that is not there, a commit the checkout lacks: one line, exit 2.
+        other = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
+        assert "no signature by this key" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+        (tmp_path / "empty").mkdir()
+        missing = cli("rebuild", reference, "--key", str(KEYS / "first.pub"), "--wheelhouse", str(tmp_path / "empty"),
+                      check_exit=2)
+        assert "wheel torch-2.13.0" in missing.stderr and "build.py wheels" in missing.stderr
+        published(local, tag, commit="0" * 40, signer=SECOND)
+        lacking = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
+        assert f"commit {'0' * 40} is not in the checkout" in lacking.stderr and "Traceback" not in lacking.stderr
+        # A published image whose entrypoint layer differs by one byte: that layer and that file are named.
+        tampered_copy(docker_client, local, tampered, "usr/local/bin/torchimages-entrypoint")
+        differs = cli("rebuild", published(tampered, "tampered"), "--key", str(KEYS / "first.pub"), "--check",
+                      "--wheelhouse", str(wheelhouse), check_exit=1)
+        layers = docker_client.api.inspect_image(local)["RootFS"]["Layers"]
+        index = next(i for i, d in enumerate(docker_client.api.inspect_image(tampered)["RootFS"]["Layers"])
+                     if d != layers[i])
+        assert f"differs: layer {index + 1} of {len(layers)}: ours {layers[index]}" in differs.stdout
+        assert "first differing file: ours usr/local/bin/torchimages-entrypoint: size" in differs.stdout
+        assert "theirs usr/local/bin/torchimages-entrypoint" in differs.stdout
+    finally:
+        for image in (local, tampered, f"{REPOSITORY}-rebuilt:{tag}"):
+            try:
+                docker_client.images.remove(image, force=True)
+            except docker.errors.ImageNotFound:
+                pass

@@ -106,7 +106,7 @@ def saved_config(chunks) -> dict:
     """The config of the one image a `docker save` stream holds (read through; its layers are skipped)."""
     configs: dict[str, dict] = {}
     manifest = None
-    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
         for member in archive:
             content = archive.extractfile(member) if member.isfile() and "/" not in member.name else None
             if content is not None and member.name == "manifest.json":
@@ -128,7 +128,7 @@ def settle_image(api: docker.APIClient, image_id: str, name: str, created: str) 
     return f"sha256:{hashlib.sha256(settled).hexdigest()}"
 
 
-class _ChunkReader(io.RawIOBase):
+class ChunkReader(io.RawIOBase):
     """A file over an iterator of byte chunks (docker-py's streamed response), for tarfile's stream mode."""
 
     def __init__(self, chunks):

@@ -24,7 +24,7 @@ def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> No
     """reports/<tag>/wheels.json: every wheel the build installed from a wheelhouse, by name and sha256, with the
     input hash they went into (publish's build provenance names them: the image keeps no wheel's hash), and every
     input the hash was made of (`why` compares them with today's)."""
-    wheels = [{"name": name, "sha256": _file_sha256(path)} for name, path in sorted(context.wheels.items())
+    wheels = [{"name": name, "sha256": file_sha256(path)} for name, path in sorted(context.wheels.items())
               if name.endswith(".whl")]
     atomic_write_json(wheel_record_path(reports_dir, tag),
                       {"schema": WHEEL_RECORD_SCHEMA, "input_hash": context.input_hash, "wheels": wheels,
@@ -52,7 +52,7 @@ def _text_mapping(value: object) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         while chunk := stream.read(1 << 20):

@@ -18,7 +18,7 @@ from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, Project, locate
 from ..redaction import Secrets
 from ..registry import parse_registry
-from . import compat, images, init, nightly, publishing, security, verifying
+from . import compat, images, init, nightly, publishing, reproducing, security, verifying
 from .display import errors
 from .options import parse_date
 from .streams import (
@@ -32,7 +32,7 @@ from .streams import (
     standard_streams,
 )
 
-COMMAND_GROUPS = (init, images, publishing, verifying, nightly, compat, security)
+COMMAND_GROUPS = (init, images, publishing, verifying, reproducing, nightly, compat, security)
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
 

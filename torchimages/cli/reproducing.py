@@ -1,0 +1,43 @@
+"""`rebuild REF`: build a published digest again from its signed provenance and say whether it is the same
+(reproduce.py; docs/reproducible.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import engine
+from ..project import EXIT_FAILED, EXIT_OK, Project
+from ..registry import RegistryClient, RetryPolicy
+from ..reproduce import reproduce
+from ..signing import load_public_key
+from .display import log
+from .options import access_settings, add_access_arguments, integer
+from .verifying import image_reference
+
+
+def cmd_rebuild(project: Project, args) -> int:
+    keys = [load_public_key(path) for path in args.key]
+    registry, reference = image_reference(args.reference)
+    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
+    wheelhouse = args.wheelhouse or project.matrix.parent / "wheelhouse"
+    comparison = reproduce(engine.client(), client, keys, reference, project.load().specs, project.images, wheelhouse,
+                           project.reports / "rebuild", args.check)
+    print("\n".join(comparison.lines))
+    return EXIT_OK if comparison.reproduced else EXIT_FAILED
+
+
+def register(commands) -> None:
+    rebuilding = commands.add_parser("rebuild", help="build a published digest again from its signed provenance, "
+                                                     "offline, and compare (issue 47)")
+    rebuilding.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
+    rebuilding.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
+                            help="the public key the provenance must be signed with (repeat it to trust several)")
+    rebuilding.add_argument("--check", action="store_true",
+                            help="where a layer differs, also name the first file in it that differs (path, size, "
+                                 "mode, owner, time, content hash)")
+    rebuilding.add_argument("--wheelhouse", type=Path, metavar="DIR",
+                            help="where the recorded wheels are, as `build.py wheels --dest DIR` keeps them, checked "
+                                 "by their sha256 (default: the project's wheelhouse/)")
+    rebuilding.add_argument("--retries", type=integer, default=RetryPolicy.retries,
+                            help="tries again after a transient registry error (default: %(default)s)")
+    add_access_arguments(rebuilding)
+    rebuilding.set_defaults(handler=cmd_rebuild, writes=lambda project, args: [project.reports])
