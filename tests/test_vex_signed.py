@@ -11,12 +11,15 @@ import shutil
 import pytest
 
 from torchimages import signing
+from torchimages.matrix import load_matrix
 from torchimages.sbom import collect_inventory
 from torchimages.signatures import attestation_tag
-from torchimages.vex import VEX_PREDICATE
+from torchimages.vex import VEX_PREDICATE, image_purl
 
 from .security_fixtures import Package, make_key, write_archive
 from .signing_fixtures import FIRST, KEYS, run_cosign
+from .test_multiarch import MATRIX as MULTI_ARCH_MATRIX
+from .test_multiarch import RUNTIME_ARM, build_stand_in
 from .test_publish import RUNTIME, Workspace, clean_up
 from .test_signing import SIGNED, environment, store_of, write_layers
 
@@ -122,3 +125,33 @@ def test_a_new_digest_states_fixed_what_the_rows_previous_digest_lacked(workspac
     assert statement is not None
     [fixed] = statement["predicate"]["statements"]
     assert fixed["status"] == "fixed" and fixed["vulnerability"]["name"] == "CVE-2026-90009"
+
+
+@pytest.fixture
+def multi_arch(tmp_path, engine_env, docker_client):
+    """A workspace whose CPU row is built for x86_64 and aarch64: its tag is an index over both."""
+    space = Workspace(tmp_path, engine_env.registry)
+    space.matrix.write_text(MULTI_ARCH_MATRIX.format(namespace=space.namespace))
+    space.specs = {spec.tag: spec for spec in load_matrix(space.matrix).specs}
+    yield space
+    clean_up(docker_client, space)
+
+
+def test_a_multi_arch_tag_resolves_to_an_index_whose_vex_cosign_verifies(multi_arch, docker_client, cosign):
+    """cosign, Kyverno and scanners resolve REPO:TAG to the index digest: its VEX names the index beside each
+    member image, for each statement of theirs."""
+    space = multi_arch
+    for tag in (RUNTIME, RUNTIME_ARM):
+        build_stand_in(space, docker_client, tag)
+    allowlist = space.root / "allowlist.yaml"
+    allowlist.write_text("allow:\n  - {cve: CVE-2026-90001, reason: no TLS server in the image, expires: 2099-01-01, "
+                         "justification: vulnerable_code_not_present}\n")
+    space.publish(extra=["--signing-key", str(FIRST), "--allowlist", str(allowlist)], env=environment(**SIGNED))
+    index = space.catalog_json()["manifest_lists"][RUNTIME]
+    assert VEX_PREDICATE in index["signing"]["predicate_types"]
+    statement = openvex_verified(cosign, f"{space.repository}:{RUNTIME}")
+    assert statement is not None and statement["subject"][0]["digest"]["sha256"] == index["digest"][7:]
+    products = [[product["@id"] for product in s["products"]] for s in statement["predicate"]["statements"]]
+    assert len(products) == 2 and all(ids[0] == image_purl(space.repository, index["digest"]) for ids in products)
+    assert sorted(ids[1] for ids in products) == sorted(image_purl(space.repository, member["digest"])
+                                                        for member in index["platforms"].values())
