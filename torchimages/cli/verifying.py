@@ -3,7 +3,9 @@
 REF resolves to the digest the registry serves now (every manifest fetched by digest is checked to be that digest).
 A multi-arch tag resolves to its index, whose signature and attestations are checked, then the image the index names
 for this machine's platform (`--platform`, or `all`). Each digest needs the key's signature, its three attestations,
-and verification reports that meet the report rule (admission.py).
+and verification reports that meet the report rule (admission.py). The fixable OS packages the reports record are
+matched with the VEX statements the keys signed (vex.py): counted as explained or not, and with
+`--require no-fixable` an unexplained one refuses the digest.
 """
 from __future__ import annotations
 
