@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,7 +31,7 @@ from .files import check_destinations, open_new, read_bytes, read_text
 from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport
-from .reproducible import FILE_TIME, SourceDate, settle_image, source_date
+from .reproducible import FILE_TIME, UNCOMMITTED, UNCOMMITTED_EPOCH, SourceDate, settle_image, source_date
 
 # read_wheel_record and wheel_record_path: publish and rebuild take them from here.
 from .wheel_record import read_wheel_record, wheel_record_path, write_wheel_record  # noqa: F401
@@ -177,7 +177,9 @@ class BuildContext:
     input_hash: str
     base_image_id: str  # the engine's base image, for the image's base label ("" when the build pulls it)
     layer_args: dict[str, str] = field(default_factory=dict)  # the venv layers' WHEELS_* build arguments
-    source: SourceDate = SourceDate("unknown", FILE_TIME)  # the row's commit and the date its image carries
+    # The row's commit and the date its image carries: read from git when the image is built (_build_one), not for
+    # every skip decision.
+    source: SourceDate = SourceDate(UNCOMMITTED, UNCOMMITTED_EPOCH)
 
 
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
@@ -210,7 +212,7 @@ def build_context(spec: ImageSpec, options: BuildOptions, base_identity: str, ba
     sources = json.dumps([indexes, ca_bundle or "", install_code_digest()]).encode()
     inputs = build_inputs(files, sizes, index_settings(options), ca_bundle, base_identity)
     return BuildContext(files, wheels, ca_bundle, inputs, input_hash(inputs), base_image_id,
-                        layer_args(sizes, sources, spec.is_gpu), source_date(folder))
+                        layer_args(sizes, sources, spec.is_gpu))
 
 
 def build_inputs(files: dict[str, Path], wheel_sizes: dict[str, int], indexes: dict[str, str], ca_bundle: str | None,
@@ -379,6 +381,7 @@ class Builder:
             engine.cancel_build(self.client, build_id)
 
     def _build_one(self, spec: ImageSpec, context: BuildContext, donor: Future | None = None) -> BuildResult:
+        context = replace(context, source=source_date(self.options.images_dir / spec.tag))
         if donor is not None:
             wait([donor])
         fresh = self._fresh_layers(donor)
