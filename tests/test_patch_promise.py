@@ -152,3 +152,5 @@ def test_the_security_command_reports_each_rows_fix_age(tmp_path, monkeypatch):
     [row] = json.loads(run_cli_in_process(*args, "--format", "json", check_exit=1).stdout)["rows"]
     assert row["fixable_count"] == 2 and row["oldest_missing_fix"] == "2026-11-20"
     assert row["fix_age_days"] == 2  # by the frozen clock
+    shown = run_cli_in_process(*args, check_exit=1).stdout
+    assert "the oldest fix it lacks is from 2026-11-20, 2 days ago" in shown

@@ -63,7 +63,10 @@ def print_table(rows: list[security_stage.RowSecurity]) -> None:
         if row.error:
             print(f"{row.subject}: error: {row.error}")
             continue
-        print(f"{row.subject}: {len(row.fixable) or 'no'} fixable OS packages ({row.source}, {row.signature})")
+        age = security_stage.fix_age(row.fixable, security_stage.utc_now().date())
+        oldest = f"; the oldest fix it lacks is from {age['oldest_missing_fix']}, {age['fix_age_days']} days ago" \
+            if age["oldest_missing_fix"] else ""
+        print(f"{row.subject}: {len(row.fixable) or 'no'} fixable OS packages ({row.source}, {row.signature}){oldest}")
         if not row.fixable:
             continue
         table = Table(box=None, pad_edge=False)
