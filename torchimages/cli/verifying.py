@@ -162,7 +162,7 @@ def print_subject(repository: str, fingerprint: str, subject: Subject) -> None:
         print(f"  {kind}: " + (f"verified: {attestations.summary(kind, found[-1])}" if found else "NOT VERIFIED"))
     found = evidence.statements.get(vex.VEX_PREDICATE, [])
     print(f"  {vex.VEX_PREDICATE}: " + (f"verified: {sum(len(d.get('statements') or []) for d in found)} statements"
-                                         if found else "none (no finding the allowlist accepts)"))
+                                         if found else "none by this key (publish attests one where a finding is accepted or a fix carried)"))
     print(f"  {len(subject.explained)} findings explained, {len(subject.unexplained)} unexplained")
     for warning in evidence.warnings:
         print(f"  warning: {warning}")
