@@ -54,7 +54,8 @@ from devtools import localengine  # noqa: E402
 from torchimages import engine  # noqa: E402
 from torchimages.builder import local_name, wheel_dir  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access  # noqa: E402
+from torchimages.registry import Registry, RegistryClient, RetryPolicy  # noqa: E402
+from torchimages.registry_access import registry_access  # noqa: E402
 from torchimages.wheels import requirements  # noqa: E402
 
 LAYOUTS = ("today", "new")

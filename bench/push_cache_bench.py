@@ -35,7 +35,8 @@ from devtools import localengine  # noqa: E402
 from torchimages import engine  # noqa: E402
 from torchimages.builder import local_name  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry, registry_access  # noqa: E402
+from torchimages.registry import RegistryClient, RetryPolicy, image_registry  # noqa: E402
+from torchimages.registry_access import registry_access  # noqa: E402
 
 
 def timed_push(image_id: str, reference: str, kept: Path | None) -> float:

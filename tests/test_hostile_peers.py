@@ -47,9 +47,9 @@ from torchimages.registry import (
     RetryPolicy,
     image_registry,
     parse_registry,
-    registry_access,
     with_retries,
 )
+from torchimages.registry_access import registry_access
 from torchimages.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_MATRIX, ROOT

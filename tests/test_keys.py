@@ -27,7 +27,8 @@ from pkcs11.util.ec import encode_ec_public_key, encode_named_curve_parameters
 from devtools.softhsm import UTILITY, softhsm_module
 from torchimages import attestations, signing
 from torchimages.keys_pkcs11 import TokenSigningKey
-from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access
+from torchimages.registry import Registry, RegistryClient, RetryPolicy
+from torchimages.registry_access import registry_access
 from torchimages.signatures import SignatureStore, signature_layer
 
 from .conftest import run_cli, run_cli_in_process

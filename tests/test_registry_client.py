@@ -7,7 +7,8 @@ import pytest
 
 from torchimages import registry
 from torchimages.files import brief
-from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry, registry_access
+from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry
+from torchimages.registry_access import registry_access
 
 
 def caches_of_skopeo_runs(monkeypatch) -> list[str]:

@@ -15,7 +15,8 @@ from torchimages import attestations, catalog, multiarch
 from torchimages.admission import DOCKER_MANIFEST
 from torchimages.catalog import Catalog, public_key_path, save, save_public_key
 from torchimages.model import InputError
-from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry, registry_access
+from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry
+from torchimages.registry_access import registry_access
 from torchimages.signatures import artifact_files, attestation_layer, attestation_tag, signature_layer, signature_tag
 from torchimages.signing import PublicKey
 

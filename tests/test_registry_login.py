@@ -20,7 +20,8 @@ import yaml
 from torchimages.base_pins import Resolver
 from torchimages.builder import BUILDERS, Builder, BuildOptions, cache_name, local_name
 from torchimages.redaction import Secrets
-from torchimages.registry import RegistryAccess, RegistryClient, RetryPolicy, image_registry, registry_access
+from torchimages.registry import RegistryClient, RetryPolicy, image_registry
+from torchimages.registry_access import RegistryAccess, registry_access
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
 from .registry_fixtures import USER, make_certificates, start_secure_registry

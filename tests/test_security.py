@@ -339,7 +339,8 @@ def nightly_for(tmp_path, url: str, keyring: str, debs):
     from torchimages.nightly import Nightly, NightlyOptions
     from torchimages.project import Project
     from torchimages.publish import PublishOptions
-    from torchimages.registry import parse_registry, registry_access
+    from torchimages.registry import parse_registry
+    from torchimages.registry_access import registry_access
 
     args = published_project(tmp_path, url, keyring, debs)
     matrix, catalog = tmp_path / "project" / "matrix.yaml", tmp_path / "catalog"

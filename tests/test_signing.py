@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from torchimages import attestations, signing
 from torchimages.matrix import load_matrix
-from torchimages.registry import Registry, RegistryClient, RetryPolicy, registry_access
+from torchimages.registry import Registry, RegistryClient, RetryPolicy
+from torchimages.registry_access import registry_access
 from torchimages.signatures import (
     Layer,
     SignatureStore,

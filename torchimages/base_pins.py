@@ -23,13 +23,12 @@ from .project import Project
 from .redaction import redact
 from .registry import (
     Registry,
-    RegistryAccess,
     RegistryClient,
     RegistryError,
     RetryPolicy,
     image_registry,
-    registry_access,
 )
+from .registry_access import RegistryAccess, registry_access
 from .reporting import utc_timestamp
 
 

@@ -28,12 +28,12 @@ from .files import (
 from .model import ImageSpec, InputError, Problem
 from .project import Project
 from .registry import (
-    AccessSettings,
     RegistryClient,
     RegistryError,
     RetryPolicy,
     parse_registry,
 )
+from .registry_access import AccessSettings
 from .reporting import (
     DIGEST,
     TAG,

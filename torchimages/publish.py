@@ -34,12 +34,12 @@ from .registry import (
     DEFAULT_COMPRESSION,
     Manifest,
     Registry,
-    RegistryAccess,
     RegistryClient,
     RegistryError,
     RetryPolicy,
     with_retries,
 )
+from .registry_access import RegistryAccess
 from .reporting import RowReport, utc_timestamp
 from .signatures import SignatureStore, attestation_tag, signature_tag
 from .signing import SigningKey

@@ -20,13 +20,12 @@ from ..project import Project
 from ..publish import ALLOWLIST_NAME, PublishOptions
 from ..registry import (
     COMPRESSIONS,
-    DEFAULT_CERTS_D,
     DEFAULT_COMPRESSION,
-    AccessSettings,
     RetryPolicy,
     parse_registry,
     publish_cache_folder,
 )
+from ..registry_access import DEFAULT_CERTS_D, AccessSettings
 from .display import log
 
 
