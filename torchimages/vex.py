@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import jsonschema
+from debian.debian_support import version_compare
 
 from .attestations import VEX_PREDICATE
 from .catalog import CatalogEntry
@@ -95,7 +96,10 @@ def accepted_statements(allowlist: Allowlist, fixable: list[Fixable], image: str
     or not the security index does), and each CVE of a fixable package a `package:` entry accepts."""
     active = [entry for entry in allowlist.entries if entry.expires >= today]
     path = Path(allowlist.path).name or "scanner-allowlist.yaml"
-    carriers = {cve: [item.package for item in fixable if cve in item.cves] for item in fixable for cve in item.cves}
+    carriers: dict[str, list[str]] = {}  # CVE -> the fixable packages whose fix closes it
+    for item in fixable:
+        for cve in item.cves:
+            carriers.setdefault(cve, []).append(item.package)
     statements = [accepted(entry, entry.id, _product(image, carriers.get(entry.id, []), purls), path)
                   for entry in active if is_vulnerability(entry)]
     by_package = {entry.id: entry for entry in active if not is_vulnerability(entry)}
@@ -114,8 +118,6 @@ def fixed_statements(fixed: list[dict], image: str, purls: dict[str, str]) -> li
 
 def fixes_carried(previous_fixable: list[dict], installed: dict[str, str]) -> list[dict]:
     """The fixes a previous digest lacked (its recorded fixable list) that this image's packages now hold."""
-    from debian.debian_support import version_compare
-
     return [{"package": item["package"], "fixed": item["fixed"], "cves": list(item.get("cves") or [])}
             for item in previous_fixable
             if item.get("package") in installed and version_compare(installed[item["package"]], item["fixed"]) >= 0]
