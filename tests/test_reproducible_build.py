@@ -14,6 +14,7 @@ from torchimages import attestations
 from torchimages.matrix import load_matrix
 from torchimages.registry import RegistryClient, RetryPolicy, image_registry
 from torchimages.registry_access import registry_access
+from torchimages.reproducible import ChunkReader
 from torchimages.signatures import SignatureStore
 
 from .conftest import CPU_SELECTOR, ROOT, SHARED_STEPS, one_process_at_a_time, run_cli, with_live_compat
@@ -57,32 +58,32 @@ def test_two_no_cache_builds_give_one_image_and_one_manifest_digest(cpu_images, 
             docker_client.images.remove(f"{REPOSITORY}:{tag}", force=True)
 
 
-def tampered_copy(docker_client, image: str, name: str, path: str) -> None:
+def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> None:
     """image again as name, with one byte of one file changed in the small layer that holds path: the layer, its
-    diff id and the config that lists it change, nothing else (docker save, rewritten, docker load)."""
-    saved, rewritten = io.BytesIO(b"".join(docker_client.api.get_image(image))), io.BytesIO()
-    renamed = {}
-    with tarfile.open(fileobj=saved) as source, tarfile.open(fileobj=rewritten, mode="w") as target:
-        members = source.getmembers()
-        contents = {member.name: source.extractfile(member).read() for member in members if member.isfile()}
-        for name_in_tar, content in contents.items():
-            if name_in_tar.endswith("/layer.tar") and len(content) < 1 << 20 and path.encode() in content:
+    diff id and the config that lists it change, nothing else (docker save, rewritten as it streams, docker load).
+    Docker 20.10's save writes the layers before the config and the manifest."""
+    renamed: dict[str, str] = {}
+    archive_path = scratch / "tampered.tar"
+    with tarfile.open(fileobj=ChunkReader(docker_client.api.get_image(image)), mode="r|") as source, \
+            tarfile.open(archive_path, mode="w") as target:
+        for member in source:
+            content = source.extractfile(member).read() if member.isfile() else None
+            if member.name.endswith("/layer.tar") and len(content) < 1 << 20 and path.encode() in content:
                 changed = tampered_layer(content, path)
                 renamed[f"sha256:{hashlib.sha256(content).hexdigest()}"] = f"sha256:{hashlib.sha256(changed).hexdigest()}"
-                contents[name_in_tar] = changed
-        assert renamed, f"no small layer of {image} holds {path}"
-        [manifest] = json.loads(contents["manifest.json"])
-        config = json.loads(contents[manifest["Config"]])
-        config["rootfs"]["diff_ids"] = [renamed.get(diff_id, diff_id) for diff_id in config["rootfs"]["diff_ids"]]
-        contents[manifest["Config"]] = json.dumps(config).encode()
-        contents["manifest.json"] = json.dumps([{**manifest, "RepoTags": [name]}]).encode()
-        for member in members:
-            if member.isfile():
-                member.size = len(contents[member.name])
-                target.addfile(member, io.BytesIO(contents[member.name]))
-            else:
-                target.addfile(member)
-    docker_client.api.load_image(rewritten.getvalue())
+                content = changed
+            elif member.name == "manifest.json":
+                content = json.dumps([{**json.loads(content)[0], "RepoTags": [name]}]).encode()
+            elif member.isfile() and member.name.endswith(".json") and "/" not in member.name:
+                config = json.loads(content)
+                config["rootfs"]["diff_ids"] = [renamed.get(d, d) for d in config["rootfs"]["diff_ids"]]
+                content = json.dumps(config).encode()
+            if content is not None:
+                member.size = len(content)
+            target.addfile(member, io.BytesIO(content) if content is not None else None)
+    assert renamed, f"no small layer of {image} holds {path}"
+    with open(archive_path, "rb") as archive:
+        docker_client.api.load_image(archive)
 
 
 def tampered_layer(layer: bytes, path: str) -> bytes:
@@ -137,7 +138,7 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
         lacking = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
         assert f"commit {'0' * 40} is not in the checkout" in lacking.stderr and "Traceback" not in lacking.stderr
         # A published image whose entrypoint layer differs by one byte: that layer and that file are named.
-        tampered_copy(docker_client, local, tampered, "usr/local/bin/torchimages-entrypoint")
+        tampered_copy(docker_client, local, tampered, "usr/local/bin/torchimages-entrypoint", tmp_path)
         differs = cli("rebuild", published(tampered, "tampered"), "--key", str(KEYS / "first.pub"), "--check",
                       "--wheelhouse", str(wheelhouse), check_exit=1)
         layers = docker_client.api.inspect_image(local)["RootFS"]["Layers"]
