@@ -12,8 +12,7 @@ from pathlib import Path
 
 from .builder import PROXY_ARGS, wheel_dir
 from .files import make_folder
-from .matrix import PYPI
-from .model import ImageSpec, PeerError
+from .model import PYPI, ImageSpec, PeerError
 from .redaction import Secrets
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
