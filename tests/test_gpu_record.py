@@ -4,6 +4,7 @@ hosts of the simulation lane (tests/gpu_hosts/), gathered by the probe's own fun
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -177,6 +178,21 @@ def test_the_lane_host_keeps_torchs_cuda_warning_where_nvml_warned_first():
     facts = record.torch_cuda_as_lane_host({"available": False, "warnings": ["Can't initialize NVML", error_803]})
     assert facts["warning"] == error_803
     assert record.torch_cuda_as_lane_host({"warnings": ["Can't initialize NVML"]})["warning"] == "Can't initialize NVML"
+
+
+@pytest.mark.parametrize("host", ["v100-p100-old-arch"], indirect=True)
+def test_a_record_replays_torchs_arch_warnings_as_the_host_gave_them(host, tmp_path):
+    """torch.cuda.init() warns for a GPU the cu130 arch list misses (torch/cuda/__init__.py _check_capability and
+    _check_cubins; gpu-audit-3 C7): those are no first-call warning, so the lane host does not quote one as its
+    `warning`, and its replay gives the host's warnings once each, not the first one twice."""
+    path = saved_facts(tmp_path, host)
+    warned = json.loads(Path(path).read_text())["gpu"]["warnings"]
+    gpu_record(tmp_path, CU130, "--facts", path)
+    [written] = (tmp_path / "reports" / "gpu-record").glob("*.yaml")
+    replayed = {**yaml.safe_load(written.read_text()), "name": "replayed"}
+    spec = BY_TAG[CU130]
+    assert len(warned) == 3 and "warning" not in replayed["torch_cuda"]
+    assert gather_gpu_facts(replayed, spec, arch_flags_for(list(spec.arch_list)))["warnings"] == warned
 
 
 def test_an_h200_nvl_is_measured_against_its_own_peak():

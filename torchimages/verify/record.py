@@ -175,6 +175,10 @@ def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
 SMI_GPU_LINE = re.compile(r"^GPU \d+: (?P<name>.+) \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
 SMI_MIG_LINE = re.compile(r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+\d+: \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
 QUERY_KEYS = ("name", "uuid", "compute_cap", "driver_version", "compute_mode", "mig_mode")  # probe.RECORD_QUERY_FIELDS
+# What torch.cuda.init()'s own checks warn for a GPU the arch list misses (torch/cuda/__init__.py, _check_capability
+# and _check_cubins): no first-call warning, and a replay's init gives them again from the row's arch list.
+ARCH_CHECK_WARNING = re.compile(r"^Found GPU\d+ |is not compatible with the current PyTorch installation",
+                                re.ASCII)
 
 
 def verdict(check: dict) -> str:
@@ -211,10 +215,11 @@ def torch_cuda_as_lane_host(gpu: dict) -> dict:
         facts["cuda_visible_devices"] = gpu["cuda_visible_devices"]
     if gpu.get("nvml_device_count") is not None:
         facts["nvml_device_count"] = gpu["nvml_device_count"]
-    if gpu.get("warnings"):
+    first_call = [warning for warning in gpu.get("warnings") or [] if not ARCH_CHECK_WARNING.search(warning)]
+    if first_call:
         # torch's CUDA warning names why CUDA did not start; NVML's ("Can't initialize NVML") may come before it
-        facts["warning"] = next((warning for warning in gpu["warnings"] if warning.startswith("CUDA initialization")),
-                                gpu["warnings"][0])
+        facts["warning"] = next((warning for warning in first_call if warning.startswith("CUDA initialization")),
+                                first_call[0])
     devices = gpu.get("devices") or []
     if devices:
         facts["devices"] = [{"name": device["name"], "uuid": device.get("uuid", ""),
