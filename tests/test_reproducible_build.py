@@ -133,7 +133,7 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
         (tmp_path / "empty").mkdir()
         missing = cli("rebuild", reference, "--key", str(KEYS / "first.pub"), "--wheelhouse", str(tmp_path / "empty"),
                       check_exit=2)
-        assert "wheel torch-2.13.0" in missing.stderr and "build.py wheels" in missing.stderr
+        assert f"error: {reference}:0: wheel " in missing.stderr and "build.py wheels" in missing.stderr
         published(local, tag, commit="0" * 40, signer=SECOND)
         lacking = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
         assert f"commit {'0' * 40} is not in the checkout" in lacking.stderr and "Traceback" not in lacking.stderr

@@ -138,18 +138,19 @@ def build(client: docker.DockerClient, spec: ImageSpec, options: BuildOptions) -
 
 
 def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys: list[PublicKey], reference: str,
-              specs: list[ImageSpec], images: Path, wheelhouse: Path, reports: Path, check: bool) -> Comparison:
-    """Verify, rebuild and compare (see the module's doc)."""
+              named: str, specs: list[ImageSpec], images: Path, wheelhouse: Path, reports: Path,
+              check: bool) -> Comparison:
+    """Verify, rebuild and compare (see the module's doc): reference is REF's tag or digest, named REF as given."""
     manifest = registry.manifest(reference)
-    claim = verified_claim(registry, keys, manifest, reference)
+    claim = verified_claim(registry, keys, manifest, named)
     spec = next((spec for spec in specs if spec.tag == claim.tag), None)
     if spec is None:
-        raise _refused(reference, f"row {claim.tag} is not in the matrix: rebuild with the matrix that has it")
-    root = checkout_root(images, claim.commit, reference)
+        raise _refused(named, f"row {claim.tag} is not in the matrix: rebuild with the matrix that has it")
+    root = checkout_root(images, claim.commit, named)
     ours = rebuilt_spec(spec)
     with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder, \
             worktree(root, claim.commit) as tree:
-        served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, reference)
+        served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
         result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports, served))
     if result.status != "built":
         raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")

@@ -19,8 +19,8 @@ def cmd_rebuild(project: Project, args) -> int:
     registry, reference = image_reference(args.reference)
     client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
     wheelhouse = args.wheelhouse or project.matrix.parent / "wheelhouse"
-    comparison = reproduce(engine.client(), client, keys, reference, project.load().specs, project.images, wheelhouse,
-                           project.reports / "rebuild", args.check)
+    comparison = reproduce(engine.client(), client, keys, reference, args.reference, project.load().specs,
+                           project.images, wheelhouse, project.reports / "rebuild", args.check)
     print("\n".join(comparison.lines))
     return EXIT_OK if comparison.reproduced else EXIT_FAILED
 
