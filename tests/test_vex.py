@@ -192,3 +192,11 @@ def test_a_vex_document_the_schema_refuses_stops_publish_with_exit_2_before_anyt
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert str(path) in lines[0] and "fails the OpenVEX schema" in lines[0] and "'@context' is a required" in lines[0]
     assert "Traceback" not in refused.stderr and not (tmp_path / "catalog").exists()
+
+
+@pytest.mark.parametrize("report", [
+    {"security": []}, {"security": {"fixable": "libssl3"}}, {"security": {"fixable": [{"package": "x", "cves": 7}]}},
+    {"platforms": []}, {"platforms": {"linux/amd64": "x"}}, {"platforms": {"linux/amd64": {"report": []}}}])
+def test_a_report_of_another_shape_holds_no_finding_and_raises_nothing(report):
+    explained, unexplained = vex.explain([report], [{"statements": "none"}], TODAY)
+    assert explained == [] and all(not finding.cves for finding in unexplained)

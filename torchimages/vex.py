@@ -241,23 +241,32 @@ def validated(vex: dict, where: str) -> dict:
 
 def findings_of(reports: list[dict]) -> list[Finding]:
     """The fixable OS packages the verification reports record (publish's security index check), each once."""
-    found = {Finding(str(item.get("package")), tuple(sorted(map(str, item.get("cves") or []))))
-             for report in _with_members(reports) for item in ((report.get("security") or {}).get("fixable") or [])
+    found = {Finding(str(item.get("package")), tuple(sorted(map(str, _list(item.get("cves"))))))
+             for report in _with_members(reports) for item in _list(_mapping(report.get("security")).get("fixable"))
              if isinstance(item, dict)}
     return sorted(found, key=lambda finding: finding.package)
 
 
 def _with_members(reports: list[dict]) -> list[dict]:
     """The reports and, of an index's, each platform's whole report (where its findings are)."""
-    members = [member.get("report") for report in reports for member in (report.get("platforms") or {}).values()
-               if isinstance(member, dict)]
+    members = [_mapping(member).get("report") for report in reports
+               for member in _mapping(report.get("platforms")).values()]
     return [report for report in [*reports, *members] if isinstance(report, dict)]
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list:
+    """A signed report's list, as it reads: anything else (a report written by another tool) holds nothing."""
+    return value if isinstance(value, list) else []
 
 
 def explained(finding: Finding, documents: list[dict], today: dt.date) -> bool:
     """Whether a signed VEX statement explains the finding: every CVE it fixes is `not_affected` or `affected` and
     not past its "accepted until" date. A fix that names no CVE cannot be matched, and is not explained."""
-    names = {statement["vulnerability"].get("name") for vex in documents for statement in vex.get("statements") or []
+    names = {statement["vulnerability"].get("name") for vex in documents for statement in _list(vex.get("statements"))
              if isinstance(statement, dict) and isinstance(statement.get("vulnerability"), dict)
              and statement.get("status") in EXPLAINING and _still_accepted(statement, today)}
     return bool(finding.cves) and all(cve in names for cve in finding.cves)
