@@ -11,9 +11,9 @@ from torchimages.catalog import (
     CatalogEntry,
     PinnedTag,
     load_catalog,
-    readme,
     save,
 )
+from torchimages.catalog_page import readme
 from torchimages.model import InputError
 from torchimages.sbom import (
     AllowedVulnerability,

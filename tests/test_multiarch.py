@@ -21,9 +21,9 @@ from torchimages.catalog import (
     forget_pinned,
     load_catalog,
     matches_spec,
-    readme,
     versions,
 )
+from torchimages.catalog_page import readme
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
 from torchimages.publish import (

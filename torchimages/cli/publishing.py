@@ -8,7 +8,7 @@ from collections import Counter
 
 from .. import base_pins as lock_stage
 from .. import catalog as catalog_stage
-from .. import engine
+from .. import catalog_page, engine
 from .. import publish as publish_stage
 from .. import sbom as sbom_stage
 from .. import vex as vex_stage
@@ -115,7 +115,7 @@ def cmd_catalog(project: Project, args) -> int:
         print(f"{len(catalog.images)} catalog entries checked against the registry: "
               f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
         return EXIT_FAILED if mismatches else EXIT_OK
-    page = catalog_stage.readme(catalog, catalog_stage.sbom_prefix(folder, project.images))
+    page = catalog_page.readme(catalog, catalog_stage.sbom_prefix(folder, project.images))
     readme_path = project.images / catalog_stage.README_NAME
     catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
     current = catalog_stage.current_page(readme_path)
