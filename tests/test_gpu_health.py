@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from torchimages import attestations
+from torchimages.attestations import verified_on
 from torchimages.checks import gpu_health, gpu_speed, probe
 from torchimages.checks.probe import arch_flags_for
-from torchimages.publish import verified_on
 from torchimages.verify import CHECKS, record
 from torchimages.verify.plan import VerifyResult
 from torchimages.verify.reports import CheckVerdict, VerifyReport, summary_markdown
