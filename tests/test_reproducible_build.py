@@ -61,8 +61,9 @@ def test_two_no_cache_builds_give_one_image_and_one_manifest_digest(cpu_images, 
 def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> None:
     """image again as name, with one byte of one file changed in the small layer that holds path: the layer, its
     diff id and the config that lists it change, nothing else (docker save, rewritten as it streams, docker load).
-    Docker 20.10's save writes the layers before the config and the manifest."""
+    The save lists its files by name, so the config and manifest are written last, once every layer was read."""
     renamed: dict[str, str] = {}
+    last: list[tuple[tarfile.TarInfo, bytes]] = []
     archive_path = scratch / "tampered.tar"
     with tarfile.open(fileobj=ChunkReader(docker_client.api.get_image(image)), mode="r|") as source, \
             tarfile.open(archive_path, mode="w") as target:
@@ -72,15 +73,21 @@ def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> N
                 changed = tampered_layer(content, path)
                 renamed[f"sha256:{hashlib.sha256(content).hexdigest()}"] = f"sha256:{hashlib.sha256(changed).hexdigest()}"
                 content = changed
-            elif member.name == "manifest.json":
-                content = json.dumps([{**json.loads(content)[0], "RepoTags": [name]}]).encode()
-            elif member.isfile() and member.name.endswith(".json") and "/" not in member.name:
-                config = json.loads(content)
-                config["rootfs"]["diff_ids"] = [renamed.get(d, d) for d in config["rootfs"]["diff_ids"]]
-                content = json.dumps(config).encode()
+            if member.isfile() and member.name.endswith(".json") and "/" not in member.name:
+                last.append((member, content))
+                continue
             if content is not None:
                 member.size = len(content)
             target.addfile(member, io.BytesIO(content) if content is not None else None)
+        for member, content in last:
+            if member.name == "manifest.json":
+                content = json.dumps([{**json.loads(content)[0], "RepoTags": [name]}]).encode()
+            else:
+                config = json.loads(content)
+                config["rootfs"]["diff_ids"] = [renamed.get(d, d) for d in config["rootfs"]["diff_ids"]]
+                content = json.dumps(config).encode()
+            member.size = len(content)
+            target.addfile(member, io.BytesIO(content))
     assert renamed, f"no small layer of {image} holds {path}"
     with open(archive_path, "rb") as archive:
         docker_client.api.load_image(archive)

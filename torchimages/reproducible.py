@@ -4,7 +4,7 @@ writes into an image's config that depends on the run is rewritten after the bui
 The layers are made reproducible where they are written (templates/macros.j2: the venv's file time, the OS steps'
 os_step_begin/os_step_end). What remains is the image config: the classic builder dates it and every history entry
 with the clock and names the container that committed it (Docker 20.10 has no SOURCE_DATE_EPOCH for it). The config
-is read from the engine (`docker save`, whose stream ends with it), rewritten here (pure), and loaded back with the
+is read from the engine (a `docker save` stream, read through), rewritten here (pure), and loaded back with the
 layers the engine already holds: `docker load` takes a layer it has by its chain id, so the archive loaded carries
 the config and manifest alone. The image built keeps its parent chain in the engine, untagged, so that the next build
 takes its steps from the cache and settles to the same image again.
