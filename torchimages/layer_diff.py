@@ -37,7 +37,9 @@ def layer_entries(stream: IO[bytes]) -> Iterator[FileEntry]:
     """The entries of one uncompressed layer tar, in the tar's order."""
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
-            yield FileEntry(member.name, member.size, oct(member.mode), f"{member.uid}:{member.gid}",
+            # The permission bits alone: Docker's tar writer also puts the file type in the mode field, which the
+            # entry's type (content) already says, and other writers do not.
+            yield FileEntry(member.name, member.size, oct(member.mode & 0o7777), f"{member.uid}:{member.gid}",
                             int(member.mtime), _content(archive, member))
 
 
