@@ -1,5 +1,6 @@
 """The catalog and its developer page, SBOM documents and the vulnerability-scan hook (pure logic and files),
 plus the catalog's registry check on the real registry."""
+import dataclasses
 import datetime as dt
 import json
 
@@ -50,11 +51,25 @@ def entry(tag: str = "2.14.0-cuda13.0-cudnn9-runtime", aliases=("latest",), depr
 
 # ------------------------------------------------------------------------------------------------------- catalog
 
+@pytest.mark.parametrize(("scan", "shown"), [
+    ({"status": "passed", "fixable_count": 0, "oldest_missing_fix": "", "fix_age_days": 0}, "none"),
+    ({"status": "passed", "fixable_count": 2, "oldest_missing_fix": "2026-01-01", "fix_age_days": 3},
+     "2, oldest 3 days (2026-01-01)"),
+    ({"status": "passed", "fixable_count": 1, "oldest_missing_fix": "", "fix_age_days": 0}, "1 (undated)"),
+])
+def test_the_page_shows_each_digest_s_fix_age(scan, shown):
+    """Issue 48: the fixable OS packages a digest carries and the age of the oldest fix it lacks, as publish recorded."""
+    tag = "2.13.0-cpu-runtime"
+    page = readme(Catalog({tag: dataclasses.replace(entry(tag), scan=scan)}), "../catalog")
+    assert f"| {shown} |" in page
+
+
 def test_readme_tells_what_to_pull_and_where_floating_tags_point():
     tag = "2.14.0-cuda13.0-cudnn9-runtime"
     page = readme(Catalog({tag: entry(tag), "2.13.0-cpu-runtime": entry("2.13.0-cpu-runtime", (), "use 2.14")}), "../catalog")
     assert f"`docker pull {REPOSITORY}:{tag}-20260102`" in page
     assert f"`docker pull {REPOSITORY}@{DIGEST_NEW}`" in page
+    assert "| OS fixes it lacks |" in page and "| - |" in page  # published without a security lookup
     assert f"| `{REPOSITORY}:latest` | `{DIGEST_NEW}` | `{tag}-20260102` |" in page
     assert f"| `{REPOSITORY}:{tag}-20260101` | `{DIGEST_OLD}` | 2026-01-01 |" in page
     assert "6.9 GiB (2.9 GiB)" in page and "6 passed, 3 skipped" in page

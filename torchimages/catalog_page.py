@@ -27,8 +27,9 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
     if not entries:
         return "\n".join(lines + ["Nothing is published yet: run `python build.py publish --registry HOST/REPO`.", ""])
     lines += [
-        "| image | torch | CUDA | cuDNN | Python | OS | size (download) | checks | published | pull a pinned tag | pull by digest | SBOM |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| image | torch | CUDA | cuDNN | Python | OS | size (download) | checks | OS fixes it lacks | published "
+        "| pull a pinned tag | pull by digest | SBOM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in entries:
         deprecated = f" (deprecated: {entry.deprecated})" if entry.deprecated else ""
@@ -36,7 +37,7 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
             entry.tag + deprecated, entry.versions.get("torch", ""), entry.versions.get("cuda", ""),
             entry.versions.get("cudnn", "-"), entry.versions.get("python", ""), entry.versions.get("os", ""),
             f"{human_size(entry.size)} ({human_size(entry.download_size)})", checks_text(entry.checks),
-            entry.published_at[:10],
+            fix_age_text(entry.scan), entry.published_at[:10],
         ]
         lines.append("| " + " | ".join([
             *map(markdown_cell, text), markdown_code(f"docker pull {entry.pull_pinned()}"),
@@ -141,3 +142,14 @@ def checks_text(checks: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- registry check
+
+
+def fix_age_text(scan: dict) -> str:
+    """The OS security fixes this digest lacks and how old the oldest is (docs/security.md's patch promise); '-' where
+    the digest was published without a security lookup."""
+    if "fixable_count" not in scan:
+        return "-"
+    count, oldest = scan["fixable_count"], scan.get("oldest_missing_fix", "")
+    if not count:
+        return "none"
+    return f"{count}, oldest {scan.get('fix_age_days', 0)} days ({oldest})" if oldest else f"{count} (undated)"
