@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from torchimages import engine  # noqa: E402
 from torchimages.project import DEFAULT_TEMPLATES  # noqa: E402
-from torchimages.reproducible import iso_time, settle_image  # noqa: E402
+from torchimages.reproducible import base_entries, iso_time, settle_image  # noqa: E402
 
 REPOSITORY = "localhost:5000/bench/reproducible"
 
@@ -65,7 +65,9 @@ def timed_build(matrix: Path, images: Path, row: str, wheelhouse: Path, reports:
 def settle_seconds(name: str) -> float:
     api = engine.client().api
     started = time.perf_counter()
-    settle_image(api, api.inspect_image(name)["Id"], name, iso_time(946684800))
+    image = api.inspect_image(name)
+    base = image["Config"]["Labels"]["org.opencontainers.image.base.name"]
+    settle_image(api, image["Id"], name, iso_time(946684800), base_entries(api, base))
     return time.perf_counter() - started
 
 

@@ -28,7 +28,7 @@ BUILT = {
 
 
 def test_the_settled_config_keeps_what_the_inputs_made_and_drops_what_the_run_did():
-    settled = settled_config(BUILT, "2026-11-20T10:00:00Z")
+    settled = settled_config(BUILT, "2026-11-20T10:00:00Z", 0)
     assert settled["created"] == "2026-11-20T10:00:00Z"
     assert [entry["created"] for entry in settled["history"]] == ["2026-11-20T10:00:00Z"] * 2
     assert [entry["created_by"] for entry in settled["history"]] == ["RUN apt-get", "LABEL a=b"]
@@ -43,13 +43,22 @@ def test_two_runs_of_one_build_settle_to_the_same_bytes():
                  "config": {**BUILT["config"], "Hostname": "other", "Image": "sha256:dddd"},
                  "history": [{**entry, "created": "2026-11-28T03:00:00Z"} for entry in BUILT["history"]]}
     created = iso_time(1795000000)
-    assert config_bytes(settled_config(BUILT, created)) == config_bytes(settled_config(other_run, created))
+    assert config_bytes(settled_config(BUILT, created, 0)) == config_bytes(settled_config(other_run, created, 0))
     changed_input = {**BUILT, "config": {**BUILT["config"], "Labels": {"a": "c"}}}
-    assert config_bytes(settled_config(changed_input, created)) != config_bytes(settled_config(BUILT, created))
+    assert config_bytes(settled_config(changed_input, created, 0)) != config_bytes(settled_config(BUILT, created, 0))
+
+
+def test_the_base_s_history_entries_stay_as_the_base_has_them():
+    """A published image is a cache source only where its history begins exactly as its base's (moby's
+    isValidParent compares those entries whole, times included): a changed row's build on a fresh runner takes the
+    published layers (tests/test_registry_login.py::test_a_changed_row_builds_on_the_layers_of_its_last_published_image)."""
+    settled = settled_config(BUILT, "2026-11-20T10:00:00Z", 1)
+    assert settled["history"][0] == BUILT["history"][0]
+    assert settled["history"][1]["created"] == "2026-11-20T10:00:00Z"
 
 
 def test_the_load_archive_holds_the_config_and_a_manifest_naming_every_layer():
-    config = config_bytes(settled_config(BUILT, iso_time(0)))
+    config = config_bytes(settled_config(BUILT, iso_time(0), 1))
     with tarfile.open(fileobj=io.BytesIO(load_archive(config, 2, "repo:tag"))) as archive:
         [manifest] = json.loads(archive.extractfile("manifest.json").read())
         assert archive.extractfile(manifest["Config"]).read() == config

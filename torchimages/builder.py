@@ -31,7 +31,7 @@ from .files import check_destinations, open_new, read_bytes, read_text
 from .model import LABEL_PREFIX, PYPI, ImageSpec, InputError, TorchImagesError
 from .redaction import Secrets
 from .reporting import RowReport
-from .reproducible import FILE_TIME, UNCOMMITTED, UNCOMMITTED_EPOCH, SourceDate, settle_image, source_date
+from .reproducible import FILE_TIME, UNCOMMITTED, UNCOMMITTED_EPOCH, SourceDate, base_entries, settle_image, source_date
 
 # read_wheel_record and wheel_record_path: publish and rebuild take them from here.
 from .wheel_record import read_wheel_record, wheel_record_path, write_wheel_record  # noqa: F401
@@ -401,7 +401,8 @@ class Builder:
                 python_stage = served.image if isinstance(served, BuildInputsContainer) else None
                 image_id = self._stream_build(api, spec, context, tar, log, token, *served.build_network,
                                               fresh=fresh or self._fresh_layers_of(python_stage))
-            image_id = settle_image(api, image_id, local_name(spec), context.source.timestamp)
+            base = context.base_image_id or base_reference(spec, self.options.images_dir)
+            image_id = settle_image(api, image_id, local_name(spec), context.source.timestamp, base_entries(api, base))
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")

@@ -72,12 +72,15 @@ def _git(folder: Path, *arguments: str) -> str | None:
         return None
 
 
-def settled_config(config: dict, created: str) -> dict:
+def settled_config(config: dict, created: str, from_base: int) -> dict:
     """The image config without what the build's run put there: one creation time for the image and every history
-    entry, no committing container, no hostname, no parent image id."""
+    entry the build added, no committing container, no hostname, no parent image id. The first from_base history
+    entries are the base image's and stay as the base has them: the engine takes a published image as a cache source
+    only where its history begins exactly as the base's does (moby's isValidParent)."""
     settled = {key: value for key, value in config.items() if key not in RUN_DEPENDENT_KEYS}
     settled["created"] = created
-    settled["history"] = [{**entry, "created": created} for entry in config.get("history", [])]
+    history = config.get("history", [])
+    settled["history"] = history[:from_base] + [{**entry, "created": created} for entry in history[from_base:]]
     settled["config"] = {key: value for key, value in (config.get("config") or {}).items()
                          if key not in ("Hostname", "Image")}
     return settled
@@ -118,10 +121,16 @@ def saved_config(chunks) -> dict:
     return configs[manifest[0]["Config"]]
 
 
-def settle_image(api: docker.APIClient, image_id: str, name: str, created: str) -> str:
-    """Rewrite the config of the image built (see the module's doc) and tag the result name; its id."""
+def base_entries(api: docker.APIClient, base: str) -> int:
+    """How many history entries an image built FROM base takes from it (`docker history` lists one per entry)."""
+    return len(api.history(base))
+
+
+def settle_image(api: docker.APIClient, image_id: str, name: str, created: str, from_base: int) -> str:
+    """Rewrite the config of the image built (see the module's doc) and tag the result name; its id. from_base: the
+    number of history entries that are its base's (base_entries)."""
     config = saved_config(api.get_image(image_id))
-    settled = config_bytes(settled_config(config, created))
+    settled = config_bytes(settled_config(config, created, from_base))
     for answer in api.load_image(load_archive(settled, len(config["rootfs"]["diff_ids"]), name)):
         if isinstance(answer, dict) and answer.get("error"):
             raise SettleFailed(f"the engine did not load the settled config of {image_id}: {answer['error']}")
