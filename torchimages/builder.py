@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -22,7 +23,7 @@ import docker.utils
 import requests
 import urllib3
 
-from . import buildkit, engine
+from . import buildkit, deb_pins, engine
 from .bases_lock import LOCK_NAME, read_lock
 from .build_inputs.container import BuildInputsContainer
 from .build_inputs.layers import install_code_digest, layer_args
@@ -79,6 +80,9 @@ class BuildOptions:
     security_refresh: dict = field(default_factory=dict)
     inputs_server: str = "loopback"  # one of INPUTS_SERVERS: default_inputs_server() for the engine in use
     builder: str = "classic"  # one of BUILDERS
+    # tag -> the .debs its apt steps install, from debs_dir (deb_pins.load_pinned: present and checked by sha256)
+    debs_dir: Path | None = None
+    pinned_debs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -119,8 +123,10 @@ def build_args(options: BuildOptions, context: BuildContext, tag: str, token: st
     if tag in options.security_refresh:
         args[SECURITY_REFRESH_ARG] = options.security_refresh[tag]
     args.update(options.proxies)
-    for name in ("NO_PROXY", "no_proxy"):
-        args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, ""), token_arg(token)]))
+    pinned = deb_pins.PINNED_DEBS_ENTRY if tag in options.pinned_debs else ""
+    for name in ("NO_PROXY", "no_proxy"):  # the token last: the apt steps read it there (templates/os/apt.j2)
+        args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, ""), pinned,
+                                            token_arg(token)]))
     return args
 
 
@@ -396,8 +402,10 @@ class Builder:
                                **docker.utils.kwargs_from_env())
         token = new_token()  # this build's own: its server answers no one else
         try:
+            pins = self.options.pinned_debs.get(spec.tag)
             with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, \
-                    self._inputs_server(api, spec, context, tar, log, fresh, token) as served:
+                    self._served_debs(pins) as debs, \
+                    self._inputs_server(api, spec, context, tar, log, fresh, token, debs) as served:
                 python_stage = served.image if isinstance(served, BuildInputsContainer) else None
                 image_id = self._stream_build(api, spec, context, tar, log, token, *served.build_network,
                                               fresh=fresh or self._fresh_layers_of(python_stage))
@@ -406,8 +414,12 @@ class Builder:
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")
+            built_debs = deb_pins.image_pins(api, image_id)
+            if pins is not None:
+                deb_pins.check_built(spec.tag, built_debs, pins)
             result.status, result.image_id, result.size = "built", inspected["Id"], inspected["Size"]
             write_wheel_record(self.options.reports_dir, spec.tag, context)
+            deb_pins.write_report(self.options.reports_dir, spec.tag, built_debs)
         except Exception as error:  # noqa: BLE001 - one image fails, the others go on
             result.error = self.secrets.redact(_build_error(error))
             if self.cancelled.is_set():
@@ -419,13 +431,18 @@ class Builder:
             result.error = _with_log_tail(result.error, log_path)
         return result
 
+    def _served_debs(self, pins: list[deb_pins.PinnedDeb] | None) -> AbstractContextManager[dict[str, Path]]:
+        return deb_pins.served(self.options.debs_dir, pins) if pins is not None and self.options.debs_dir \
+            else nullcontext({})
+
     def _inputs_server(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log,
-                       fresh: str | None, token: str) -> BuildInputsServer | BuildInputsContainer:
+                       fresh: str | None, token: str, debs: dict[str, Path]) -> BuildInputsServer | BuildInputsContainer:
         """The build-input server for this build, not started yet. On the engine, it runs in the image of the row's
-        `python` stage, built here first (the image's own build then takes those layers from the cache)."""
+        `python` stage, built here first (the image's own build then takes those layers from the cache); pinned
+        .debs are served from this host's loopback only (that stage installs them)."""
         pip_conf = pip_settings(spec, self.options, bool(context.wheels), token)
         if self.options.inputs_server == "loopback":
-            return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle, token)
+            return BuildInputsServer(context.wheels, pip_conf, context.ca_bundle, token, debs=debs)
         python_stage = self._stream_build(api, spec, context, tar, log, token, "default", {}, target="python",
                                           fresh=fresh)
         tar.seek(0)

@@ -24,6 +24,7 @@ import hmac
 import html
 import io
 import json
+import posixpath
 import random
 import secrets
 import socket
@@ -54,11 +55,12 @@ class BuildInputsServer:
     """A context manager: started on entry, always stopped (and its socket closed) on exit."""
 
     def __init__(self, wheels: dict[str, Path], pip_conf: str, ca_bundle: str | None, token: str,
-                 listen: str | None = None, planner: bytes | None = None):
+                 listen: str | None = None, planner: bytes | None = None, debs: dict[str, Path] | None = None):
         """token: the build's secret (new_token()), required on every request but PUBLIC_PATHS; listen: the address
         to serve on (a free loopback address when None); planner: planner.zip's bytes (made from this interpreter's
-        pip when None)."""
+        pip when None); debs: pinned .debs and their indexes, served under /debs/ (deb_pins.served)."""
         self.wheels = wheels
+        self.debs = debs or {}
         self.authorization = basic_authorization(token)
         self.listen = listen
         self.planner = planner
@@ -153,6 +155,8 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 self._send(owner.metadata[path[8:-9]], "text/plain")
             elif path.startswith("/wheels/") and path[8:] in owner.wheels:
                 self._send_file(owner.wheels[path[8:]])
+            elif path.startswith("/debs/") and posixpath.normpath(path[6:]) in owner.debs:  # apt asks for ./Packages
+                self._send_file(owner.debs[posixpath.normpath(path[6:])])
             else:
                 self.send_error(HTTPStatus.NOT_FOUND)
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import builder as build_stage
-from .. import doctor, engine, verify
+from .. import deb_pins, doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
 from ..checks import checklist
@@ -78,6 +78,24 @@ def cmd_wheels(project: Project, args) -> int:
     for folder in fetched:
         print(f"{folder.dest}: {folder.files} files, {human_size(folder.total_bytes)}; fetched {folder.new_files} "
               f"({human_size(folder.new_bytes)}) this time")
+    return EXIT_OK
+
+
+def cmd_debs(project: Project, args) -> int:
+    """Keep the .debs each selected row's engine image records (deb_pins.py), checked by sha256, for `build --debs`."""
+    client = engine.client()
+    for spec in project.select(args.selectors):
+        image = build_stage.local_name(spec)
+        if engine.inspect_image(client, image) is None:
+            raise InputError([Problem(spec.tag, 0, f"no image {image} on the engine: build it first "
+                                                   f"(`python build.py build {spec.tag}`)")])
+        pins = deb_pins.image_pins(client.api, image)
+        if not pins:
+            raise InputError([Problem(spec.tag, 0, f"{image} records no .debs (built before they were recorded, or "
+                                                   f"not an apt row): build it again with --force")])
+        fetched = deb_pins.keep(client, image, spec.tag, pins, args.dest)
+        print(f"{spec.tag}: {len(pins)} .debs in {args.dest} (fetched {fetched} this time); "
+              f"{deb_pins.manifest_path(args.dest, spec.tag)}")
     return EXIT_OK
 
 
@@ -284,6 +302,16 @@ def register(commands) -> None:
     fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
     add_source_arguments(fetching)
     fetching.set_defaults(handler=cmd_wheels, writes=lambda project, args: [args.dest])
+
+    keeping = commands.add_parser(
+        "debs", help="keep the OS packages (.debs) rows installed, for offline builds that reproduce them",
+        description="For each row's image on the engine: downloads every .deb its apt steps recorded (with apt, in a "
+                    "container of the image: its own sources), checks each by sha256 and writes DIR/<tag>.debs.json. "
+                    "`build --debs DIR` and `rebuild --debs DIR` install exactly these. Exit 0; 1: the mirror no "
+                    "longer serves a version; 2: no image, no record, or a file with another hash.")
+    add_selectors(keeping, required=True)
+    keeping.add_argument("--dest", type=Path, required=True, metavar="DIR", help="where the .debs go")
+    keeping.set_defaults(handler=cmd_debs, writes=lambda project, args: [args.dest])
 
     building = commands.add_parser("build", help="build images on the Docker engine")
     add_selectors(building)

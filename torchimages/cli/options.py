@@ -9,9 +9,9 @@ from pathlib import Path
 
 from .. import builder as build_stage
 from .. import catalog as catalog_stage
+from .. import deb_pins, signing
 from .. import sbom as sbom_stage
 from .. import security as security_stage
-from .. import signing
 from ..bases_lock import read_lock
 from ..files import read_bytes
 from ..matrix import load_compat
@@ -58,6 +58,9 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
     parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")
+    parser.add_argument("--debs", type=Path, metavar="DIR",
+                        help="install exactly the OS packages `build.py debs` kept in DIR, offline (each checked by "
+                             "sha256; build with --no-cache so that no apt step comes from the cache)")
     parser.add_argument("--inputs-server", choices=build_stage.INPUTS_SERVERS,
                         help="where the server the build fetches its wheels from runs: on this host's loopback, or in "
                              "a container on the engine, for a remote engine or Docker Desktop's (default: loopback "
@@ -80,14 +83,30 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
             raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
     if args.ca_bundle is not None:
         read_bytes(args.ca_bundle, build_stage.CA_BUNDLE_FIX)  # a FIFO or /dev/zero: refused now, not in a build
+    inputs_server = args.inputs_server or build_stage.default_inputs_server()
     return build_stage.BuildOptions(
         images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
         pull=args.pull, force=args.force, fail_fast=args.fail_fast, prune_build_stages=args.prune_build_stages,
         wheelhouse=args.wheelhouse,
         pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
         proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
-        inputs_server=args.inputs_server or build_stage.default_inputs_server(), builder=args.builder,
+        inputs_server=inputs_server, builder=args.builder,
+        debs_dir=args.debs, pinned_debs=pinned_debs(project, args, inputs_server),
     )
+
+
+def pinned_debs(project: Project, args: argparse.Namespace, inputs_server: str) -> dict[str, list]:
+    """--debs: every selected row's kept .debs, each there with its recorded sha256, before anything is built."""
+    folder = getattr(args, "debs", None)
+    if folder is None:
+        return {}
+    if not folder.is_dir():
+        raise InputError([Problem(str(folder), 0, "--debs names a folder `python build.py debs ROW --dest DIR` "
+                                                  "filled")])
+    if inputs_server != "loopback":
+        raise InputError([Problem("--debs", 0, "pinned .debs are served from this host's loopback: build with "
+                                               "`--inputs-server loopback` on an engine of this host")])
+    return {spec.tag: deb_pins.load_pinned(folder, spec.tag) for spec in project.select(args.selectors)}
 
 
 # ------------------------------------------------------------------------------------------------------ registries
