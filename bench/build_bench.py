@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages import builder, engine  # noqa: E402
+from torchimages import build_context, builder, engine  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
 
 NAIVE_DOCKERFILE = """FROM {base}
@@ -55,7 +55,7 @@ def noop_versus_docker_build(specs, wheelhouse: Path) -> list[str]:
         with tempfile.TemporaryDirectory() as folder:
             context = Path(folder)
             shutil.copytree(ROOT / "images" / spec.tag, context, dirs_exist_ok=True)
-            shutil.copytree(builder.wheel_dir(wheelhouse, spec), context / "build-inputs" / "wheelhouse")
+            shutil.copytree(build_context.wheel_dir(wheelhouse, spec), context / "build-inputs" / "wheelhouse")
             command = ["docker", "build", "-q", "-t", f"bench/{spec.tag}", str(context)]
             environment = {**os.environ, "DOCKER_BUILDKIT": "0"}
             subprocess.run(command, check=True, capture_output=True, env=environment)  # warm the cache
@@ -85,7 +85,7 @@ def size_versus_naive(spec, wheelhouse: Path) -> list[str]:
     client = engine.client()
     with tempfile.TemporaryDirectory() as folder:
         context = Path(folder)
-        shutil.copytree(builder.wheel_dir(wheelhouse, spec), context / "wheelhouse")
+        shutil.copytree(build_context.wheel_dir(wheelhouse, spec), context / "wheelhouse")
         (context / "Dockerfile").write_text(NAIVE_DOCKERFILE.format(base=spec.base_image, python=spec.python, torch=spec.torch))
         environment = {**os.environ, "DOCKER_BUILDKIT": "0"}
         naive_time = timed(["docker", "build", "--no-cache", "-q", "-t", "bench/naive", str(context)], env=environment)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from devtools import localengine  # noqa: E402 (the project root is on sys.path only from here)
 from torchimages import engine  # noqa: E402
-from torchimages.builder import wheel_dir  # noqa: E402
+from torchimages.build_context import wheel_dir  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
 from torchimages.wheels import requirements  # noqa: E402
 

@@ -52,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 from devtools import localengine  # noqa: E402
 from torchimages import engine  # noqa: E402
-from torchimages.builder import local_name, wheel_dir  # noqa: E402
+from torchimages.build_context import wheel_dir  # noqa: E402
+from torchimages.builder import local_name  # noqa: E402
 from torchimages.matrix import load_matrix, select  # noqa: E402
 from torchimages.registry import Registry, RegistryClient, RetryPolicy  # noqa: E402
 from torchimages.registry_access import registry_access  # noqa: E402

@@ -15,7 +15,7 @@ from torchimages.sbom import cyclonedx, parse_inventory
 
 from .conftest import FIXTURE_COMPAT, ROOT
 
-DNF_TEMPLATE = '''{% macro install(packages) -%}
+DNF_TEMPLATE = '''{% macro install(packages, step) -%}
 RUN dnf install -y --setopt=install_weak_deps=False {{ packages | join(" ") }} \\
  && dnf clean all \\
  && rm -rf /var/cache/dnf

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from torchimages.builder import input_hash
+from torchimages.build_context import input_hash
 from torchimages.catalog import CatalogEntry, PinnedTag
 from torchimages.rebuild import RowState, build_reasons, decision, explain, input_changes, publish_reasons
 

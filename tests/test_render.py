@@ -204,7 +204,8 @@ def test_os_packages_come_from_the_family_table():
 def input_hashes(matrix_text: str, folder: Path) -> dict[str, str]:
     """Each row's input hash as the builder computes it (rendered folder, build arguments, base), engine-free: the
     base identity is the reference its Dockerfile names, as for a lock-pinned base."""
-    from torchimages.builder import BuildOptions, base_reference, build_context
+    from torchimages.build_context import build_context
+    from torchimages.builder import BuildOptions, base_reference
 
     folder.mkdir()
     (folder / "matrix.yaml").write_text(matrix_text)

@@ -65,16 +65,31 @@ def test_the_load_archive_holds_the_config_and_a_manifest_naming_every_layer():
     assert manifest["RepoTags"] == ["repo:tag"] and len(manifest["Layers"]) == 2
 
 
-def test_the_config_is_read_from_a_save_stream_in_chunks():
+def save_stream(members: tuple[tuple[str, bytes], ...]) -> bytes:
     stream = io.BytesIO()
     with tarfile.open(fileobj=stream, mode="w") as archive:
-        for name, content in (("abc/layer.tar", b"x" * 5000), ("abc.json", json.dumps(BUILT).encode()),
-                              ("manifest.json", json.dumps([{"Config": "abc.json"}]).encode())):
+        for name, content in members:
             info = tarfile.TarInfo(name)
             info.size = len(content)
             archive.addfile(info, io.BytesIO(content))
-    data = stream.getvalue()
+    return stream.getvalue()
+
+
+def test_the_config_is_read_from_a_save_stream_in_chunks():
+    data = save_stream((("abc/layer.tar", b"x" * 5000), ("abc.json", json.dumps(BUILT).encode()),
+                        ("manifest.json", json.dumps([{"Config": "abc.json"}]).encode())))
     assert saved_config(data[index:index + 777] for index in range(0, len(data), 777)) == BUILT
+
+
+def test_the_config_is_read_from_the_oci_layout_docker_25_and_later_save():
+    """Docker 26.1's `docker save` (Debian 13's dockerd, bench/engine_versions_bench.py, 2026-11-28): every blob is
+    blobs/sha256/<hex>, the config among the layers, named by manifest.json; there was no <hex>.json, and settling
+    failed with "held no image config" after the build."""
+    config = json.dumps(BUILT).encode()
+    data = save_stream((("blobs/sha256/" + "1" * 64, b"x" * 5000), ("blobs/sha256/" + "2" * 64, config),
+                        ("index.json", b"{}"), ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+                        ("manifest.json", json.dumps([{"Config": "blobs/sha256/" + "2" * 64}]).encode())))
+    assert saved_config(iter([data])) == BUILT
 
 
 def test_a_row_outside_git_or_edited_has_no_commit_and_the_fixed_date(tmp_path):

@@ -10,7 +10,7 @@ import tarfile
 import docker.errors
 import pytest
 
-from torchimages import attestations
+from torchimages import attestations, deb_pins
 from torchimages.matrix import load_matrix
 from torchimages.registry import RegistryClient, RetryPolicy, image_registry
 from torchimages.registry_access import registry_access
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.engine
 REPOSITORY = "localhost:5000/test/reproducible"
 
 
-def built_ids(matrix, reports, wheelhouse) -> dict[str, str]:
+def built_ids(matrix, reports, wheelhouse, *options: str) -> dict[str, str]:
     run_cli("--matrix", str(matrix), "--reports", str(reports), "build", CPU_SELECTOR, "--wheelhouse", str(wheelhouse),
-            "--no-cache", "--force", check_exit=0)
+            "--no-cache", "--force", *options, check_exit=0)
     report = json.loads((reports / "build-report.json").read_text())
     assert {entry["status"] for entry in report["images"]} == {"built"}
     return {entry["tag"]: entry["image_id"] for entry in report["images"]}
@@ -45,10 +45,15 @@ def test_two_no_cache_builds_give_one_image_and_one_manifest_digest(cpu_images, 
             first = built_ids(matrix, tmp_path / "first", wheelhouse)
             digests = {tag: registry.push(image_id, f"{tag}-first", os.environ["DOCKER_HOST"], "gzip")
                        for tag, image_id in first.items()}
-            second = built_ids(matrix, tmp_path / "second", wheelhouse)
+            # The second build installs the OS packages the first one recorded, kept by `debs`, offline (item 2).
+            run_cli("--matrix", str(matrix), "debs", CPU_SELECTOR, "--dest", str(tmp_path / "debs"), check_exit=0)
+            second = built_ids(matrix, tmp_path / "second", wheelhouse, "--debs", str(tmp_path / "debs"))
         log = (tmp_path / "second" / "2.13.0-cpu-runtime" / "build.log").read_text()
         assert "apt-get install" in log and " ---> Running in " in log, "the second build ran its steps again"
+        assert "/debs/python ./ Packages" in log and "deb.debian.org" not in log, "apt read the mirror"
         assert second == first, "the same inputs built twice gave other images"
+        recorded = json.loads((tmp_path / "second" / "2.13.0-cpu-runtime" / "debs.json").read_text())["debs"]
+        assert {"python", "venv", "system", "security"} <= {pin["step"] for pin in recorded}
         for tag, image_id in second.items():
             assert registry.push(image_id, f"{tag}-second", os.environ["DOCKER_HOST"], "gzip") == digests[tag]
         image = docker_client.api.inspect_image(first["2.13.0-cpu-runtime"])
@@ -118,13 +123,15 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
     local, tampered = f"{REPOSITORY}:{tag}", f"{REPOSITORY}:{tag}-tampered"
     try:
         cli("build", tag, "--wheelhouse", str(wheelhouse), check_exit=0)
+        cli("debs", tag, "--dest", str(tmp_path / "debs"), check_exit=0)  # the project's debs/: rebuild's default
         spec = next(spec for spec in load_matrix(matrix).specs if spec.tag == tag)
         wheels = json.loads((tmp_path / "reports" / tag / "wheels.json").read_text())["wheels"]
 
         def published(image: str, pinned: str, commit: str | None = None, signer=FIRST) -> str:
             digest = registry.push(docker_client.api.inspect_image(image)["Id"], pinned, os.environ["DOCKER_HOST"],
                                    "gzip")
-            provenance = attestations.provenance_predicate(spec, docker_client.api.inspect_image(image), wheels)
+            provenance = attestations.provenance_predicate(spec, docker_client.api.inspect_image(image), wheels, None,
+                                                           deb_pins.image_pins(docker_client.api, image))
             if commit:
                 provenance["buildDefinition"]["resolvedDependencies"][0]["digest"]["gitCommit"] = commit
             store.sign(key(signer), digest)
@@ -141,6 +148,9 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
         missing = cli("rebuild", reference, "--key", str(KEYS / "first.pub"), "--wheelhouse", str(tmp_path / "empty"),
                       check_exit=2)
         assert f"error: {reference}:0: wheel " in missing.stderr and "build.py wheels" in missing.stderr
+        no_debs = cli("rebuild", reference, "--key", str(KEYS / "first.pub"), "--debs", str(tmp_path / "empty"),
+                      check_exit=2)
+        assert "step installed it: `build.py debs" in no_debs.stderr and len(no_debs.stderr.strip().splitlines()) == 1
         published(local, tag, commit="0" * 40, signer=SECOND)
         lacking = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
         assert f"commit {'0' * 40} is not in the checkout" in lacking.stderr and "Traceback" not in lacking.stderr

@@ -392,8 +392,9 @@ def test_a_nightly_that_cannot_read_the_index_rebuilds_nothing_and_says_why(tmp_
 
 
 def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_hash(tmp_path):
+    from torchimages.build_context import build_context
     from torchimages.build_inputs.server import token_arg
-    from torchimages.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args, build_context
+    from torchimages.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args
     from torchimages.matrix import load_matrix
 
     matrix = copy_fixture_project(tmp_path / "project")

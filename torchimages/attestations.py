@@ -6,10 +6,13 @@ VERIFICATION_PREDICATE to a /v2 when one changes its meaning.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from .bases_lock import LockedBase
 from .builder import INPUT_HASH_LABEL
+from .deb_pins import PinnedDeb
 from .model import ImageSpec
 
 SBOM_PREDICATE = "https://cyclonedx.org/bom"  # cosign's `--type cyclonedx`
@@ -124,10 +127,12 @@ def verified_on(report, facts: dict) -> dict:
     }
 
 
-def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base: LockedBase | None = None) -> dict:
+def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base: LockedBase | None = None,
+                         debs: Sequence[PinnedDeb] = ()) -> dict:
     """SLSA v1 build provenance: the builder and its version, the matrix row, the input hash, the git commit, the
     base image (by the lock's pin: the registry manifest digest a consumer matches, with the engine's image id beside
-    it), every wheel (name and sha256) the image was built from."""
+    it), every wheel (name and sha256) and every OS package file (.deb: its purl, apt's file name, sha256 and the
+    step that installed it, as the image records them) the image was built from."""
     labels = (image.get("Config") or {}).get("Labels") or {}
     commit = labels.get("org.opencontainers.image.revision", "")
     dependencies = [base_dependency(spec.base_image, labels.get("org.opencontainers.image.base.digest", ""), base)]
@@ -135,6 +140,9 @@ def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base:
         dependencies.insert(0, {"uri": "git+torchimages", "digest": {"gitCommit": commit}})
     dependencies += [{"uri": f"pkg:pypi/{wheel['name']}", "name": wheel["name"], "digest": {"sha256": wheel["sha256"]}}
                      for wheel in wheels]
+    distro = re.sub(r"[^a-z].*", "", spec.os)  # debian12 -> debian: the purl's namespace
+    dependencies += [{"uri": pin.purl(distro), "name": pin.filename, "digest": {"sha256": pin.sha256},
+                      "annotations": {"step": pin.step}} for pin in debs]
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 import docker
 import docker.errors
+from debian.arfile import ArError
 from debian.debfile import DebError, DebFile
 
 from .files import atomic_write_json, make_folder, read_json_document
@@ -179,7 +180,7 @@ def packages_index(folder: Path, pins: list[PinnedDeb]) -> bytes:
         path = folder / pin.filename
         try:
             control = DebFile(str(path)).debcontrol()
-        except (DebError, OSError, EOFError, ValueError) as error:
+        except (ArError, DebError, OSError, EOFError, ValueError) as error:
             raise InputError([Problem(str(path), 0, f"not a .deb apt can install ({error})")]) from None
         control["Filename"] = f"./{pin.filename}"
         control["Size"] = str(path.stat().st_size)

@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from . import attestations, engine, multiarch
+from . import attestations, deb_pins, engine, multiarch
 from . import catalog as catalog_stage
 from . import sbom as sbom_stage
 from . import security as security_stage
@@ -443,7 +443,8 @@ class Publisher:
         predicates = {
             attestations.SBOM_PREDICATE: sbom,
             attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(
-                spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image)),
+                spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image),
+                deb_pins.image_pins(self.client.api, image["Id"])),
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(
                 spec, image["Id"], report, facts, security_stage.fix_record(row, today)),
             **vex_stage.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,

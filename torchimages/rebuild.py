@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .builder import Builder, input_hash, read_wheel_record, wheel_record_path
+from .build_context import input_hash
+from .builder import Builder, read_wheel_record, wheel_record_path
 from .catalog import Catalog, CatalogEntry, matches_spec
 from .model import ImageSpec
 from .multiarch import image_tags

@@ -25,7 +25,9 @@ import docker
 import docker.errors
 
 from .attestations import PROVENANCE_PREDICATE
-from .builder import Builder, BuildOptions, BuildResult, wheel_dir
+from .build_context import wheel_dir
+from .builder import Builder, BuildOptions, BuildResult
+from .deb_pins import PinnedDeb, check_files, pins_from_json
 from .layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
 from .model import ImageSpec, InputError, Problem, TorchImagesError
 from .registry import Manifest, RegistryClient
@@ -43,6 +45,7 @@ class Claim:
     tag: str
     commit: str
     wheels: dict[str, str]  # file name -> sha256
+    debs: list[PinnedDeb]  # the OS packages each apt step installed
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,11 @@ def claim_of(provenance: dict, reference: str) -> Claim:
     if not commits:
         raise _refused(reference, "its provenance names no commit (it was built from uncommitted files): it cannot "
                                   "be rebuilt from a checkout")
-    return Claim(tag, commits[0], wheels)
+    debs = pins_from_json([{"step": (d.get("annotations") or {}).get("step"), "filename": d.get("name"),
+                            "sha256": (d.get("digest") or {}).get("sha256")}
+                           for d in dependencies if str(d.get("uri", "")).startswith("pkg:deb/")],
+                          reference, "its provenance's OS packages are not as `build.py publish` writes them")
+    return Claim(tag, commits[0], wheels, debs)
 
 
 def verified_claim(client: RegistryClient, keys: list[PublicKey], manifest: Manifest, reference: str) -> Claim:
@@ -124,8 +131,18 @@ def claimed_wheelhouse(claim: Claim, found: Path, into: Path, spec: ImageSpec, r
     return into
 
 
-def rebuild_options(images: Path, reports: Path, wheelhouse: Path) -> BuildOptions:
-    return BuildOptions(images_dir=images, reports_dir=reports, no_cache=True, force=True, wheelhouse=wheelhouse)
+def rebuild_options(images: Path, reports: Path, wheelhouse: Path, claim: Claim, debs: Path) -> BuildOptions:
+    """Without the cache, from the claimed wheels and, where the provenance names them, the claimed .debs alone."""
+    return BuildOptions(images_dir=images, reports_dir=reports, no_cache=True, force=True, wheelhouse=wheelhouse,
+                        debs_dir=debs if claim.debs else None, pinned_debs={claim.tag: claim.debs} if claim.debs else {})
+
+
+def check_claimed_debs(claim: Claim, debs: Path, reference: str) -> None:
+    """Each claimed .deb in the folder, with its sha256 (`build.py debs` keeps them, as `wheels` keeps wheels)."""
+    try:
+        check_files(debs, claim.debs, f"`build.py debs {claim.tag} --dest {debs}` keeps a row's .debs")
+    except InputError as error:
+        raise _refused(reference, str(error)) from None
 
 
 def rebuilt_spec(spec: ImageSpec) -> ImageSpec:
@@ -138,7 +155,7 @@ def build(client: docker.DockerClient, spec: ImageSpec, options: BuildOptions) -
 
 
 def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys: list[PublicKey], reference: str,
-              named: str, specs: list[ImageSpec], images: Path, wheelhouse: Path, reports: Path,
+              named: str, specs: list[ImageSpec], images: Path, wheelhouse: Path, debs: Path, reports: Path,
               check: bool) -> Comparison:
     """Verify, rebuild and compare (see the module's doc): reference is REF's tag or digest, named REF as given."""
     manifest = registry.manifest(reference)
@@ -147,11 +164,13 @@ def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys
     if spec is None:
         raise _refused(named, f"row {claim.tag} is not in the matrix: rebuild with the matrix that has it")
     root = checkout_root(images, claim.commit, named)
+    check_claimed_debs(claim, debs, named)
     ours = rebuilt_spec(spec)
     with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder, \
             worktree(root, claim.commit) as tree:
         served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
-        result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports, served))
+        result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports, served,
+                                                            claim, debs))
     if result.status != "built":
         raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
     return compared(docker_client, registry, manifest, result.image_id, f"{ours.repository}:{ours.tag}", check)
@@ -203,10 +222,12 @@ class RebuildFailed(TorchImagesError):
 
 
 def layer_of(api: docker.APIClient, image: str, diff_id: str) -> list[FileEntry]:
-    """The entries of the layer with this diff id, read from the engine's `docker save` stream of image."""
+    """The entries of the layer with this diff id, read from the engine's `docker save` stream of image: a layer is
+    <id>/layer.tar (Docker 20.10) or blobs/sha256/<diff id> (the OCI layout of Docker 25 and later)."""
     with tarfile.open(fileobj=ChunkReader(api.get_image(image)), mode="r|") as archive:
         for member in archive:
-            if member.isfile() and member.name.endswith("/layer.tar"):
+            if member.isfile() and (member.name.endswith("/layer.tar")
+                                    or member.name == f"blobs/sha256/{diff_id.removeprefix('sha256:')}"):
                 hashing = _HashingReader(archive.extractfile(member))
                 entries = list(layer_entries(hashing))  # type: ignore[arg-type]
                 if hashing.finish() == diff_id:

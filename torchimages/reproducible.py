@@ -32,6 +32,7 @@ UNCOMMITTED = "unknown"  # the revision label of such a row (attestations.py lea
 # Written by the committing container, never by an input: the container's id, its config (the parent image's id, the
 # container's hostname), the engine's version.
 RUN_DEPENDENT_KEYS = ("container", "container_config", "docker_version")
+MAX_CONFIG_BYTES = 4 << 20  # an image config is kilobytes (a history entry per step); a layer blob is not read
 
 
 @dataclass(frozen=True)
@@ -106,19 +107,24 @@ def load_archive(config: bytes, layer_count: int, name: str) -> bytes:
 
 
 def saved_config(chunks) -> dict:
-    """The config of the one image a `docker save` stream holds (read through; its layers are skipped)."""
-    configs: dict[str, dict] = {}
+    """The config of the one image a `docker save` stream holds (read through; its layers are skipped). Docker 20.10
+    writes it as <hex>.json at the top; Docker 25 and later write the OCI layout, where it is blobs/sha256/<hex> among
+    the layers: manifest.json names it either way, and only small files are read as candidates."""
+    candidates: dict[str, bytes] = {}
     manifest = None
     with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
         for member in archive:
-            content = archive.extractfile(member) if member.isfile() and "/" not in member.name else None
+            saved_file = member.isfile() and member.size <= MAX_CONFIG_BYTES and (
+                "/" not in member.name or member.name.startswith("blobs/sha256/"))
+            content = archive.extractfile(member) if saved_file else None
             if content is not None and member.name == "manifest.json":
                 manifest = json.loads(content.read())
-            elif content is not None and member.name.endswith(".json"):
-                configs[member.name] = json.loads(content.read())
-    if not manifest or manifest[0].get("Config") not in configs:
+            elif content is not None and (member.name.endswith(".json") or "/" in member.name):
+                candidates[member.name] = content.read()
+    named = manifest[0].get("Config") if manifest else None
+    if named not in candidates:
         raise SettleFailed("the engine's `docker save` stream held no image config")
-    return configs[manifest[0]["Config"]]
+    return json.loads(candidates[named])
 
 
 def base_entries(api: docker.APIClient, base: str) -> int:

@@ -10,7 +10,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .builder import PROXY_ARGS, wheel_dir
+from .build_context import wheel_dir
+from .builder import PROXY_ARGS
 from .files import make_folder
 from .model import PYPI, ImageSpec, PeerError
 from .redaction import Secrets

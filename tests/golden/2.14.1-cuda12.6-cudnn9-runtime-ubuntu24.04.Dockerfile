@@ -7,10 +7,20 @@ ARG BASE_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04
 FROM ${BASE_IMAGE} AS python-standalone
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/download/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only ca-certificates curl \
+ && mkdir -p /var/lib/torchimages/debs \
+ && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/download.sha256 \
+ && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/download.sha256 \
+ && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/download.sha256 /var/lib/torchimages/debs/download.sha256 \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -23,10 +33,20 @@ RUN curl -LsSf https://astral.sh/uv/install.sh | env UV_INSTALL_DIR=/usr/local/b
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/python/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only ca-certificates \
+ && mkdir -p /var/lib/torchimages/debs \
+ && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/python.sha256 \
+ && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/python.sha256 \
+ && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/python.sha256 /var/lib/torchimages/debs/python.sha256 \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -36,6 +56,7 @@ COPY --from=python-standalone /opt/python /opt/python
 # Stage 2: the venv's own files (pyvenv.cfg, the interpreter's links, pip), made where `python -m venv` has what it
 # needs from the OS; the image does not need that. Wheels never enter a stage: the final one fetches them.
 FROM python AS venv
+# The venv stage's record of its .debs (deb_pins.py) comes with the venv's own files: they were made with them.
 # What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
 # Empty /etc/hosts and /etc/resolv.conf come with the venv's own files (every runtime mounts its own over them): a
 # BuildKit before 0.12 (Docker 20.10's) makes them for each RUN where they are missing and removes them after it,
@@ -61,10 +82,20 @@ RUN find /opt/entrypoint-tree -exec touch -h -d @946684800 {} +
 # reuses the runtime image's layers from the build cache.
 FROM python
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/system/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only g++ \
+ && mkdir -p /var/lib/torchimages/debs \
+ && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/system.sha256 \
+ && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/system.sha256 \
+ && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/system.sha256 /var/lib/torchimages/debs/system.sha256 \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -103,10 +134,20 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
 ARG OS_SECURITY_REFRESH=none
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/security/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends --download-only \
+ && mkdir -p /var/lib/torchimages/debs \
+ && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/security.sha256 \
+ && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/security.sha256 \
+ && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/security.sha256 /var/lib/torchimages/debs/security.sha256 \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp

@@ -14,6 +14,7 @@ from .. import builder as build_stage
 from .. import deb_pins, doctor, engine, verify
 from .. import render as render_stage
 from .. import wheels as wheel_sources
+from ..build_context import wheel_dir
 from ..checks import checklist
 from ..files import atomic_write, read_json_document
 from ..model import ImageSpec, InputError, Problem
@@ -146,7 +147,7 @@ def cmd_images(project: Project, args) -> int:
     docker_client = engine.client()
     specs = project.select(args.selectors) if args.selectors else default_selection(project, docker_client)
     if args.wheelhouse:
-        missing = [spec for spec in specs if not list(build_stage.wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
+        missing = [spec for spec in specs if not list(wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
         if missing:
             wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
     results = run_builds(project, specs, args)

@@ -13,6 +13,7 @@ from .. import deb_pins, signing
 from .. import sbom as sbom_stage
 from .. import security as security_stage
 from ..bases_lock import read_lock
+from ..build_context import CA_BUNDLE_FIX
 from ..files import read_bytes
 from ..matrix import load_compat
 from ..model import InputError, Problem
@@ -82,7 +83,7 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
         if path is not None and not path.exists():
             raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
     if args.ca_bundle is not None:
-        read_bytes(args.ca_bundle, build_stage.CA_BUNDLE_FIX)  # a FIFO or /dev/zero: refused now, not in a build
+        read_bytes(args.ca_bundle, CA_BUNDLE_FIX)  # a FIFO or /dev/zero: refused now, not in a build
     inputs_server = args.inputs_server or build_stage.default_inputs_server()
     return build_stage.BuildOptions(
         images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,

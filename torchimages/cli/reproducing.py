@@ -19,8 +19,9 @@ def cmd_rebuild(project: Project, args) -> int:
     registry, reference = image_reference(args.reference)
     client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
     wheelhouse = args.wheelhouse or project.matrix.parent / "wheelhouse"
+    debs = args.debs or project.matrix.parent / "debs"
     comparison = reproduce(engine.client(), client, keys, reference, args.reference, project.load().specs,
-                           project.images, wheelhouse, project.reports / "rebuild", args.check)
+                           project.images, wheelhouse, debs, project.reports / "rebuild", args.check)
     print("\n".join(comparison.lines))
     return EXIT_OK if comparison.reproduced else EXIT_FAILED
 
@@ -37,6 +38,9 @@ def register(commands) -> None:
     rebuilding.add_argument("--wheelhouse", type=Path, metavar="DIR",
                             help="where the recorded wheels are, as `build.py wheels --dest DIR` keeps them, checked "
                                  "by their sha256 (default: the project's wheelhouse/)")
+    rebuilding.add_argument("--debs", type=Path, metavar="DIR",
+                            help="where the recorded OS packages are, as `build.py debs --dest DIR` keeps them, "
+                                 "checked by their sha256 (default: the project's debs/)")
     rebuilding.add_argument("--retries", type=integer, default=RetryPolicy.retries,
                             help="tries again after a transient registry error (default: %(default)s)")
     add_access_arguments(rebuilding)
