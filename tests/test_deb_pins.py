@@ -16,7 +16,7 @@ from torchimages import attestations, deb_pins
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer, basic_authorization
 from torchimages.matrix import load_matrix
 from torchimages.model import InputError
-from torchimages.reproduce import claim_of
+from torchimages.reproduce import claim_of, engine_note
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
 
@@ -138,3 +138,18 @@ def test_build_with_debs_refuses_a_changed_file_in_one_line_before_the_engine(tm
     assert container.returncode == 2 and "--inputs-server loopback" in container.stderr
     missing = cli("build", "2.13.0-cpu-runtime", "--debs", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "build.py debs ROW --dest DIR" in missing.stderr
+
+
+def test_the_provenance_names_the_engine_and_a_rebuild_across_docker_23_says_why_layers_differ(tmp_path):
+    """bench/engine_versions_bench.py, 2026-11-28: Docker 20.10.24 and 26.1.5 wrote the same files of the CPU runtime
+    row with other tar headers (the mode's type bits, user and group names), so every built layer differed."""
+    spec = next(spec for spec in load_matrix(FIXTURE_MATRIX, FIXTURE_COMPAT).specs if spec.os == "debian12")
+    image = {"Id": "sha256:" + "1" * 64, "Config": {"Labels": {"org.opencontainers.image.revision": "c" * 40}}}
+    provenance = attestations.provenance_predicate(spec, image, [], None, (), "20.10.24+dfsg1")
+    assert provenance["runDetails"]["builder"]["version"]["docker"] == "20.10.24+dfsg1"
+    assert claim_of(provenance, "ref").engine == "20.10.24+dfsg1"
+    note = engine_note("20.10.24+dfsg1", "26.1.5+dfsg1")
+    assert note.startswith("note: published by Docker 20.10.24+dfsg1, rebuilt with Docker 26.1.5+dfsg1: engines")
+    assert engine_note("26.1.5", "29.2.0") == engine_note("20.10.24", "20.10.5") == engine_note("", "26.1.5") == ""
+    provenance["runDetails"]["builder"]["version"]["docker"] = ["not", "text"]
+    assert claim_of(provenance, "ref").engine == ""

@@ -128,11 +128,12 @@ def verified_on(report, facts: dict) -> dict:
 
 
 def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base: LockedBase | None = None,
-                         debs: Sequence[PinnedDeb] = ()) -> dict:
+                         debs: Sequence[PinnedDeb] = (), engine: str = "") -> dict:
     """SLSA v1 build provenance: the builder and its version, the matrix row, the input hash, the git commit, the
     base image (by the lock's pin: the registry manifest digest a consumer matches, with the engine's image id beside
     it), every wheel (name and sha256) and every OS package file (.deb: its purl, apt's file name, sha256 and the
-    step that installed it, as the image records them) the image was built from."""
+    step that installed it, as the image records them) the image was built from, and the Docker engine's version
+    (engines before and after Docker 23 write other layer bytes from the same files: docs/reproducible.md)."""
     labels = (image.get("Config") or {}).get("Labels") or {}
     commit = labels.get("org.opencontainers.image.revision", "")
     dependencies = [base_dependency(spec.base_image, labels.get("org.opencontainers.image.base.digest", ""), base)]
@@ -152,7 +153,8 @@ def provenance_predicate(spec: ImageSpec, image: dict, wheels: list[dict], base:
             "resolvedDependencies": dependencies,
         },
         "runDetails": {
-            "builder": {"id": BUILDER_ID, "version": {"torchimages": tool_version()}},
+            "builder": {"id": BUILDER_ID,
+                        "version": {"torchimages": tool_version(), **({"docker": engine} if engine else {})}},
             "metadata": {"invocationID": image.get("Id", ""), "startedOn": labels.get("org.opencontainers.image.created", "")},
         },
     }

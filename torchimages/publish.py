@@ -444,7 +444,7 @@ class Publisher:
             attestations.SBOM_PREDICATE: sbom,
             attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(
                 spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image),
-                deb_pins.image_pins(self.client.api, image["Id"])),
+                deb_pins.image_pins(self.client.api, image["Id"]), engine.daemon_info(self.client).get("ServerVersion", "")),
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(
                 spec, image["Id"], report, facts, security_stage.fix_record(row, today)),
             **vex_stage.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,

@@ -24,6 +24,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from . import engine
 from .attestations import PROVENANCE_PREDICATE
 from .build_context import wheel_dir
 from .builder import Builder, BuildOptions, BuildResult
@@ -46,6 +47,7 @@ class Claim:
     commit: str
     wheels: dict[str, str]  # file name -> sha256
     debs: list[PinnedDeb]  # the OS packages each apt step installed
+    engine: str = ""  # the Docker engine's version that published it ("" where the provenance does not say)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,11 @@ def claim_of(provenance: dict, reference: str) -> Claim:
                             "sha256": (d.get("digest") or {}).get("sha256")}
                            for d in dependencies if str(d.get("uri", "")).startswith("pkg:deb/")],
                           reference, "its provenance's OS packages are not as `build.py publish` writes them")
-    return Claim(tag, commits[0], wheels, debs)
+    run = provenance.get("runDetails")
+    builder = run.get("builder") if isinstance(run, dict) else None
+    versions = builder.get("version") if isinstance(builder, dict) else None
+    publisher = versions.get("docker") if isinstance(versions, dict) else None
+    return Claim(tag, commits[0], wheels, debs, publisher if isinstance(publisher, str) else "")
 
 
 def verified_claim(client: RegistryClient, keys: list[PublicKey], manifest: Manifest, reference: str) -> Claim:
@@ -173,7 +179,20 @@ def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys
                                                             claim, debs))
     if result.status != "built":
         raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
-    return compared(docker_client, registry, manifest, result.image_id, f"{ours.repository}:{ours.tag}", check)
+    comparison = compared(docker_client, registry, manifest, result.image_id, f"{ours.repository}:{ours.tag}", check)
+    note = engine_note(claim.engine, engine.daemon_info(docker_client).get("ServerVersion", ""))
+    return comparison if comparison.reproduced or not note else Comparison(False, [*comparison.lines, note])
+
+
+def engine_note(published_by: str, rebuilt_by: str) -> str:
+    """Why layers of the same files can differ: Docker 23 changed the tar headers its builder writes (moby#44083: the
+    mode's file-type bits; no user and group names looked up on the build host). bench/engine_versions_bench.py."""
+    releases = [engine.docker_version({"ServerVersion": version}) for version in (published_by, rebuilt_by)]
+    if releases[0] is None or releases[1] is None or (releases[0] < (23, 0)) == (releases[1] < (23, 0)):
+        return ""
+    return (f"note: published by Docker {published_by}, rebuilt with Docker {rebuilt_by}: engines before and after "
+            "Docker 23 write other tar headers for the same files; rebuild on an engine of the publisher's family "
+            "(docs/reproducible.md)")
 
 
 def compared(docker_client: docker.DockerClient, registry: RegistryClient, manifest: Manifest, image_id: str,
