@@ -10,6 +10,7 @@ import pytest
 from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
 from torchimages.builder import INPUT_HASH_LABEL
 from torchimages.project import DEFAULT_TEMPLATES
+from torchimages.reproducible import INLINE_CACHE_KEY, saved_config
 
 from .conftest import (
     CPU_SELECTOR,
@@ -336,9 +337,11 @@ def test_buildkit_writes_the_very_venv_layers_of_the_classic_builder(cpu_images,
     """Issue 27: `--builder buildkit`, without the cache, writes the CPU runtime row's venv layers with the very diff
     ids the classic builder's image has (so a switch of builder uploads none of them again, and the same wheels give
     the same layers), while its other RUN steps really ran again; the devel row then shares every runtime layer below
-    its own. Docker 20.10's BuildKit left the build's time on /etc in each RUN layer until the venv stage brought
-    /etc/hosts and /etc/resolv.conf. The wheels come from the build-input server on the engine: BuildKit's steps join
-    no container's network, so it serves on a loopback address of the engine's host, and is gone afterwards."""
+    its own. Docker 20.10's BuildKit left the build's time on /etc in each RUN layer until the mount-points stage
+    brought /etc/hosts and /etc/resolv.conf, and in its inline cache's createdAt until the settling (issue 47): a
+    second no-cache build gives the very image. The wheels come from the build-input server on the engine: BuildKit's
+    steps join no container's network, so it serves on a loopback address of the engine's host, and is gone
+    afterwards."""
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/bk"))
     with_live_compat(matrix)
@@ -363,12 +366,25 @@ def test_buildkit_writes_the_very_venv_layers_of_the_classic_builder(cpu_images,
         assert venv_layers[0] in runtime, "the venv's own files: the classic builder's very bits"
         start = runtime.index(venv_layers[0])
         assert runtime[start:start + 3] == venv_layers, "the venv layers: the classic builder's very bits"
-        assert runtime[start - 1] != classic[-6], "the no-cache BuildKit build really ran the RUN steps again"
+        runs, cached = (set(re.findall(pattern, log, re.MULTILINE)) for pattern in (r"^(#\d+) \[[^\]]+\] RUN ",
+                                                                                   r"^(#\d+) CACHED$"))
+        assert runs and not runs & cached, "the no-cache BuildKit build really ran the RUN steps again"
         assert devel[:start + 4] == runtime[:start + 4], "devel shares the runtime layers up to the entrypoint's"
+        first = settled_config_of(docker_client, "localhost:5000/test/bk:2.13.0-cpu-runtime")
+        run_cli(*build, "2.13.0-cpu-runtime", "--no-cache", "--force", check_exit=0)
+        second = settled_config_of(docker_client, "localhost:5000/test/bk:2.13.0-cpu-runtime")
+        # Every layer and the whole config again, but BuildKit's inline cache: its records are the engine's cache
+        # graph, which the devel build in between grew (docs/reproducible.md).
+        assert second["rootfs"] == first["rootfs"], "two no-cache BuildKit builds of the same inputs gave other layers"
+        assert {**second, INLINE_CACHE_KEY: ""} == {**first, INLINE_CACHE_KEY: ""}
     finally:
         for tag in ("2.13.0-cpu-runtime", "2.13.0-cpu-devel"):
             docker_client.images.remove(f"localhost:5000/test/bk:{tag}", force=True)
         docker_client.api.prune_builds(all=True)
+
+
+def settled_config_of(docker_client, image: str) -> dict:
+    return saved_config(docker_client.api.get_image(image))
 
 
 def test_a_killed_builder_leaves_no_server_container_on_the_engine(cpu_images, docker_client, tmp_path):

@@ -1,5 +1,6 @@
 """Issue 47, the pure parts: the settled image config, the archive that loads it, the source date of a row, and
 where two layers differ. The engine's part (two --no-cache builds, one image id) is tests/test_reproducible_build.py."""
+import base64
 import io
 import json
 import subprocess
@@ -7,6 +8,7 @@ import tarfile
 
 from torchimages.layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
 from torchimages.reproducible import (
+    INLINE_CACHE_KEY,
     UNCOMMITTED,
     UNCOMMITTED_EPOCH,
     config_bytes,
@@ -141,3 +143,15 @@ def test_the_first_differing_layer_and_file_are_named():
 def test_a_file_entry_says_everything_compared():
     entry = FileEntry("usr/bin/x", 3, "0o755", "0:0", 946684800, "sha256:ab")
     assert entry.describe() == "usr/bin/x: size 3, mode 0o755, owner 0:0, time 946684800, content sha256:ab"
+
+
+def test_buildkit_s_inline_cache_gets_the_image_s_time_and_keeps_everything_else():
+    """Two BuildKit builds of the CPU runtime row had the same layers and configs but for the inline cache's
+    createdAt per layer (Docker 20.10.24, 2026-11-28)."""
+    records = [{"layers": [{"layer": 2, "createdAt": "2026-11-28T00:44:46.314666974Z"}], "digest": "sha256:17b3",
+                "inputs": [[{"link": 20}]]}]
+    built = {**BUILT, INLINE_CACHE_KEY: base64.b64encode(json.dumps(records).encode()).decode()}
+    settled = settled_config(built, iso_time(0), 1)
+    assert json.loads(base64.b64decode(settled[INLINE_CACHE_KEY])) == [
+        {"layers": [{"layer": 2, "createdAt": iso_time(0)}], "digest": "sha256:17b3", "inputs": [[{"link": 20}]]}]
+    assert settled_config({**BUILT, INLINE_CACHE_KEY: "not base64!"}, iso_time(0), 1)[INLINE_CACHE_KEY] == "not base64!"

@@ -11,6 +11,8 @@ takes its steps from the cache and settles to the same image again.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import io
 import json
@@ -32,6 +34,8 @@ UNCOMMITTED = "unknown"  # the revision label of such a row (attestations.py lea
 # Written by the committing container, never by an input: the container's id, its config (the parent image's id, the
 # container's hostname), the engine's version.
 RUN_DEPENDENT_KEYS = ("container", "container_config", "docker_version")
+# BuildKit's inline cache in the config (the builder asks for it: a fresh runner's build takes layers from the image)
+INLINE_CACHE_KEY = "moby.buildkit.cache.v0"
 MAX_CONFIG_BYTES = 4 << 20  # an image config is kilobytes (a history entry per step); a layer blob is not read
 
 
@@ -84,7 +88,27 @@ def settled_config(config: dict, created: str, from_base: int) -> dict:
     settled["history"] = history[:from_base] + [{**entry, "created": created} for entry in history[from_base:]]
     settled["config"] = {key: value for key, value in (config.get("config") or {}).items()
                          if key not in ("Hostname", "Image")}
+    if isinstance(config.get(INLINE_CACHE_KEY), str):
+        settled[INLINE_CACHE_KEY] = _settled_inline_cache(config[INLINE_CACHE_KEY], created)
     return settled
+
+
+def _settled_inline_cache(encoded: str, created: str) -> str:
+    """BuildKit's inline cache (base64 JSON) dates each cached layer with the clock (createdAt): it gets the image's
+    time, which changes no cache key (layers are matched by digest). Undecodable, it is left as it is."""
+    try:
+        records = json.loads(base64.b64decode(encoded, validate=True))
+    except (ValueError, binascii.Error):
+        return encoded
+    return base64.b64encode(json.dumps(_dated(records, created), separators=(",", ":")).encode()).decode()
+
+
+def _dated(value, created: str):
+    if isinstance(value, dict):
+        return {key: created if key == "createdAt" else _dated(item, created) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_dated(item, created) for item in value]
+    return value
 
 
 def config_bytes(config: dict) -> bytes:

@@ -3,9 +3,19 @@
 
 ARG BASE_IMAGE=debian:bookworm
 
+# Stage 0: empty /etc/hosts and /etc/resolv.conf, which every runtime mounts its own over. Where a base lacks them, a
+# BuildKit before 0.12 (Docker 20.10's) makes them for each RUN and removes them after it, leaving the time of the
+# build on /etc in the step's layer: the same packages would not give the same OS layers with `--builder buildkit`.
+FROM ${BASE_IMAGE} AS mount-points
+RUN mkdir -p /opt/mount-points/etc \
+ && touch /opt/mount-points/etc/hosts /opt/mount-points/etc/resolv.conf \
+ && touch -h -d @946684800 /opt/mount-points/etc/hosts /opt/mount-points/etc/resolv.conf /opt/mount-points/etc \
+    /opt/mount-points
+
 # Stage 1: the Python the image runs, shared by the package build and the final image.
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=mount-points /opt/mount-points/ /
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
  && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/python/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
@@ -48,16 +58,12 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
 # The venv stage's record of its .debs (deb_pins.py) comes with the venv's own files: they were made with them.
 # What the final stage's layers would replace (a newer setuptools) leaves here, so that no layer carries a dead copy.
-# Empty /etc/hosts and /etc/resolv.conf come with the venv's own files (every runtime mounts its own over them): a
-# BuildKit before 0.12 (Docker 20.10's) makes them for each RUN where they are missing and removes them after it,
-# leaving the time of the build on /etc in the step's layer, so the same wheels would not give the same venv layers.
 ARG WHEELS_REST
 RUN python3.11 -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --uninstall-replaced --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5 \
  && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
- && mkdir -p /opt/venv-tree/opt /opt/venv-tree/etc \
- && touch /opt/venv-tree/etc/hosts /opt/venv-tree/etc/resolv.conf \
+ && mkdir -p /opt/venv-tree/opt \
  && mv /opt/venv /opt/venv-tree/opt/venv \
  && if [ -f /var/lib/torchimages/debs/venv.sha256 ]; then mkdir -p /opt/venv-tree/var/lib/torchimages/debs \
  && cp /var/lib/torchimages/debs/venv.sha256 /opt/venv-tree/var/lib/torchimages/debs/; fi \
