@@ -49,7 +49,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.layer_diff import FileEntry, first_differing_file, first_differing_layer  # noqa: E402
+from torchimages.layer_diff import FileEntry, content_id, first_differing_file, first_differing_layer  # noqa: E402
 from torchimages.reproducible import ChunkReader, base_entries, config_bytes, load_archive, settled_config  # noqa: E402
 
 REPOSITORY = "localhost:5000/bench/engine-versions"
@@ -204,26 +204,13 @@ def read_layer(source) -> Layer:
     with tarfile.open(fileobj=io.BufferedReader(tee, CHUNK), mode="r|") as archive:
         for member in archive:
             entries.append(FileEntry(member.name, member.size, oct(member.mode & 0o7777), f"{member.uid}:{member.gid}",
-                                     int(member.mtime), _content(archive, member)))
+                                     int(member.mtime), content_id(archive, member)))
             headers.append((member.name, {"mode": oct(member.mode), "uname": member.uname, "gname": member.gname,
                                           "pax": dict(member.pax_headers), "devmajor": member.devmajor,
                                           "devminor": member.devminor}))
     while tee.read(CHUNK):  # the end-of-archive blocks the tar reader left
         pass
     return Layer(f"sha256:{tee.raw.hexdigest()}", f"sha256:{tee.canonical.hexdigest()}", entries, headers)
-
-
-def _content(archive: tarfile.TarFile, member: tarfile.TarInfo) -> str:
-    """As torchimages/layer_diff.py names an entry's content."""
-    if member.issym() or member.islnk():
-        return f"link to {member.linkname}"
-    if not member.isfile():
-        return "directory" if member.isdir() else "special file"
-    digest = hashlib.sha256()
-    source = archive.extractfile(member)
-    while source is not None and (chunk := source.read(CHUNK)):
-        digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
 
 
 def settle_here(client: docker.DockerClient, name: str, created: str, base: str) -> str:

@@ -107,8 +107,8 @@ def tar_xz(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def make_deb(package: str, changelog: str) -> bytes:
-    control = f"Package: {package}\nVersion: 0\nArchitecture: amd64\nDescription: test\n".encode()
+def make_deb(package: str, changelog: str, version: str = "0", arch: str = "amd64") -> bytes:
+    control = f"Package: {package}\nVersion: {version}\nArchitecture: {arch}\nDescription: test\n".encode()
     return ar({"debian-binary": b"2.0\n", "control.tar.xz": tar_xz({"./control": control}),
                "data.tar.xz": tar_xz({f"./usr/share/doc/{package}/changelog.Debian.gz":
                                       gzip.compress(changelog.encode(), mtime=0)})})

@@ -2,10 +2,8 @@
 sha256, the flat repository served to a pinned build, the provenance that names the .debs and a rebuild's claim of
 them. The build from pinned .debs itself is in tests/test_reproducible_build.py (a real engine and Debian mirror)."""
 import hashlib
-import io
 import json
 import re
-import tarfile
 import urllib.error
 import urllib.request
 
@@ -19,30 +17,15 @@ from torchimages.model import InputError
 from torchimages.reproduce import claim_of, engine_note
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
+from .security_fixtures import make_deb as deb_file
 
 TOKEN = "d" * 48
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 
 
 def make_deb(folder, name: str, version: str, arch: str = "amd64") -> deb_pins.PinnedDeb:
-    """A real .deb (ar: debian-binary, control.tar.gz, data.tar.gz), named as apt names the files it fetches."""
-    def tar_gz(files: dict[str, bytes]) -> bytes:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w:gz") as archive:
-            for path, content in files.items():
-                info = tarfile.TarInfo(path)
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
-        return out.getvalue()
-
-    control = (f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: t <t@example.org>\n"
-               f"Description: test\n").encode()
-    members = {"debian-binary": b"2.0\n", "control.tar.gz": tar_gz({"./control": control}),
-               "data.tar.gz": tar_gz({f"./usr/share/doc/{name}/copyright": b"x"})}
-    body = b"!<arch>\n"
-    for member, content in members.items():
-        body += f"{member:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(content):<10}`\n".encode() + content
-        body += b"\n" if len(content) % 2 else b""
+    """A real .deb (security_fixtures.make_deb), named as apt names the files it fetches."""
+    body = deb_file(name, "", version, arch)
     filename = f"{name}_{version.replace(':', '%3a')}_{arch}.deb"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / filename).write_bytes(body)

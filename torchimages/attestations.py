@@ -253,10 +253,12 @@ def summary(predicate_type: str, predicate: dict) -> str:
         dependencies = definition.get("resolvedDependencies") or []
         commit = next((item["digest"]["gitCommit"] for item in dependencies
                        if isinstance(item, dict) and "gitCommit" in (item.get("digest") or {})), "unknown")
-        wheels = sum(1 for item in dependencies if isinstance(item, dict) and str(item.get("uri", "")).startswith("pkg:"))
+        uris = [str(item.get("uri", "")) for item in dependencies if isinstance(item, dict)]
+        wheels, debs = (sum(1 for uri in uris if uri.startswith(kind)) for kind in ("pkg:pypi/", "pkg:deb/"))
         builder = run.get("builder") or {}
         return (f"built by {builder.get('id')} {(builder.get('version') or {}).get('torchimages', '')}, commit {commit}, "
-                f"input hash {(definition.get('internalParameters') or {}).get('input_hash', '')}, {wheels} wheels")
+                f"input hash {(definition.get('internalParameters') or {}).get('input_hash', '')}, {wheels} wheels"
+                + (f", {debs} .debs" if debs else ""))
     host = predicate.get("host") or {}
     where = ", ".join(host.get("gpu_models") or []) + f" driver {host.get('driver')}" if host.get("kind") == "gpu" \
         else host.get("note", "")

@@ -40,10 +40,11 @@ def layer_entries(stream: IO[bytes]) -> Iterator[FileEntry]:
             # The permission bits alone: Docker's tar writer also puts the file type in the mode field, which the
             # entry's type (content) already says, and other writers do not.
             yield FileEntry(member.name, member.size, oct(member.mode & 0o7777), f"{member.uid}:{member.gid}",
-                            int(member.mtime), _content(archive, member))
+                            int(member.mtime), content_id(archive, member))
 
 
-def _content(archive: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+def content_id(archive: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    """What an entry holds, as a comparison names it: a link's target, a folder, or its bytes' sha256."""
     if member.issym() or member.islnk():
         return f"link to {member.linkname}"
     if not member.isfile():

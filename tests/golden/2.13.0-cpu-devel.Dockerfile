@@ -17,9 +17,10 @@ FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=mount-points /opt/mount-points/ /
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/python/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/python/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only ca-certificates python3.11 \
@@ -30,7 +31,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates python3.11 \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -39,9 +40,10 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
 # needs from the OS; the image does not need that. Wheels never enter a stage: the final one fetches them.
 FROM python AS venv
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/venv/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/venv/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only python3.11-venv \
@@ -52,7 +54,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -80,9 +82,10 @@ RUN find /opt/entrypoint-tree -exec touch -h -d @946684800 {} +
 # reuses the runtime image's layers from the build cache.
 FROM python
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/system/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/system/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only g++ python3.11-dev \
@@ -93,7 +96,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ python3.11-dev \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -117,9 +120,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     LANG=C.UTF-8
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/flavor/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/flavor/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only make ninja-build git \
@@ -130,7 +134,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make ninja-build git \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -138,9 +142,10 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
 # security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
 ARG OS_SECURITY_REFRESH=none
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/security/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/security/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends --download-only \
@@ -151,7 +156,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp

@@ -7,9 +7,10 @@ ARG BASE_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04
 FROM ${BASE_IMAGE} AS python-standalone
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/download/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/download/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only ca-certificates curl \
@@ -20,7 +21,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -43,9 +44,10 @@ FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=mount-points /opt/mount-points/ /
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/python/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/python/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only ca-certificates \
@@ -56,7 +58,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -88,9 +90,10 @@ RUN find /opt/entrypoint-tree -exec touch -h -d @946684800 {} +
 # reuses the runtime image's layers from the build cache.
 FROM python
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/system/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/system/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --download-only g++ \
@@ -101,7 +104,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
@@ -140,9 +143,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # security index lists fixes for this image's packages: this layer alone is built again (and uploaded).
 ARG OS_SECURITY_REFRESH=none
 RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
- && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) token="${no_proxy##*,}" \
- && printf 'deb [trusted=yes] http://build:%s@torchimages-build-inputs:8679/debs/security/ ./\n' "${token%.build-inputs.invalid}" > /tmp/.torchimages-debs.list \
- && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\n' > /tmp/.torchimages-apt.conf \
+ && case ",${no_proxy:-}," in (*,pinned-debs.torchimages.invalid,*) served="${no_proxy##*,}" \
+ && printf 'deb [trusted=yes] http://torchimages-build-inputs:8679/debs/security/ ./\n' > /tmp/.torchimages-debs.list \
+ && printf 'machine http://torchimages-build-inputs:8679 login build password %s\n' "${served%%.*}" > /tmp/.torchimages-debs.login \
+ && printf 'Dir::Etc::SourceList "/tmp/.torchimages-debs.list";\nDir::Etc::SourceParts "-";\nDir::Etc::netrc "/tmp/.torchimages-debs.login";\n' > /tmp/.torchimages-apt.conf \
  && export APT_CONFIG=/tmp/.torchimages-apt.conf ;; esac \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends --download-only \
@@ -153,7 +157,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
- && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-apt.conf \
+ && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
  && find / -xdev -newercc /tmp/.torchimages-step -type f \( -path '/var/log/*' -o -path /var/cache/ldconfig/aux-cache \) -exec truncate -s 0 {} + \
  && find / -xdev -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
  && rm /tmp/.torchimages-step && touch -d @946684800 /tmp
