@@ -22,6 +22,7 @@ from .signing_fixtures import FIRST, KEYS, SECOND, key
 
 pytestmark = pytest.mark.engine
 REPOSITORY = "localhost:5000/test/reproducible"
+TORCH_FILE = "opt/venv/lib/python3.11/site-packages/torch/version.py"  # from the torch wheel, in the torch layer
 
 
 def built_ids(matrix, reports, wheelhouse, *options: str) -> dict[str, str]:
@@ -64,8 +65,9 @@ def test_two_no_cache_builds_give_one_image_and_one_manifest_digest(cpu_images, 
 
 
 def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> None:
-    """image again as name, with one byte of one file changed in the small layer that holds path: the layer, its
-    diff id and the config that lists it change, nothing else (docker save, rewritten as it streams, docker load).
+    """image again as name, with one byte of one file changed in the layer that holds path: the layer, its diff id
+    and the config that lists it change, nothing else (docker save, rewritten as it streams, docker load; a layer is
+    held in memory while it is read: the torch layer is about a gigabyte).
     The save lists its files by name, so the config and manifest are written last, once every layer was read."""
     renamed: dict[str, str] = {}
     last: list[tuple[tarfile.TarInfo, bytes]] = []
@@ -74,7 +76,7 @@ def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> N
             tarfile.open(archive_path, mode="w") as target:
         for member in source:
             content = source.extractfile(member).read() if member.isfile() else None
-            if member.name.endswith("/layer.tar") and len(content) < 1 << 20 and path.encode() in content:
+            if member.name.endswith("/layer.tar") and path.encode() in content:
                 changed = tampered_layer(content, path)
                 renamed[f"sha256:{hashlib.sha256(content).hexdigest()}"] = f"sha256:{hashlib.sha256(changed).hexdigest()}"
                 content = changed
@@ -93,7 +95,7 @@ def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> N
                 content = json.dumps(config).encode()
             member.size = len(content)
             target.addfile(member, io.BytesIO(content))
-    assert renamed, f"no small layer of {image} holds {path}"
+    assert renamed, f"no layer of {image} holds {path}"
     with open(archive_path, "rb") as archive:
         docker_client.api.load_image(archive)
 
@@ -154,16 +156,21 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
         published(local, tag, commit="0" * 40, signer=SECOND)
         lacking = cli("rebuild", reference, "--key", str(KEYS / "second.pub"), check_exit=2)
         assert f"commit {'0' * 40} is not in the checkout" in lacking.stderr and "Traceback" not in lacking.stderr
-        # A published image whose entrypoint layer differs by one byte: that layer and that file are named.
-        tampered_copy(docker_client, local, tampered, "usr/local/bin/torchimages-entrypoint", tmp_path)
-        differs = cli("rebuild", published(tampered, "tampered"), "--key", str(KEYS / "first.pub"), "--check",
+        # A published image whose torch layer differs by one byte of one of torch's files from what its claimed
+        # wheels give: that layer and that file are named.
+        tampered_copy(docker_client, local, tampered, TORCH_FILE, tmp_path)
+        tampered_reference = published(tampered, "tampered")
+        differs = cli("rebuild", tampered_reference, "--key", str(KEYS / "first.pub"), "--check",
                       "--wheelhouse", str(wheelhouse), check_exit=1)
         layers = docker_client.api.inspect_image(local)["RootFS"]["Layers"]
         index = next(i for i, d in enumerate(docker_client.api.inspect_image(tampered)["RootFS"]["Layers"])
                      if d != layers[i])
         assert f"differs: layer {index + 1} of {len(layers)}: ours {layers[index]}" in differs.stdout
-        assert "first differing file: ours usr/local/bin/torchimages-entrypoint: size" in differs.stdout
-        assert "theirs usr/local/bin/torchimages-entrypoint" in differs.stdout
+        steps = [entry.get("created_by", "") for entry in
+                 registry.image_config(tampered_reference.split("@")[1])["history"] if not entry.get("empty_layer")]
+        assert "WHEELS_TORCH" in steps[index] and "WHEELS_REST" not in steps[index], "the torch layer is named"
+        assert f"first differing file: ours {TORCH_FILE}: size" in differs.stdout
+        assert f"theirs {TORCH_FILE}" in differs.stdout
     finally:
         for image in (local, tampered, f"{REPOSITORY}-rebuilt:{tag}"):
             try:
