@@ -47,6 +47,7 @@ render-check: setup
 lint: setup
 	$(VENV)/bin/ruff check torchimages devtools bench tests build.py
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.builder import local_name  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages.build.builder import local_name  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
 
 DEFAULT_ROWS = ["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
 

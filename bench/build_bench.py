@@ -24,8 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages import build_context, builder, engine  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages.build import builder  # noqa: E402
+from torchimages.build import context as build_context  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 
 NAIVE_DOCKERFILE = """FROM {base}
 RUN apt-get update && apt-get install -y --no-install-recommends python{python} python{python}-venv \\

@@ -37,8 +37,8 @@ from cold_build_bench import (  # bench/ is on sys.path: this script's folder
 )
 
 from devtools import localengine
-from torchimages import engine
-from torchimages.builder import Builder, BuildOptions, local_name
+from torchimages.build.builder import Builder, BuildOptions, local_name
+from torchimages.peers import engine
 
 BUILDERS = ("classic", "buildkit")
 

@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools import localengine  # noqa: E402 (the project root is on sys.path only from here)
-from torchimages import engine  # noqa: E402
-from torchimages.build_context import wheel_dir  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.wheels import requirements  # noqa: E402
+from torchimages.build.context import wheel_dir  # noqa: E402
+from torchimages.build.wheels import requirements  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 
 CUDA_RUNTIME = "2.14.1-cuda13.0-cudnn9-runtime"
 BASELINE = "f0aa126"  # the last commit with the packages stage

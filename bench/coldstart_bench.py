@@ -51,13 +51,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools import localengine  # noqa: E402
-from torchimages import engine  # noqa: E402
-from torchimages.build_context import wheel_dir  # noqa: E402
-from torchimages.builder import local_name  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.registry import Registry, RegistryClient, RetryPolicy  # noqa: E402
-from torchimages.registry_access import registry_access  # noqa: E402
-from torchimages.wheels import requirements  # noqa: E402
+from torchimages.build.builder import local_name  # noqa: E402
+from torchimages.build.context import wheel_dir  # noqa: E402
+from torchimages.build.wheels import requirements  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
+from torchimages.peers.registry import RegistryClient, RetryPolicy  # noqa: E402
+from torchimages.peers.registry_access import registry_access  # noqa: E402
+from torchimages.peers.registry_address import Registry  # noqa: E402
 
 LAYOUTS = ("today", "new")
 # dockerd (moby pkg/archive) and containerd (archive/compression) each use unpigz when on their PATH, unless told not to.

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages import engine  # noqa: E402
-from torchimages.builder import local_name  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages.build.builder import local_name  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 from torchimages.reporting import human_size  # noqa: E402
 
 

@@ -6,7 +6,7 @@ and base image (copied into the other engine with `docker save | docker load` wh
 
 Prints both engines' versions (dockerd, containerd, runc), each build's seconds and image id, each layer's diff id on
 both sides (equal or differs), the settled configs' differing keys (the layer list aside) and, for the first layer
-that differs, the first file whose path, size, mode, owner, time or content differs (torchimages/layer_diff.py) or,
+that differs, the first file whose path, size, mode, owner, time or content differs (torchimages/trust/layer_diff.py) or,
 where none does, which tar header fields differ (the mode's file-type bits, the user and group names, PAX records)
 and whether the two layers are the same bytes once those fields are written one way (mode: permission bits only; no
 user or group name): then the engines' tar writers are the whole difference.
@@ -49,8 +49,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.layer_diff import FileEntry, content_id, first_differing_file, first_differing_layer  # noqa: E402
-from torchimages.reproducible import ChunkReader, base_entries, config_bytes, load_archive, settled_config  # noqa: E402
+from torchimages.build.reproducible import ChunkReader, base_entries, config_bytes, load_archive, settled_config  # noqa: E402
+from torchimages.trust.layer_diff import FileEntry, content_id, first_differing_file, first_differing_layer  # noqa: E402
 
 REPOSITORY = "localhost:5000/bench/engine-versions"
 SETTLE_FAILED = "held no image config"  # the builder's SettleFailed on an engine whose `docker save` is an OCI layout
@@ -214,7 +214,7 @@ def read_layer(source) -> Layer:
 
 
 def settle_here(client: docker.DockerClient, name: str, created: str, base: str) -> str:
-    """What the builder's settling does (torchimages/reproducible.py), for an engine whose `docker save` is an OCI
+    """What the builder's settling does (torchimages/build/reproducible.py), for an engine whose `docker save` is an OCI
     layout: the config read from either layout, settled, loaded back with the layers the engine holds."""
     image = client.api.inspect_image(name)
     config, _ = saved_image(client.api.get_image(image["Id"]), [])

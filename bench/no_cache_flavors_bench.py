@@ -38,8 +38,8 @@ from cold_build_bench import (
 )
 
 from devtools import localengine
-from torchimages import engine
-from torchimages.builder import BUILD_REPORT
+from torchimages.build.builder import BUILD_REPORT
+from torchimages.peers import engine
 
 BASELINE = "c2e35aa"  # the last commit whose --no-cache built every flavor without the cache
 

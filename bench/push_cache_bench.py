@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools import localengine  # noqa: E402
-from torchimages import engine  # noqa: E402
-from torchimages.builder import local_name  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry  # noqa: E402
-from torchimages.registry_access import registry_access  # noqa: E402
+from torchimages.build.builder import local_name  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
+from torchimages.peers.registry import RegistryClient, RetryPolicy  # noqa: E402
+from torchimages.peers.registry_access import registry_access  # noqa: E402
+from torchimages.peers.registry_address import image_registry  # noqa: E402
 
 
 def timed_push(image_id: str, reference: str, kept: Path | None) -> float:

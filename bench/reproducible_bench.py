@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages import engine  # noqa: E402
+from torchimages.build.reproducible import base_entries, iso_time, settle_image  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 from torchimages.project import DEFAULT_TEMPLATES  # noqa: E402
-from torchimages.reproducible import base_entries, iso_time, settle_image  # noqa: E402
 
 REPOSITORY = "localhost:5000/bench/reproducible"
 

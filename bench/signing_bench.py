@@ -29,9 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.registry import Registry, RegistryClient, RetryPolicy  # noqa: E402
-from torchimages.registry_access import registry_access  # noqa: E402
-from torchimages.signatures import attestation_tag, signature_tag  # noqa: E402
+from torchimages.peers.registry import RegistryClient, RetryPolicy  # noqa: E402
+from torchimages.peers.registry_access import registry_access  # noqa: E402
+from torchimages.peers.registry_address import Registry  # noqa: E402
+from torchimages.trust.signatures import attestation_tag, signature_tag  # noqa: E402
 
 KEY = ROOT / "tests" / "data" / "signing" / "first.key"  # a test key, never used for anything published
 PASSWORD = "torchimages-test"

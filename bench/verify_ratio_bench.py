@@ -29,8 +29,9 @@ from timing import timed_verification  # noqa: E402 (bench/ is the script's fold
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages import engine, verify  # noqa: E402
-from torchimages.matrix import load_matrix, select  # noqa: E402
+from torchimages import verify  # noqa: E402
+from torchimages.matrix.load import load_matrix, select  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 
 TARGET_RATIO = 1.3
 # The machine may be shared: each run starts once the CPUs were at most this busy for a few seconds.

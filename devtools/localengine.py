@@ -88,7 +88,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
 # Debian package -> the program we need from it.
-# skopeo: publishing talks to registries through it (torchimages/registry.py).
+# skopeo: publishing talks to registries through it (torchimages/peers/registry.py).
 # pigz: dockerd and containerd decompress gzip layers with unpigz when it is on their PATH (doctor's advice, measured
 # in docs/benchmarks.md); the engine the tests pull from follows it.
 PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap",

@@ -178,7 +178,7 @@ def compat_beside_tmp_matrix(tmp_path):
 @pytest.fixture
 def engine_without_gpus(docker_client):
     """For tests of what happens on an engine that cannot give containers GPUs: skipped, saying so, on a GPU host."""
-    from torchimages import engine
+    from torchimages.peers import engine
 
     if engine.has_gpu_runtime(docker_client):
         pytest.skip("this engine has the NVIDIA runtime: the no-GPU behaviour cannot be seen here")
@@ -231,7 +231,7 @@ def engine_env():
 
 @pytest.fixture(scope="session")
 def docker_client(engine_env):
-    from torchimages import engine
+    from torchimages.peers import engine
 
     client = engine.client()
     yield client
@@ -276,8 +276,8 @@ def cuda_wheelhouse(wheelhouse, tmp_path_factory):
 
 
 def local_names(*selectors: str) -> dict[str, str]:
-    from torchimages.builder import local_name
-    from torchimages.matrix import load_matrix, select
+    from torchimages.build.builder import local_name
+    from torchimages.matrix.load import load_matrix, select
 
     return {spec.tag: local_name(spec) for spec in select(load_matrix(ROOT / "matrix.yaml").specs, list(selectors))}
 

@@ -6,7 +6,7 @@ test keys, never used for anything published.
 import subprocess
 from pathlib import Path
 
-from torchimages import attestations, signing
+from torchimages.trust import attestations, signing
 
 KEYS = Path(__file__).parent / "data" / "signing"
 TEST_PASSWORD = "torchimages-test"

@@ -1,16 +1,17 @@
-"""verify-image's decision (torchimages/admission.py) and the index attestations it reads, as pure logic: the report
+"""verify-image's decision (torchimages/trust/admission.py) and the index attestations it reads, as pure logic: the report
 rule (every report by the key passes and meets every requirement, Kyverno's semantics: signing-interop.md findings
 2, 3, 10), the requirements a cluster admits on, and an index report built from its members' reports."""
 from pathlib import Path
 
 import pytest
 
-from torchimages import attestations, multiarch, signing
-from torchimages.admission import DOCKER_MANIFEST, judge_reports, parse_requirement
-from torchimages.bases_lock import LockedBase
-from torchimages.matrix import load_matrix
+from torchimages.build.bases_lock import LockedBase
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
-from torchimages.signatures import (
+from torchimages.publish import multiarch
+from torchimages.trust import attestations, signing
+from torchimages.trust.admission import DOCKER_MANIFEST, judge_reports, parse_requirement
+from torchimages.trust.signatures import (
     MAX_LAYERS,
     Layer,
     UnreadableArtifact,

@@ -6,10 +6,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from torchimages import engine
 from torchimages.checks import probe
+from torchimages.checks.selection import CheckSelection
 from torchimages.cli.display import checks_table
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
+from torchimages.peers import engine
 from torchimages.verify import emulation
 from torchimages.verify.container import container_name, create_container, probe_arguments, remove_container
 from torchimages.verify.plan import (
@@ -24,7 +25,6 @@ from torchimages.verify.plan import (
 )
 from torchimages.verify.reports import summary_markdown, verify_report
 from torchimages.verify.run import for_this_engine
-from torchimages.verify.selection import CheckSelection
 
 from .conftest import FIXTURE_PROJECT
 

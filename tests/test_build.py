@@ -7,10 +7,10 @@ from pathlib import Path
 import docker
 import pytest
 
+from torchimages.build.builder import INPUT_HASH_LABEL
+from torchimages.build.reproducible import INLINE_CACHE_KEY, saved_config
 from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
-from torchimages.builder import INPUT_HASH_LABEL
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.reproducible import INLINE_CACHE_KEY, saved_config
 
 from .conftest import (
     CPU_SELECTOR,
@@ -407,7 +407,7 @@ def test_a_killed_builder_leaves_no_server_container_on_the_engine(cpu_images, d
 
 
 def test_report_keeps_the_last_real_build_time_across_skipped_runs(tmp_path):
-    from torchimages.builder import BuildResult, write_report
+    from torchimages.build.builder import BuildResult, write_report
 
     write_report(tmp_path, [BuildResult("a", "built", duration=420.0), BuildResult("b", "failed", duration=3.0)])
     path = write_report(tmp_path, [BuildResult("a", "skipped", duration=0.0)])

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from torchimages.build.builder import default_inputs_server, engine_is_local
 from torchimages.build_inputs import install_layer
 from torchimages.build_inputs.container import upload
 from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX, BuildInputsServer, basic_authorization
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
-from torchimages.builder import default_inputs_server, engine_is_local
 
 from .conftest import ROOT, run_cli, with_live_compat
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchimages import buildkit
-from torchimages.builder import Builder, BuildFailed, BuildOptions, Progress
+from torchimages.build import buildkit
+from torchimages.build.builder import Builder, BuildFailed, BuildOptions, Progress
 
 DATA = Path(__file__).parent / "data" / "buildkit"
 

@@ -6,17 +6,11 @@ import json
 
 import pytest
 
-from torchimages import catalog as catalog_stage
-from torchimages.catalog import (
-    Catalog,
-    CatalogEntry,
-    PinnedTag,
-    load_catalog,
-    save,
-)
-from torchimages.catalog_page import readme
 from torchimages.model import InputError
-from torchimages.sbom import (
+from torchimages.publish import catalog as catalog_stage
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag, load_catalog
+from torchimages.publish.catalog_page import readme, save
+from torchimages.security.sbom import (
     AllowedVulnerability,
     Allowlist,
     Finding,
@@ -216,7 +210,7 @@ def test_the_committed_allowlist_loads_and_bad_entries_name_their_line(tmp_path)
 
 
 def test_entries_record_versions_from_the_matrix_row():
-    from torchimages.matrix import load_matrix
+    from torchimages.matrix.load import load_matrix
 
     spec = next(s for s in load_matrix(FIXTURE_MATRIX).specs if s.tag == "2.14.1-cuda13.0-cudnn9-runtime")
     versions = catalog_stage.versions(spec)

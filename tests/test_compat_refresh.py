@@ -6,9 +6,9 @@ import shutil
 import pytest
 import yaml
 
-from torchimages import index_http
-from torchimages.compat_refresh import arch_list, metadata_facts, python_max
-from torchimages.matrix import load_matrix
+from torchimages.matrix.compat_refresh import arch_list, metadata_facts, python_max
+from torchimages.matrix.load import load_matrix
+from torchimages.peers import index_http
 
 from .conftest import FIXTURE_COMPAT, run_cli_in_process
 from .index_fixtures import PINS, LocalIndex, SilentServer, make_release, version_py
@@ -120,7 +120,7 @@ def test_facts_from_wheel_contents():
 
 def test_a_member_larger_than_a_torch_wheels_is_refused(index, compat, monkeypatch):
     """What is read of a wheel is held in memory: a hostile index's giant member is refused, not read."""
-    from torchimages import package_index
+    from torchimages.peers import package_index
 
     monkeypatch.setattr(package_index, "MAX_MEMBER_BYTES", 1 << 16)
     before = compat.read_text()

@@ -10,11 +10,12 @@ import urllib.request
 import pytest
 from debian.deb822 import Packages
 
-from torchimages import attestations, deb_pins
+from torchimages.build import debs as deb_pins
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer, basic_authorization
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
-from torchimages.reproduce import claim_of, engine_note
+from torchimages.trust import attestations
+from torchimages.trust.rebuild import claim_of, engine_note
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
 from .security_fixtures import make_deb as deb_file

@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from torchimages import doctor as doctor_module
-from torchimages.doctor import (
+from torchimages.build import doctor as doctor_module
+from torchimages.build.doctor import (
     Finding,
     HostGpu,
     arch_findings,
@@ -19,7 +19,7 @@ from torchimages.doctor import (
     parse_nvidia_smi,
     row_findings,
 )
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 
 from .conftest import FIXTURE_MATRIX, run_cli
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from torchimages.build.render import render_files
 from torchimages.checks.suite.helpers import os_is_the_rows
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.render import render_files
-from torchimages.sbom import cyclonedx, parse_inventory
+from torchimages.security.sbom import cyclonedx, parse_inventory
 
 from .conftest import FIXTURE_COMPAT, ROOT
 

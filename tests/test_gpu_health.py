@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import attestations
-from torchimages.attestations import verified_on
 from torchimages.checks import gpu_health, gpu_speed, probe
 from torchimages.checks.probe import arch_flags_for
+from torchimages.trust import attestations
+from torchimages.trust.attestations import verified_on
 from torchimages.verify import CHECKS, record
 from torchimages.verify.plan import VerifyResult
 from torchimages.verify.reports import CheckVerdict, VerifyReport, summary_markdown
@@ -264,7 +264,7 @@ def test_the_probe_as_copied_into_a_container_finds_its_health_and_speed_modules
     ("h100x8-nvlink", None, ""),  # no health fields recorded: doctor says nothing of health
 ], indirect=["host"])
 def test_doctor_shows_the_host_findings_before_a_pull(host, status, says):
-    from torchimages.doctor import gpu_findings
+    from torchimages.build.doctor import gpu_findings
 
     found = [finding for finding in gpu_findings([BY_TAG[CU130]]) if finding.subject == "host gpu health"]
     assert [finding.status for finding in found] == ([status] if status else [])

@@ -10,20 +10,15 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from torchimages import engine
 from torchimages.checks.suite.helpers import driver_verdict
-from torchimages.matrix import load_compat, load_matrix
+from torchimages.matrix.load import load_compat, load_matrix
 from torchimages.model import InputError
-from torchimages.sbom import collect_inventory
+from torchimages.peers import engine
+from torchimages.security.sbom import collect_inventory
 from torchimages.verify.container import container_name, create_container, remove_container
 from torchimages.verify.plan import CHECKS, SUITE, Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
 from torchimages.verify.reports import REPORT_SCHEMA, VerifyReport, summary_markdown
-from torchimages.verify.suite import (
-    failed_start_checks,
-    gpu_start_failure,
-    run_suite_on_facts,
-    with_gpu_start_failure,
-)
+from torchimages.verify.suite import failed_start_checks, gpu_start_failure, run_suite_on_facts, with_gpu_start_failure
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX
 
@@ -257,7 +252,7 @@ def test_a_cdi_only_host_before_docker_29_2_says_why_its_cdi_hook_is_not_a_gpus_
 
 
 def doctor_says(access) -> str:
-    from torchimages.doctor import gpu_access_finding
+    from torchimages.build.doctor import gpu_access_finding
 
     finding = gpu_access_finding(access)
     return finding.detail if finding.status == "ok" else ""

@@ -7,11 +7,11 @@ as the host's torch.cuda does (tests/gpu_hosts/__init__.py); the real suite then
 does with a container's facts. No GPU and no engine are needed, so this runs in `make test-fast`."""
 import pytest
 
+from torchimages.build.doctor import arch_findings, gpu_findings
 from torchimages.checks import probe
 from torchimages.checks.probe import arch_flags_for
 from torchimages.checks.suite.helpers import driver_verdict, expected_device_count
-from torchimages.doctor import arch_findings, gpu_findings
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.verify import record
 from torchimages.verify.plan import parse_gpus
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from torchimages.base_pins import BaseChange
-from torchimages.builder import BUILD_REPORT, BuildReportEntry
-from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
+from torchimages.build.builder import BUILD_REPORT, BuildReportEntry
+from torchimages.build.lock import BaseChange
 from torchimages.files import brief
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
-from torchimages.summary import Failure, Summary
+from torchimages.nightly.summary import Failure, Summary
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
 
 from .conftest import copy_fixture_project

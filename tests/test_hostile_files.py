@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchimages.builder import base_reference
+from torchimages.build.builder import base_reference
 from torchimages.files import atomic_write, open_new
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
 
 from .conftest import ROOT, wait_until

@@ -28,8 +28,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchimages import compat_refresh, doctor, files, index_http, package_index
+from torchimages import files
+from torchimages.build import doctor
+from torchimages.matrix import compat_refresh
 from torchimages.model import InputError
+from torchimages.peers import index_http, package_index
 from torchimages.redaction import inert
 
 from .conftest import FIXTURE_COMPAT, ROOT, run_cli, run_cli_in_process

@@ -36,10 +36,10 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from torchimages.matrix import load_matrix
+from torchimages.build.render import render_files
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError, User
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.render import render_files
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
 
@@ -603,7 +603,7 @@ def test_engine_that_accepts_and_never_answers_is_an_error_not_a_hang():
         try:
             scratch = make_scratch(folder)
             # In this process, with the ping's bound cut to a second: the product's 10 s is the same code path.
-            with mock.patch("torchimages.engine.PING_TIMEOUT_S", 1):
+            with mock.patch("torchimages.peers.engine.PING_TIMEOUT_S", 1):
                 result = run_bounded(*in_scratch(scratch, "test", CPU_RUNTIME),
                                      env={"DOCKER_HOST": f"unix://{engine.path}"})
         finally:

@@ -32,32 +32,26 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from torchimages import engine, wheels
-from torchimages.base_pins import Resolver, UnresolvedBase
-from torchimages.builder import BUILD_REPORT
-from torchimages.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.matrix import load_matrix
+from torchimages.build import wheels
+from torchimages.build.builder import BUILD_REPORT
+from torchimages.build.lock import Resolver, UnresolvedBase
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError, PeerError, parse_size
-from torchimages.publish import prune_lookups
+from torchimages.peers import engine
+from torchimages.peers.registry import Manifest, RegistryClient, RegistryError, RetryPolicy, with_retries
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import image_registry, parse_registry
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
+from torchimages.publish.publisher import prune_lookups
 from torchimages.redaction import Secrets
-from torchimages.registry import (
-    Manifest,
-    RegistryClient,
-    RegistryError,
-    RetryPolicy,
-    image_registry,
-    parse_registry,
-    with_retries,
-)
-from torchimages.registry_access import registry_access
-from torchimages.signatures import attestation_tag, signature_tag
+from torchimages.trust.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_MATRIX, ROOT
 from .test_hostile_input import CPU_RUNTIME, assert_contract, in_scratch, make_scratch, run_bounded
 
 BOUND_S = 0.5  # the question bound in these tests
-CUT_BOUNDS = (mock.patch("torchimages.registry.QUESTION_TIMEOUT_S", BOUND_S),
-              mock.patch("torchimages.engine.QUESTION_TIMEOUT_S", BOUND_S))
+CUT_BOUNDS = (mock.patch("torchimages.peers.registry.QUESTION_TIMEOUT_S", BOUND_S),
+              mock.patch("torchimages.peers.engine.QUESTION_TIMEOUT_S", BOUND_S))
 PASSWORD, PROXY_PASSWORD = "S3cret-Pass/word@1", "Pr0xy-Pass"
 DIGEST = "sha256:" + "a" * 64
 PEER_SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,
@@ -582,7 +576,7 @@ def test_an_engine_silent_during_a_build_fails_it_naming_the_engine(scratch, mak
     for ever. Silence past the bound fails that build, naming the engine; the run ends."""
     fake = make_engine(engine_answering(build=(STALL, None)))
     assert_contract(run_in(scratch, "render"), 0)
-    with mock.patch("torchimages.builder.BUILD_SILENCE_S", BOUND_S):
+    with mock.patch("torchimages.build.builder.BUILD_SILENCE_S", BOUND_S):
         result = run_in(scratch, "build", CPU_RUNTIME, env=fake.env)
     assert_names_the_peer(result, str(fake.path), "sent nothing")
     assert "sent nothing" in (scratch / "reports" / BUILD_REPORT.name).read_text()

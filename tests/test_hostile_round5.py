@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import security, yamlsource
+from torchimages import yamlsource
 from torchimages.model import InputError
+from torchimages.security import freshness as security
 
 from .security_fixtures import SUITE, Package, ar, make_deb, make_key, pool_path, serve, write_archive
 from .test_security import INSTALLED, check, published_project
@@ -174,7 +175,7 @@ def _compat(url: str, key) -> dict:
 
 
 def _allowing(*ids: str):
-    from torchimages.sbom import AllowedVulnerability, Allowlist
+    from torchimages.security.sbom import AllowedVulnerability, Allowlist
     return Allowlist(tuple(AllowedVulnerability(key, "not reachable", dt.date(2027, 1, 1)) for key in ids), path="allow.yaml")
 
 
@@ -218,7 +219,7 @@ def test_constructor_errors_in_the_matrix_and_compat_data_are_exit_2_naming_the_
 
 @pytest.mark.parametrize("expires", ["2026-02-30", "!!int abc", "2026-12-31 10:00:00", "2026-12-31T10:00:00Z"])
 def test_allowlist_expiry_is_a_date_and_nothing_else(tmp_path, expires):
-    from torchimages.sbom import load_allowlist
+    from torchimages.security.sbom import load_allowlist
     path = tmp_path / "scanner-allowlist.yaml"
     path.write_text(f"allow:\n  - cve: CVE-2026-12345\n    reason: not reachable\n    expires: {expires}\n")
     with pytest.raises(InputError) as raised:

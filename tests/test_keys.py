@@ -25,11 +25,12 @@ from pkcs11 import Attribute, KeyType, ObjectClass
 from pkcs11.util.ec import encode_ec_public_key, encode_named_curve_parameters
 
 from devtools.softhsm import UTILITY, softhsm_module
-from torchimages import attestations, signing
-from torchimages.keys_pkcs11 import TokenSigningKey
-from torchimages.registry import Registry, RegistryClient, RetryPolicy
-from torchimages.registry_access import registry_access
-from torchimages.signatures import SignatureStore, signature_layer
+from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import Registry
+from torchimages.trust import attestations, signing
+from torchimages.trust.keys_pkcs11 import TokenSigningKey
+from torchimages.trust.signatures import SignatureStore, signature_layer
 
 from .conftest import run_cli, run_cli_in_process
 from .signing_fixtures import KEYS, cosign_accepts

@@ -1,12 +1,22 @@
-"""The package's shape, as the developers' guide asks it: one exception hierarchy under one base."""
+"""The package's shape, as the developers' guide asks it: one exception hierarchy under one base; the floor plan
+(wings by pipeline stage, pyproject.toml's import contracts) that `make lint` holds."""
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 import torchimages
 from torchimages.model import TorchImagesError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def package_modules():
@@ -23,3 +33,40 @@ def test_every_error_the_toolkit_raises_derives_from_one_base():
                if cls.__module__ == module.__name__ and issubclass(cls, Exception) and not issubclass(cls, Warning)}
     assert defined and all(issubclass(cls, TorchImagesError) for cls in defined), sorted(
         cls.__qualname__ for cls in defined if not issubclass(cls, TorchImagesError))
+
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """import-linter over the package in tree, with this checkout's contracts (pyproject.toml), as `make lint` runs it."""
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=tree,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tree)})
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "torchimages", tmp_path / "torchimages", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_the_floor_plan_holds_on_this_tree(package_copy):
+    result = lint_imports(package_copy)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("module", "line", "broken"), [
+    # a low module reaching the command-line layer: the floors are broken
+    ("model.py", "from .cli import main\n", "The pipeline's floors"),
+    # a stage reaching a later one: build does not know verify
+    ("build/builder.py", "from ..verify import plan\n", "The pipeline's floors"),
+    # two modules of one wing that need each other, even only for a type annotation
+    ("build/context.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .builder import Builder\n",
+     "No import circles"),
+])
+def test_an_upward_import_or_a_circle_fails_make_lint(package_copy, module, line, broken):
+    target = package_copy / "torchimages" / module
+    target.write_text(target.read_text() + "\n" + line)
+    result = lint_imports(package_copy)
+    assert result.returncode != 0, result.stdout
+    assert f"{broken}" in result.stdout and "BROKEN" in result.stdout, result.stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 
 from .conftest import run_cli_in_process
 

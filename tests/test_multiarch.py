@@ -12,9 +12,12 @@ import uuid
 
 import pytest
 
-from torchimages import attestations, multiarch
-from torchimages.builder import local_name
-from torchimages.catalog import (
+from torchimages.build.builder import local_name
+from torchimages.matrix.load import load_matrix
+from torchimages.model import InputError
+from torchimages.peers.registry import Manifest
+from torchimages.publish import multiarch
+from torchimages.publish.catalog import (
     Catalog,
     ManifestList,
     PinnedIndex,
@@ -23,10 +26,8 @@ from torchimages.catalog import (
     matches_spec,
     versions,
 )
-from torchimages.catalog_page import readme
-from torchimages.matrix import load_matrix
-from torchimages.model import InputError
-from torchimages.publish import (
+from torchimages.publish.catalog_page import readme
+from torchimages.publish.publisher import (
     DATED_TAG,
     SPEC_HASH_LABEL,
     dated_tags,
@@ -35,8 +36,8 @@ from torchimages.publish import (
     pinned_stems,
     prune_plan,
 )
-from torchimages.registry import Manifest
-from torchimages.signatures import attestation_tag, gather_evidence, signature_tag
+from torchimages.trust import attestations
+from torchimages.trust.signatures import attestation_tag, gather_evidence, signature_tag
 
 from .conftest import FIXTURE_PROJECT
 from .policy_eval import shipped_policies_admit

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from torchimages import promise, security
-from torchimages.summary import Published
+from torchimages.nightly.summary import Published
+from torchimages.security import freshness as security
+from torchimages.security import promise
 
 from .conftest import run_cli_in_process
 from .security_fixtures import SUITE, Package, clearsign, make_key, write_archive

@@ -7,14 +7,15 @@ from dataclasses import asdict
 import pytest
 import yaml
 
-from torchimages.base_pins import BaseChange
-from torchimages.bases_lock import LockedBase, write_lock
-from torchimages.builder import BUILD_REPORT, BuildReportEntry
-from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
-from torchimages.matrix import load_matrix
+from torchimages.build.bases_lock import LockedBase, write_lock
+from torchimages.build.builder import BUILD_REPORT, BuildReportEntry
+from torchimages.build.lock import BaseChange
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
-from torchimages.sharding import balance, make_plan, parse_shard, together
-from torchimages.summary import Published, Summary, merge_summaries
+from torchimages.nightly.plan import balance, make_plan, parse_shard, together
+from torchimages.nightly.summary import Published, Summary, merge_summaries
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
+from torchimages.publish.catalog_page import save
 
 from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, copy_fixture_project, run_cli_in_process
 

@@ -1,7 +1,7 @@
 """The admission policies in docs/policies/: valid against each project's own CRD (tests/data/crds/, vendored from
 Kyverno v1.19.0 and policy-controller), off Kyverno's deprecated fields, and deciding the report rule (every
 verification report a trusted key signed about the digest must pass and meet every condition;
-torchimages/admission.py) on real predicates: a CPU row's, a failed one, two, a CUDA tag's, a multi-arch index's.
+torchimages/trust/admission.py) on real predicates: a CPU row's, a failed one, two, a CUDA tag's, a multi-arch index's.
 """
 import dataclasses
 import json
@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from torchimages import attestations
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
+from torchimages.trust import attestations
 
 from .policy_eval import (
     CONTAINERS_POLICY_SCHEMA,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from torchimages.matrix import load_matrix
+from torchimages.matrix.load import load_matrix
 from torchimages.model import PYPI, InputError
 
 from .conftest import ROOT, run_cli_in_process

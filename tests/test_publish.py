@@ -20,18 +20,12 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from torchimages.attestations import PROVENANCE_PREDICATE, VERIFICATION_PREDICATE
-from torchimages.bases_lock import LOCAL_ONLY_NOTE
-from torchimages.builder import local_name
-from torchimages.matrix import load_matrix
-from torchimages.publish import (
-    SPEC_HASH_LABEL,
-    dated_tags,
-    new_pinned_tag,
-    prune_plan,
-    verification_refusal,
-)
-from torchimages.sbom import collect_inventory
+from torchimages.build.bases_lock import LOCAL_ONLY_NOTE
+from torchimages.build.builder import local_name
+from torchimages.matrix.load import load_matrix
+from torchimages.publish.publisher import SPEC_HASH_LABEL, dated_tags, new_pinned_tag, prune_plan, verification_refusal
+from torchimages.security.sbom import collect_inventory
+from torchimages.trust.attestations import PROVENANCE_PREDICATE, VERIFICATION_PREDICATE
 from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
 from .conftest import CPU_SELECTOR, ROOT, free_port, run_cli, with_live_compat

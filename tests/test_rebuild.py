@@ -1,4 +1,4 @@
-"""The nightly's decision per row (torchimages/rebuild.py), as pure functions: each reason a row runs again, and none
+"""The nightly's decision per row (torchimages/nightly/why.py), as pure functions: each reason a row runs again, and none
 when it is published with today's inputs. End to end (a real engine, registry and catalog) in test_publish's nightly
 tests and `build.py why` there."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from torchimages.build_context import input_hash
-from torchimages.catalog import CatalogEntry, PinnedTag
-from torchimages.rebuild import RowState, build_reasons, decision, explain, input_changes, publish_reasons
+from torchimages.build.context import input_hash
+from torchimages.nightly.why import RowState, build_reasons, decision, explain, input_changes, publish_reasons
+from torchimages.publish.catalog import CatalogEntry, PinnedTag
 
 TAG = "2.14.1-cpu-runtime"
 DIGEST = "sha256:" + "a" * 64

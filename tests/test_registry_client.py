@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import registry
 from torchimages.files import brief
-from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry
-from torchimages.registry_access import registry_access
+from torchimages.peers import registry
+from torchimages.peers.registry import RegistryClient, RegistryError, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import image_registry
 
 
 def caches_of_skopeo_runs(monkeypatch) -> list[str]:

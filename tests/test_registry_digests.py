@@ -11,14 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import attestations, catalog, multiarch
-from torchimages.admission import DOCKER_MANIFEST
-from torchimages.catalog import Catalog, public_key_path, save, save_public_key
 from torchimages.model import InputError
-from torchimages.registry import RegistryClient, RegistryError, RetryPolicy, image_registry
-from torchimages.registry_access import registry_access
-from torchimages.signatures import artifact_files, attestation_layer, attestation_tag, signature_layer, signature_tag
-from torchimages.signing import PublicKey
+from torchimages.peers.registry import RegistryClient, RegistryError, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import image_registry
+from torchimages.publish import catalog, multiarch
+from torchimages.publish.catalog import Catalog, public_key_path, save_public_key
+from torchimages.publish.catalog_page import save
+from torchimages.trust import attestations
+from torchimages.trust.admission import DOCKER_MANIFEST
+from torchimages.trust.signatures import (
+    artifact_files,
+    attestation_layer,
+    attestation_tag,
+    signature_layer,
+    signature_tag,
+)
+from torchimages.trust.signing import PublicKey
 
 from .conftest import run_cli_in_process
 from .registry_fixtures import ServingRegistry

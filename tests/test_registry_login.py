@@ -17,11 +17,12 @@ import docker.errors
 import pytest
 import yaml
 
-from torchimages.base_pins import Resolver
-from torchimages.builder import BUILDERS, Builder, BuildOptions, cache_name, local_name
+from torchimages.build.builder import BUILDERS, Builder, BuildOptions, cache_name, local_name
+from torchimages.build.lock import Resolver
+from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry_access import RegistryAccess, registry_access
+from torchimages.peers.registry_address import image_registry
 from torchimages.redaction import Secrets
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry
-from torchimages.registry_access import RegistryAccess, registry_access
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
 from .registry_fixtures import USER, make_certificates, start_secure_registry

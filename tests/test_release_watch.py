@@ -10,10 +10,10 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from torchimages.matrix import load_matrix
+from torchimages.build.render import render_files, stale_paths
+from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.render import render_files, stale_paths
 
 from .conftest import ROOT, run_cli_in_process
 from .index_fixtures import LocalIndex, make_release

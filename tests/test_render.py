@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchimages.bases_lock import LockedBase, write_lock
-from torchimages.matrix import load_matrix
+from torchimages.build.bases_lock import LockedBase, write_lock
+from torchimages.build.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
+from torchimages.matrix.load import load_matrix
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.render import MARKER, MARKER_TEXT, render_files, stale_paths, write_rendered
 
 from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, FIXTURE_PROJECT, copy_fixture_project, run_cli_in_process
 from .wheels_fixtures import make_wheel
@@ -204,8 +204,8 @@ def test_os_packages_come_from_the_family_table():
 def input_hashes(matrix_text: str, folder: Path) -> dict[str, str]:
     """Each row's input hash as the builder computes it (rendered folder, build arguments, base), engine-free: the
     base identity is the reference its Dockerfile names, as for a lock-pinned base."""
-    from torchimages.build_context import build_context
-    from torchimages.builder import BuildOptions, base_reference
+    from torchimages.build.builder import BuildOptions, base_reference
+    from torchimages.build.context import build_context
 
     folder.mkdir()
     (folder / "matrix.yaml").write_text(matrix_text)

@@ -6,8 +6,7 @@ import json
 import subprocess
 import tarfile
 
-from torchimages.layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
-from torchimages.reproducible import (
+from torchimages.build.reproducible import (
     INLINE_CACHE_KEY,
     UNCOMMITTED,
     UNCOMMITTED_EPOCH,
@@ -18,6 +17,7 @@ from torchimages.reproducible import (
     settled_config,
     source_date,
 )
+from torchimages.trust.layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
 
 BUILT = {
     "architecture": "amd64", "os": "linux", "created": "2026-11-27T21:10:34.123Z", "docker_version": "20.10.24",

@@ -10,12 +10,14 @@ import tarfile
 import docker.errors
 import pytest
 
-from torchimages import attestations, deb_pins
-from torchimages.matrix import load_matrix
-from torchimages.registry import RegistryClient, RetryPolicy, image_registry
-from torchimages.registry_access import registry_access
-from torchimages.reproducible import ChunkReader
-from torchimages.signatures import SignatureStore
+from torchimages.build import debs as deb_pins
+from torchimages.build.reproducible import ChunkReader
+from torchimages.matrix.load import load_matrix
+from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import image_registry
+from torchimages.trust import attestations
+from torchimages.trust.signatures import SignatureStore
 
 from .conftest import CPU_SELECTOR, ROOT, SHARED_STEPS, one_process_at_a_time, run_cli, with_live_compat
 from .signing_fixtures import FIRST, KEYS, SECOND, key

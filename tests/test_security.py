@@ -8,11 +8,12 @@ import shutil
 
 import pytest
 
-from torchimages import security
-from torchimages.catalog import Catalog, CatalogEntry, PinnedTag, save
 from torchimages.model import InputError
 from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.sbom import AllowedVulnerability, Allowlist, Inventory, ScanResult, cyclonedx, load_allowlist
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
+from torchimages.publish.catalog_page import save
+from torchimages.security import freshness as security
+from torchimages.security.sbom import AllowedVulnerability, Allowlist, Inventory, ScanResult, cyclonedx, load_allowlist
 
 from .conftest import copy_fixture_project, run_cli_in_process
 from .security_fixtures import OPENSSL_CHANGELOG, SUITE, Package, make_key, serve, write_archive
@@ -88,7 +89,7 @@ def test_os_release_names_the_compat_os():
 
 
 def test_every_os_of_the_live_compat_data_has_a_security_archive():
-    from torchimages.matrix import load_compat
+    from torchimages.matrix.load import load_compat
     from torchimages.project import ROOT
 
     compat = load_compat(ROOT / "compat.yaml")
@@ -333,14 +334,14 @@ def test_the_gate_skips_an_os_without_an_archive_and_blocks_an_image_without_pac
 def nightly_for(tmp_path, url: str, keyring: str, debs):
     """A nightly over the fixture project whose CPU row is published with an SBOM listing debs (no engine needed
     for the decision: the catalog's SBOM against the security index)."""
-    from torchimages.builder import BuildOptions
-    from torchimages.catalog import load_catalog
-    from torchimages.matrix import load_compat
-    from torchimages.nightly import Nightly, NightlyOptions
+    from torchimages.build.builder import BuildOptions
+    from torchimages.matrix.load import load_compat
+    from torchimages.nightly.run import Nightly, NightlyOptions
+    from torchimages.peers.registry_access import registry_access
+    from torchimages.peers.registry_address import parse_registry
     from torchimages.project import Project
-    from torchimages.publish import PublishOptions
-    from torchimages.registry import parse_registry
-    from torchimages.registry_access import registry_access
+    from torchimages.publish.catalog import load_catalog
+    from torchimages.publish.publisher import PublishOptions
 
     args = published_project(tmp_path, url, keyring, debs)
     matrix, catalog = tmp_path / "project" / "matrix.yaml", tmp_path / "catalog"
@@ -392,10 +393,10 @@ def test_a_nightly_that_cannot_read_the_index_rebuilds_nothing_and_says_why(tmp_
 
 
 def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_hash(tmp_path):
-    from torchimages.build_context import build_context
+    from torchimages.build.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args
+    from torchimages.build.context import build_context
     from torchimages.build_inputs.server import token_arg
-    from torchimages.builder import SECURITY_REFRESH_ARG, BuildOptions, build_args
-    from torchimages.matrix import load_matrix
+    from torchimages.matrix.load import load_matrix
 
     matrix = copy_fixture_project(tmp_path / "project")
     spec = next(s for s in load_matrix(matrix).specs if s.tag == "2.13.0-cpu-runtime")

@@ -16,11 +16,12 @@ from asn1crypto import keys as asn1_keys
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from torchimages import attestations, signing
-from torchimages.matrix import load_matrix
-from torchimages.registry import Registry, RegistryClient, RetryPolicy
-from torchimages.registry_access import registry_access
-from torchimages.signatures import (
+from torchimages.matrix.load import load_matrix
+from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import Registry
+from torchimages.trust import attestations, signing
+from torchimages.trust.signatures import (
     Layer,
     SignatureStore,
     artifact_files,

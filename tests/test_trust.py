@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import attestations, signing
-from torchimages.catalog import public_key_path
-from torchimages.publish import facts_path
-from torchimages.signatures import (
+from torchimages.publish.catalog import public_key_path
+from torchimages.publish.publisher import facts_path
+from torchimages.trust import attestations, signing
+from torchimages.trust.signatures import (
     MAX_ARTIFACT_BYTES,
     Layer,
     attestation_tag,

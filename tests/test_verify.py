@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from torchimages import engine
 from torchimages.checks import downstream
 from torchimages.checks.plugin import Outcome, aggregate
 from torchimages.checks.probe import (
@@ -42,6 +41,7 @@ from torchimages.checks.suite.helpers import (
     pip_error,
 )
 from torchimages.model import ImageSpec, InputError
+from torchimages.peers import engine
 from torchimages.verify import (
     CHECKS,
     GPU_CHECKS,
@@ -344,9 +344,9 @@ def test_a_selective_verification_is_never_one_to_publish_or_reuse(tmp_path, mon
     """publish refuses it, saying to verify in full; the nightly, asking publish's question, verifies the row again."""
     from types import SimpleNamespace
 
-    from torchimages import nightly
-    from torchimages.matrix import load_matrix, select
-    from torchimages.publish import SPEC_HASH_LABEL, verification_refusal
+    from torchimages.matrix.load import load_matrix, select
+    from torchimages.nightly import run as nightly
+    from torchimages.publish.publisher import SPEC_HASH_LABEL, verification_refusal
     from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
     [spec] = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
@@ -571,7 +571,7 @@ def test_only_runs_just_that_check_and_skips_the_rest_naming_the_option(images, 
 def test_too_little_shm_fails_shm_through_the_api(baseline, images, tmp_path, docker_client):
     """The nightly job's way in: verify_images with options, here with Docker's default-sized /dev/shm (and without
     the smoke check's compiles, as the broken images: selection_for)."""
-    from torchimages.matrix import load_matrix, select
+    from torchimages.matrix.load import load_matrix, select
 
     specs = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
     [result] = verify_images(docker_client, specs, VerifyOptions(reports_dir=tmp_path, shm_size="64m",

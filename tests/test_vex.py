@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from torchimages import vex
-from torchimages.sbom import AllowedVulnerability, Allowlist, Inventory, cyclonedx, load_allowlist
-from torchimages.security import Fixable, RowSecurity
+from torchimages.security import vex
+from torchimages.security.freshness import Fixable, RowSecurity
+from torchimages.security.sbom import AllowedVulnerability, Allowlist, Inventory, cyclonedx, load_allowlist
 
 from .conftest import copy_fixture_project, run_cli_in_process
 
@@ -160,10 +160,10 @@ def test_the_allowlist_keeps_a_justification_and_the_entry_line(tmp_path):
 
 
 def test_verify_image_takes_a_vex_document_failing_the_schema_as_explaining_nothing():
-    from torchimages.admission import ReportVerdict
     from torchimages.cli.verifying import Subject, explain_findings
-    from torchimages.registry import Manifest
-    from torchimages.signatures import Evidence
+    from torchimages.peers.registry import Manifest
+    from torchimages.trust.admission import ReportVerdict
+    from torchimages.trust.signatures import Evidence
 
     entries = allowlist(AllowedVulnerability("libssl3", "the nightly takes it tonight", LATER))
     document = vex.image_predicate(entries, ROW, [], REPOSITORY, DIGEST, SBOM, "2026-11-27T00:00:00Z",

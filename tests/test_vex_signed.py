@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 
-from torchimages import signing
-from torchimages.matrix import load_matrix
-from torchimages.sbom import collect_inventory
-from torchimages.signatures import attestation_tag
-from torchimages.vex import VEX_PREDICATE, image_purl
+from torchimages.matrix.load import load_matrix
+from torchimages.security.sbom import collect_inventory
+from torchimages.security.vex import VEX_PREDICATE, image_purl
+from torchimages.trust import signing
+from torchimages.trust.signatures import attestation_tag
 
 from .security_fixtures import Package, make_key, write_archive
 from .signing_fixtures import FIRST, KEYS, run_cosign

@@ -2,8 +2,8 @@
 download (pure logic; the real download runs in the engine tests' fixtures)."""
 from pathlib import Path
 
-from torchimages.matrix import load_matrix, select
-from torchimages.wheels import download_command, plan_downloads, platform_tags, requirements
+from torchimages.build.wheels import download_command, plan_downloads, platform_tags, requirements
+from torchimages.matrix.load import load_matrix, select
 
 from .conftest import FIXTURE_MATRIX
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import matrix as matrix_stage
-from . import render as render_stage
-from .bases_lock import LOCK_NAME, read_lock
+from .build import render as render_stage
+from .build.bases_lock import LOCK_NAME, read_lock
+from .matrix import load as matrix_stage
 from .model import InputError, Problem
 
 PACKAGE = Path(__file__).resolve().parent

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ..model import ImageSpec
-from ..verify import CHECKS
-from ..verify.selection import CheckSelection
+from .checklist import NAMES as CHECKS
+from .selection import CheckSelection
 
 CHECK_MARKER = "check"
 

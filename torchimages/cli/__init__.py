@@ -11,13 +11,14 @@ from pathlib import Path
 
 from rich.text import Text
 
-from .. import sharding, verify
-from ..builder import PROXY_ARGS
+from .. import verify
+from ..build.builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
+from ..nightly import plan as sharding
+from ..peers.registry_address import parse_registry
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, Project, locate
 from ..redaction import Secrets
-from ..registry import parse_registry
 from . import compat, images, init, nightly, publishing, reproducing, security, verifying
 from .display import errors
 from .options import parse_date

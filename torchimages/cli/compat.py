@@ -11,11 +11,11 @@ from ..redaction import redact
 from .display import console, errors
 
 if TYPE_CHECKING:
-    from .. import compat_refresh
+    from ..matrix import compat_refresh
 
 
 def cmd_compat_refresh(project: Project, args) -> int:
-    from .. import compat_refresh  # here: the index client costs every other command's start a quarter second
+    from ..matrix import compat_refresh  # here: the index client costs every other command's start a quarter second
 
     options = compat_refresh.RefreshOptions(compat_file=project.compat, index_url=args.index_url,
                                             versions=tuple(args.versions), write=not args.check, correct=args.correct)

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import verify
-from ..builder import BuildResult, Progress
+from ..build.builder import BuildResult, Progress
 from ..reporting import human_size
 
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}

@@ -10,26 +10,22 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from .. import builder as build_stage
-from .. import deb_pins, doctor, engine, verify
-from .. import render as render_stage
-from .. import wheels as wheel_sources
-from ..build_context import wheel_dir
+from .. import verify
+from ..build import builder as build_stage
+from ..build import debs as deb_pins
+from ..build import doctor
+from ..build import render as render_stage
+from ..build import wheels as wheel_sources
+from ..build.context import wheel_dir
 from ..checks import checklist
 from ..files import atomic_write, read_json_document
 from ..model import ImageSpec, InputError, Problem
+from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from ..verify import emulation
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
-from .options import (
-    add_build_arguments,
-    add_selectors,
-    add_source_arguments,
-    build_options,
-    integer,
-    writes_reports,
-)
+from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, integer, writes_reports
 
 
 def cmd_list(project: Project, args) -> int:

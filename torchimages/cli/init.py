@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..build.render import write_rendered
 from ..files import atomic_write
 from ..model import InputError, Problem
 from ..project import DEFAULT_TEMPLATES, EXIT_OK, MATRIX_NAME, PACKAGE, Project
-from ..render import write_rendered
 
 STARTER = PACKAGE / "starter"
 README_SECTION = STARTER / "README-section.md"

@@ -4,17 +4,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import engine, multiarch, rebuild
-from .. import sharding as plan_stage
-from ..builder import Builder
-from ..catalog import CatalogEntry, catalog_file, load_catalog
+from ..build.builder import Builder
 from ..model import PYPI, ImageSpec, InputError, Problem
-from ..nightly import Nightly, NightlyOptions
+from ..nightly import plan as plan_stage
+from ..nightly import why as rebuild
+from ..nightly.merge import merge_reports
+from ..nightly.run import Nightly, NightlyOptions
+from ..nightly.summary import check_step_summary, write_summary
+from ..peers import engine
+from ..peers.registry import RegistryClient
 from ..project import EXIT_OK, Project
-from ..registry import RegistryClient
-from ..security import fixes_line
-from ..shard_merge import merge_reports
-from ..summary import check_step_summary, write_summary
+from ..publish import multiarch
+from ..publish.catalog import CatalogEntry, catalog_file, load_catalog
+from ..security.freshness import fixes_line
 from .display import ConsoleDisplay, errors, log
 from .options import (
     add_build_arguments,
@@ -98,7 +100,7 @@ def cmd_why(project: Project, args) -> int:
 
 
 def cmd_watch(project: Project, args) -> int:
-    from .. import release_watch  # here: the index client costs every other command's start a quarter second
+    from ..nightly import release_watch  # here: the index client costs every other command's start a quarter second
 
     options = release_watch.WatchOptions(project.matrix, project.compat, project.templates, project.images,
                                          project.reports, args.index_url)

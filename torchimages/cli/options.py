@@ -7,26 +7,22 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import builder as build_stage
-from .. import catalog as catalog_stage
-from .. import deb_pins, signing
-from .. import sbom as sbom_stage
-from .. import security as security_stage
-from ..bases_lock import read_lock
-from ..build_context import CA_BUNDLE_FIX
+from ..build import builder as build_stage
+from ..build import debs as deb_pins
+from ..build.bases_lock import read_lock
+from ..build.context import CA_BUNDLE_FIX
 from ..files import read_bytes
-from ..matrix import load_compat
+from ..matrix.load import load_compat
 from ..model import InputError, Problem
+from ..peers.registry import COMPRESSIONS, DEFAULT_COMPRESSION, RetryPolicy, publish_cache_folder
+from ..peers.registry_access import DEFAULT_CERTS_D, AccessSettings
+from ..peers.registry_address import parse_registry
 from ..project import Project
-from ..publish import ALLOWLIST_NAME, PublishOptions
-from ..registry import (
-    COMPRESSIONS,
-    DEFAULT_COMPRESSION,
-    RetryPolicy,
-    parse_registry,
-    publish_cache_folder,
-)
-from ..registry_access import DEFAULT_CERTS_D, AccessSettings
+from ..publish import catalog as catalog_stage
+from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
+from ..security import freshness as security_stage
+from ..security import sbom as sbom_stage
+from ..trust import keys, signing
 from .display import log
 
 
@@ -199,7 +195,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
     )
 
 
-def signing_key(project: Project, args: argparse.Namespace) -> signing.SigningKey | None:
+def signing_key(project: Project, args: argparse.Namespace) -> keys.SigningKey | None:
     """The key publish signs with (read and decrypted before anything is pushed), or None to publish unsigned; an
     InputError when signing is required (--require-signing, or `signing: required` in the matrix) and no key is
     given."""

@@ -6,16 +6,18 @@ import json
 import sys
 from collections import Counter
 
-from .. import base_pins as lock_stage
-from .. import catalog as catalog_stage
-from .. import catalog_page, engine
-from .. import publish as publish_stage
-from .. import sbom as sbom_stage
-from .. import vex as vex_stage
-from ..bases_lock import read_lock, write_lock
+from ..build import lock as lock_stage
+from ..build.bases_lock import read_lock, write_lock
 from ..files import atomic_write
+from ..peers import engine
+from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
+from ..peers.registry_address import parse_registry
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..registry import RegistryClient, RegistryError, RetryPolicy, parse_registry
+from ..publish import catalog as catalog_stage
+from ..publish import catalog_page
+from ..publish import publisher as publish_stage
+from ..security import sbom as sbom_stage
+from ..security import vex as vex_stage
 from .display import log
 from .options import (
     access_settings,
@@ -33,7 +35,7 @@ from .options import (
 
 def cmd_lock(project: Project, args) -> int:
     specs = project.select(args.selectors)
-    path = lock_stage.lock_path(project)
+    path = project.lock_file
     current = read_lock(path)
     resolver = lock_stage.Resolver(engine.client(), pull=not args.check, log=log)
     result = lock_stage.refresh(resolver, specs, current, everything=not args.selectors)
@@ -115,7 +117,7 @@ def cmd_catalog(project: Project, args) -> int:
         print(f"{len(catalog.images)} catalog entries checked against the registry: "
               f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
         return EXIT_FAILED if mismatches else EXIT_OK
-    page = catalog_page.readme(catalog, catalog_stage.sbom_prefix(folder, project.images))
+    page = catalog_page.readme(catalog, catalog_page.sbom_prefix(folder, project.images))
     readme_path = project.images / catalog_stage.README_NAME
     catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
     current = catalog_stage.current_page(readme_path)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import engine
+from ..peers import engine
+from ..peers.registry import RegistryClient, RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..registry import RegistryClient, RetryPolicy
-from ..reproduce import reproduce
-from ..signing import load_public_key
+from ..trust.rebuild import reproduce
+from ..trust.signing import load_public_key
 from .display import log
 from .options import access_settings, add_access_arguments, integer
 from .verifying import image_reference

@@ -5,13 +5,13 @@ import json
 
 from rich.table import Table
 
-from .. import catalog as catalog_stage
-from .. import engine
-from .. import sbom as sbom_stage
-from .. import security as security_stage
 from ..files import read_json_document
-from ..matrix import load_compat
+from ..matrix.load import load_compat
+from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
+from ..publish import catalog as catalog_stage
+from ..security import freshness as security_stage
+from ..security import sbom as sbom_stage
 from .display import console, log
 from .options import add_catalog_argument, add_selectors, catalog_dir
 

@@ -17,13 +17,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import admission, attestations, multiarch, vex
 from ..model import InputError, Problem
+from ..peers.registry import Manifest, RegistryClient, RegistryError, RetryPolicy
+from ..peers.registry_address import image_registry, parse_registry
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..registry import Manifest, RegistryClient, RegistryError, RetryPolicy, image_registry, parse_registry
+from ..publish import multiarch
 from ..reporting import DIGEST
-from ..signatures import Evidence, SignatureStore, gather_evidence
-from ..signing import PublicKey, load_public_key
+from ..security import vex
+from ..trust import admission, attestations
+from ..trust.keys import PublicKey
+from ..trust.signatures import Evidence, SignatureStore, gather_evidence
+from ..trust.signing import load_public_key
 from .display import log
 from .options import access_settings, add_access_arguments, integer
 

@@ -9,6 +9,7 @@ failure and Ctrl-C. Reports: reports/<tag>/{verify.json,junit.xml,facts.json,pyt
 reports/verify-summary.md. The checks ship inside the package: `build.py test` needs no source checkout.
 `--only`/`--skip` run some of the checks (selection.py), never enough to publish.
 """
+from ..checks.selection import CheckSelection, parse_selection
 from .container import PROBE_SOURCE, container_name, copy_probe, create_container, run_probe
 from .plan import (
     CHECKS,
@@ -27,7 +28,6 @@ from .plan import (
 )
 from .reports import selective_note, summary_markdown
 from .run import verify_images
-from .selection import CheckSelection, parse_selection
 from .suite import complete_checks
 
 __all__ = [

@@ -15,13 +15,13 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .. import engine
 from ..checks import downstream
 from ..checks.probe import PROBE_VERSION
+from ..checks.selection import CheckSelection
 from ..model import ImageSpec
+from ..peers import engine
 from . import emulation
 from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
-from .selection import CheckSelection
 
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 PROBE_PATH = "/tmp/torchimages-probe.py"

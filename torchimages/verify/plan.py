@@ -8,11 +8,11 @@ import docker
 import docker.errors
 import docker.types
 
-from .. import engine
-from ..builder import local_name
+from ..build.builder import local_name
 from ..checks import checklist
+from ..checks.selection import CheckSelection
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
-from .selection import CheckSelection
+from ..peers import engine
 
 CHECKS, GPU_CHECKS = checklist.NAMES, checklist.GPU_CHECKS  # declared once, in torchimages/checks/checklist.py
 VERIFY_LABEL = f"{LABEL_PREFIX}.verify"

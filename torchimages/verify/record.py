@@ -146,8 +146,8 @@ def host_gpu_facts() -> dict:
 
 def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
     """The probe's --gpu-only part in a container of the image, given every GPU (a GPU host with Docker)."""
-    from .. import engine
     from ..model import InputError, Problem
+    from ..peers import engine
     from .container import container_name, copy_probe, create_container, remove_container, run_probe
     from .plan import Plan
 

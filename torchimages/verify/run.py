@@ -12,10 +12,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .. import engine
 from ..checks.gpu_speed import host_report
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec, TorchImagesError
+from ..peers import engine
 from . import emulation
 from .container import (
     container_name,

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import docker.errors
 
-from .. import engine
+from ..checks.selection import CheckSelection
 from ..files import open_new, remove_file
 from ..model import InputError, PeerError, Problem
+from ..peers import engine
 from .container import ARBITRARY_UID
 from .plan import CHECKS, GPU_CHECKS, SUITE, Plan, VerifyOptions
-from .selection import CheckSelection
 
 SUITE_TIMEOUT_S = 300  # times the plan's slowdown: the checks run commands in the container
 
