@@ -43,7 +43,7 @@ def parser_commands() -> set[str]:
         return next((action.choices for action in parser._actions
                      if isinstance(action, argparse._SubParsersAction)), {})
 
-    return {f"{name} {action}".strip() for name, command in subcommands(build_parser()).items()
+    return {f"{name} {action}".strip() for name, command in subcommands(build_parser(everything=True)).items()
             for action in (subcommands(command) or [""])}
 
 

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 
 LABEL_PREFIX = "io.torchimages"
+# The proxy variables a build passes on as build args (and whose logins every run keeps out of its output).
+PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 PYPI = "https://pypi.org/simple"
 
 

@@ -29,6 +29,7 @@ from . import buildkit
 from . import debs as deb_pins
 from .bases_lock import LOCK_NAME, read_lock
 from .context import BuildContext, BuildOptions, base_identity, build_context, context_tar, input_hash
+from .render import PINNED_DEBS_ENTRY
 from .reproducible import base_entries, settle_image, source_date
 
 # read_wheel_record and wheel_record_path: publish and rebuild take them from here.
@@ -38,7 +39,6 @@ INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
 # A build step that prints nothing for this long is stuck (pip, apt and the compilers print as they go): the build is
 # failed, naming the engine, instead of waiting forever on a wedged dockerd.
 BUILD_SILENCE_S = 3600
-PROXY_ARGS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 STEP = re.compile(r"^Step ([0-9]+)/([0-9]+) : ", re.ASCII)
 BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
@@ -84,7 +84,7 @@ def build_args(options: BuildOptions, context: BuildContext, tag: str, token: st
     if tag in options.security_refresh:
         args[SECURITY_REFRESH_ARG] = options.security_refresh[tag]
     args.update(options.proxies)
-    pinned = deb_pins.PINNED_DEBS_ENTRY if tag in options.pinned_debs else ""
+    pinned = PINNED_DEBS_ENTRY if tag in options.pinned_debs else ""
     for name in ("NO_PROXY", "no_proxy"):  # the token last: the apt steps read it there (templates/os/apt.j2)
         args[name] = ",".join(filter(None, [BUILD_INPUTS_HOST, options.proxies.get(name, ""), pinned,
                                             token_arg(token)]))

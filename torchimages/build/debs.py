@@ -29,10 +29,9 @@ from debian.debfile import DebError, DebFile
 from ..files import atomic_write_json, make_folder, read_json_document
 from ..model import InputError, PeerError, Problem
 from ..reporting import require_schema
+from .render import RECORD_DIR
 from .wheel_record import file_sha256
 
-RECORD_DIR = "/var/lib/torchimages/debs"  # in the image: <step>.sha256 for each apt step that reached it
-PINNED_DEBS_ENTRY = "pinned-debs.torchimages.invalid"  # in no_proxy: this build's apt steps read only the served .debs
 DEBS_REPORT_SCHEMA = 1
 MAX_RECORD_BYTES = 1 << 20  # a step's record is a line per package: kilobytes
 DEB_FILE = re.compile(r"^[a-z0-9][a-z0-9+.-]*_[A-Za-z0-9.+~%-]+_[a-z0-9-]+\.deb$", re.ASCII)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..files import make_folder
-from ..model import PYPI, ImageSpec, PeerError
+from ..model import PROXY_ARGS, PYPI, ImageSpec, PeerError
 from ..redaction import Secrets
-from .builder import PROXY_ARGS
 from .context import wheel_dir
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use

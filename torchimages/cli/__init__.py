@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import os
 import re
 import sys
@@ -11,17 +12,13 @@ from pathlib import Path
 
 from rich.text import Text
 
-from .. import verify
-from ..build.builder import PROXY_ARGS
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
-from ..model import InputError, PeerError, Problem, TorchImagesError, parse_size
-from ..nightly import plan as sharding
+from ..model import PROXY_ARGS, InputError, PeerError, Problem, TorchImagesError, parse_size
 from ..peers.registry_address import parse_registry
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, Project, locate
 from ..redaction import Secrets
-from . import compat, images, init, nightly, publishing, reproducing, security, verifying
-from .display import errors
-from .options import parse_date
+from . import commands as command_table
+from .console import errors
 from .streams import (
     BAD_PATH,
     EXIT_TERMINATED,
@@ -33,12 +30,27 @@ from .streams import (
     standard_streams,
 )
 
-COMMAND_GROUPS = (init, images, publishing, verifying, reproducing, nightly, compat, security)
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
 DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
+# The global flags that take a value: what chosen_command() steps over to find the command.
+VALUE_FLAGS = ("--project", "--matrix", "--compat", "--templates", "--images", "--reports")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    """The command named in argv (its first word that is neither a global flag nor a flag's value), so that only its
+    group is imported; None when there is none (`--help`), and an unknown word is argparse's to refuse."""
+    words = iter(argv)
+    for word in words:
+        if word in VALUE_FLAGS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(command: str | None = None, everything: bool = False) -> argparse.ArgumentParser:
+    """The parser for command: its group in full, every other command as its help line only (None: `--help`);
+    every command in full with everything."""
     parser = argparse.ArgumentParser(prog="torchimages", description=DESCRIPTION)
     parser.add_argument("--project", type=Path, metavar="DIR",
                         help="the project folder (default: the nearest folder holding matrix.yaml, from here upwards)")
@@ -49,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", type=Path, metavar="DIR", help="rendered Dockerfiles (default: the project's images/)")
     parser.add_argument("--reports", type=Path, metavar="DIR", help="logs and reports (default: the project's reports/)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in COMMAND_GROUPS:
-        group.register(commands)
+    command_table.register(commands, command, everything)
     return parser
 
 
@@ -62,18 +73,20 @@ def _at_least(minimum: int):
 
 
 # Flags whose values can be wrong in ways argparse does not see: checked together, before the matrix is read or any
-# engine or registry is called, so one run names every problem. name in args -> (flag, check raising on bad values)
+# engine or registry is called, so one run names every problem. name in args -> (flag, check raising on bad values);
+# a check named "module:function" lives in a stage, imported only when its flag was given (its command's group has
+# imported that stage already).
 FLAG_CHECKS = {
-    "gpus": ("--gpus", verify.parse_gpus),
+    "gpus": ("--gpus", "torchimages.verify.plan:parse_gpus"),
     "shm_size": ("--shm-size", parse_size),
     "timeout": ("--timeout", _at_least(1)),
     "jobs": ("--jobs", _at_least(1)),
     "retries": ("--retries", _at_least(0)),
     "retention": ("--retention", _at_least(1)),
     "shards": ("--shards", _at_least(1)),
-    "shard": ("--shard", sharding.parse_shard),
+    "shard": ("--shard", "torchimages.nightly.plan:parse_shard"),
     "registry": ("--registry", parse_registry),
-    "date": ("--date", parse_date),
+    "date": ("--date", "torchimages.cli.options:parse_date"),
 }
 
 
@@ -83,6 +96,9 @@ def flag_problems(args: argparse.Namespace) -> list[Problem]:
         value = getattr(args, name, None)
         if value is None:
             continue
+        if isinstance(check, str):
+            module, _, function = check.partition(":")
+            check = getattr(importlib.import_module(module), function)
         try:
             check(value)
         except InputError as error:
@@ -161,7 +177,7 @@ def run(argv: list[str] | None, start: Path) -> int:
     """start: the folder the project is looked for from (the current one; build.py's own in a clone)."""
     arguments = sys.argv[1:] if argv is None else argv
     keep_out(Secrets.in_arguments(arguments))  # before parsing: argparse's own errors quote what they refuse
-    args = build_parser().parse_args(argv)
+    args = build_parser(chosen_command(arguments)).parse_args(argv)
     keep_out(run_secrets(args) | Secrets.in_arguments(arguments))
     if getattr(args, "makes_project", False):  # init: there is no project yet
         return args.handler(args)

@@ -8,7 +8,8 @@ from rich.table import Table
 from ..model import PYPI
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..redaction import redact
-from .display import console, errors
+from .commands import add_command
+from .console import console, errors
 
 if TYPE_CHECKING:
     from ..matrix import compat_refresh
@@ -55,7 +56,7 @@ def facts_table(release: compat_refresh.ReleaseFacts) -> Table:
 
 
 def register(commands) -> None:
-    compat = commands.add_parser("compat", help="compatibility facts (compat.yaml beside the matrix, or --compat)")
+    compat = add_command(commands, "compat")
     actions = compat.add_subparsers(dest="compat_command", required=True, metavar="ACTION")
     refresh = actions.add_parser("refresh", help="read torch releases' facts from the package index into compat.yaml")
     refresh.add_argument("versions", nargs="*", metavar="TORCH",

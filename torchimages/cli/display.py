@@ -2,7 +2,6 @@
 plain lines in CI logs. Stages report through the Progress classes they define; these are their console forms."""
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,22 +19,6 @@ from ..reporting import human_size
 STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
 CHECK_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
-
-
-def console() -> Console:
-    """Results go to stdout; when it is not a terminal (CI logs), keep tables wide enough to read. Text is never read
-    as markup: values from files (a `[/]` in a message) print as they are."""
-    return Console(width=None if sys.stdout.isatty() else 220, soft_wrap=not sys.stdout.isatty(), markup=False)
-
-
-def errors() -> Console:
-    """Progress, logs and errors: stderr, so that stdout stays the result (a table, JSON, a summary)."""
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 220, markup=False)
-
-
-def log(message: str) -> None:
-    """The log line stages report through (pushes, pulls, retries)."""
-    print(message, file=sys.stderr, flush=True)
 
 
 class ConsoleDisplay:

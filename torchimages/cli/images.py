@@ -24,7 +24,9 @@ from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from ..verify import emulation
-from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, console, errors, log
+from .commands import add_command
+from .console import console, errors, log
+from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table
 from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, integer, writes_reports
 
 
@@ -285,24 +287,22 @@ def for_machine(specs: list[ImageSpec], machine: str) -> list[ImageSpec]:
 
 def register(commands) -> None:
     """list, render, wheels, build, images, test: the matrix, its images and their verification."""
-    listing = commands.add_parser("list", help="print every tag with its versions")
+    listing = add_command(commands, "list")
     add_selectors(listing)
     listing.add_argument("--format", choices=("table", "json"), default="table")
     listing.set_defaults(handler=cmd_list)
 
-    rendering = commands.add_parser("render", help="write images/<tag>/Dockerfile from the matrix")
+    rendering = add_command(commands, "render")
     rendering.add_argument("--check", action="store_true", help="exit 1 listing stale files, write nothing")
     rendering.set_defaults(handler=cmd_render, writes=lambda project, args: [] if args.check else [project.images])
 
-    fetching = commands.add_parser("wheels", help="fetch the wheels rows install, for offline builds")
+    fetching = add_command(commands, "wheels")
     add_selectors(fetching, required=True)
     fetching.add_argument("--dest", type=Path, required=True, help="wheelhouse folder")
     add_source_arguments(fetching)
     fetching.set_defaults(handler=cmd_wheels, writes=lambda project, args: [args.dest])
 
-    keeping = commands.add_parser(
-        "debs", help="keep the OS packages (.debs) rows installed, for offline builds that reproduce them",
-        description="For each row's image on the engine: downloads every .deb its apt steps recorded (with apt, in a "
+    keeping = add_command(commands, "debs", description="For each row's image on the engine: downloads every .deb its apt steps recorded (with apt, in a "
                     "container of the image: its own sources), checks each by sha256 and writes DIR/<tag>.debs.json. "
                     "`build --debs DIR` and `rebuild --debs DIR` install exactly these. Exit 0; 1: the mirror no "
                     "longer serves a version; 2: no image, no record, or a file with another hash.")
@@ -310,18 +310,16 @@ def register(commands) -> None:
     keeping.add_argument("--dest", type=Path, required=True, metavar="DIR", help="where the .debs go")
     keeping.set_defaults(handler=cmd_debs, writes=lambda project, args: [args.dest])
 
-    building = commands.add_parser("build", help="build images on the Docker engine")
+    building = add_command(commands, "build")
     add_selectors(building)
     add_build_arguments(building)
     building.set_defaults(handler=cmd_build, writes=writes_reports)
 
-    main_job = commands.add_parser("images", help="the main job: build and verify (CPU rows on hosts without GPUs)")
+    main_job = add_command(commands, "images")
     add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
     add_build_arguments(main_job)
     main_job.set_defaults(handler=cmd_images, writes=lambda project, args: [project.reports, *filter(None, [args.wheelhouse])])
-    testing = commands.add_parser(
-        "test", help=f"verify images inside containers ({', '.join(checklist.NAMES)})",
-        description="Exit 0: every selected check (all by default) passed or was skipped with a reason; 1: a check "
+    testing = add_command(commands, "test", description="Exit 0: every selected check (all by default) passed or was skipped with a reason; 1: a check "
                     "failed; 2: bad input (unknown tag or check, missing image, GPUs requested from an engine without "
                     "NVIDIA runtime). Checks: "
                     f"{checklist.help_text()}.")
@@ -346,17 +344,12 @@ def register(commands) -> None:
                               "--only; never enough to publish")
     testing.set_defaults(handler=cmd_test, writes=writes_reports)
 
-    checking = commands.add_parser(
-        "doctor", help="what this host can do with the rows: engine, GPU runtime, disk, skopeo, driver and arch fit",
-        description="Exit 0: the rows can be built (and, on a GPU host, run) here, perhaps with warnings; 1: something "
+    checking = add_command(commands, "doctor", description="Exit 0: the rows can be built (and, on a GPU host, run) here, perhaps with warnings; 1: something "
                     "will fail, with the fix.")
     add_selectors(checking)
     checking.add_argument("--format", choices=("table", "json"), default="table")
     checking.set_defaults(handler=cmd_doctor)
-    recording = commands.add_parser(
-        "gpu-record", help="on a GPU host: run the GPU side, judge it with the GPU checks, print the record line of "
-                           "docs/gpu-validation.md and keep every raw fact as a simulation-lane host under "
-                           "REPORTS/gpu-record/ (exit 1 when a GPU check failed, 2 for another torch build)")
+    recording = add_command(commands, "gpu-record")
     recording.add_argument("tag", help="the row whose expectations apply (driver floor, arch list, cuDNN)")
     source = recording.add_mutually_exclusive_group()
     source.add_argument("--image", metavar="REF", help="run the GPU side in a container of this image (Docker, every "

@@ -9,6 +9,7 @@ from ..build.render import write_rendered
 from ..files import atomic_write
 from ..model import InputError, Problem
 from ..project import DEFAULT_TEMPLATES, EXIT_OK, MATRIX_NAME, PACKAGE, Project
+from .commands import add_command
 
 STARTER = PACKAGE / "starter"
 README_SECTION = STARTER / "README-section.md"
@@ -23,9 +24,7 @@ WRITES = {
 
 
 def register(commands) -> None:
-    parser = commands.add_parser(
-        "init", help="make a new project: matrix.yaml (a CPU and a CUDA row), compat.yaml, .gitignore, a CI workflow",
-        description="Write a new project into DIR. Its Dockerfile templates are the package's own until DIR has a "
+    parser = add_command(commands, "init", description="Write a new project into DIR. Its Dockerfile templates are the package's own until DIR has a "
                     "templates/ folder (--templates copies them there to edit): a project's templates/ wins.")
     parser.add_argument("folder", nargs="?", type=Path, default=Path("."), metavar="DIR",
                         help="the project's folder, made if missing (default: the current folder)")

@@ -17,7 +17,9 @@ from ..project import EXIT_OK, Project
 from ..publish import multiarch
 from ..publish.catalog import CatalogEntry, catalog_file, load_catalog
 from ..security.freshness import fixes_line
-from .display import ConsoleDisplay, errors, log
+from .commands import add_command
+from .console import errors, log
+from .display import ConsoleDisplay
 from .options import (
     add_build_arguments,
     add_catalog_argument,
@@ -111,18 +113,14 @@ def cmd_watch(project: Project, args) -> int:
 
 
 def register(commands) -> None:
-    watching = commands.add_parser(
-        "watch", help="release watch: a torch on the index newer than the matrix's -> facts, proposed rows, render",
-        description="Reads the newest torch on the index; when it is newer than the matrix's newest, writes its facts "
+    watching = add_command(commands, "watch", description="Reads the newest torch on the index; when it is newer than the matrix's newest, writes its facts "
                     "into compat.yaml, proposes rows shaped like the newest ones in matrix.yaml and renders them, for "
                     "review. Publishes nothing. Exit 0 (with or without a proposal), 2: bad input.")
     watching.add_argument("--index-url", default=PYPI, help="a PEP 691 package index (default: %(default)s)")
     watching.set_defaults(handler=cmd_watch, writes=lambda project, args: [
         project.images, project.reports, project.matrix.parent, project.compat.parent])
 
-    why = commands.add_parser(
-        "why", help="why the nightly would build, verify or publish a row again (or leave it alone)",
-        description="Reads the catalog, the registry's tags, the engine's image and the build inputs, and prints the "
+    why = add_command(commands, "why", description="Reads the catalog, the registry's tags, the engine's image and the build inputs, and prints the "
                     "nightly's decision for each row with its reasons (the inputs that changed, by name). Changes "
                     "nothing. Exit 0, 2: bad input.")
     add_selectors(why)
@@ -133,16 +131,14 @@ def register(commands) -> None:
     why.add_argument("--format", choices=("text", "json"), default="text", help="(default: %(default)s)")
     why.set_defaults(handler=cmd_why)
 
-    planning = commands.add_parser("plan", help="split the rows into shards of similar build time (a CI matrix)")
+    planning = add_command(commands, "plan")
     add_selectors(planning)
     planning.add_argument("--shards", type=integer, required=True, metavar="N", help="number of shards (runners)")
     planning.add_argument("--format", choices=("github", "json"), default="json",
                           help="github: one line {\"include\": [...]} for a strategy matrix; json: the full plan")
     planning.set_defaults(handler=cmd_plan)
 
-    nightly = commands.add_parser(
-        "nightly", help="lock, render check, build, verify, publish what passed, prune, summarise",
-        description="Exit 0: every row is built, verified and published (or already was); 1: a row failed "
+    nightly = add_command(commands, "nightly", description="Exit 0: every row is built, verified and published (or already was); 1: a row failed "
                     "(the others are still published); 2: bad input.")
     add_selectors(nightly)
     nightly.add_argument("--shard", metavar="i/n", help="run only shard i of n (see `plan`)")
@@ -156,7 +152,7 @@ def register(commands) -> None:
     add_build_arguments(nightly)
     nightly.set_defaults(handler=cmd_nightly, writes=writes_everything)
 
-    report = commands.add_parser("report", help="work with reports: `report merge` joins CI shards' results")
+    report = add_command(commands, "report")
     actions = report.add_subparsers(dest="report_command", required=True, metavar="ACTION")
     merging = actions.add_parser("merge", help="merge shards' reports, catalogs and lock files, and their summaries")
     merging.add_argument("shard_dirs", nargs="+", type=Path, metavar="DIR",

@@ -13,7 +13,7 @@ from ..build.bases_lock import read_lock
 from ..build.context import CA_BUNDLE_FIX
 from ..files import read_bytes
 from ..matrix.load import load_compat
-from ..model import InputError, Problem
+from ..model import PROXY_ARGS, InputError, Problem
 from ..peers.registry import COMPRESSIONS, DEFAULT_COMPRESSION, RetryPolicy, publish_cache_folder
 from ..peers.registry_access import DEFAULT_CERTS_D, AccessSettings
 from ..peers.registry_address import parse_registry
@@ -23,7 +23,7 @@ from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
 from ..security import freshness as security_stage
 from ..security import sbom as sbom_stage
 from ..trust import keys, signing
-from .display import log
+from .console import log
 
 
 def integer(text: str) -> int:
@@ -86,7 +86,7 @@ def build_options(project: Project, args: argparse.Namespace) -> build_stage.Bui
         pull=args.pull, force=args.force, fail_fast=args.fail_fast, prune_build_stages=args.prune_build_stages,
         wheelhouse=args.wheelhouse,
         pip_index_url=args.pip_index_url, extra_index_url=args.extra_index_url, ca_bundle=args.ca_bundle,
-        proxies={k: v for k, v in os.environ.items() if k in build_stage.PROXY_ARGS},
+        proxies={k: v for k, v in os.environ.items() if k in PROXY_ARGS},
         inputs_server=inputs_server, builder=args.builder,
         debs_dir=args.debs, pinned_debs=pinned_debs(project, args, inputs_server),
     )

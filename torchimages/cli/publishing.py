@@ -18,7 +18,8 @@ from ..publish import catalog_page
 from ..publish import publisher as publish_stage
 from ..security import sbom as sbom_stage
 from ..security import vex as vex_stage
-from .display import log
+from .commands import add_command
+from .console import log
 from .options import (
     access_settings,
     add_access_arguments,
@@ -142,25 +143,25 @@ def cmd_catalog(project: Project, args) -> int:
 
 
 def register(commands) -> None:
-    locking = commands.add_parser("lock", help="pin every base image to a digest in bases.lock.json")
+    locking = add_command(commands, "lock")
     add_selectors(locking, default="the bases of every row")
     locking.add_argument("--check", action="store_true", help="exit 1 if a base moved since the lock; write nothing")
     locking.set_defaults(handler=cmd_lock,
                          writes=lambda project, args: [] if args.check else [project.lock_file.parent])
 
-    publishing = commands.add_parser("publish", help="push verified images: pinned, floating and alias tags")
+    publishing = add_command(commands, "publish")
     add_selectors(publishing)
     add_publish_arguments(publishing)
     publishing.set_defaults(handler=cmd_publish,
                             writes=lambda project, args: [project.reports, *writes_catalog(project, args)])
 
-    pruning = commands.add_parser("prune", help="delete dated tags beyond the newest N of each row")
+    pruning = add_command(commands, "prune")
     add_selectors(pruning)
     pruning.add_argument("--retention", type=integer, required=True, metavar="N", help="dated tags to keep per row")
     add_registry_arguments(pruning)
     pruning.set_defaults(handler=cmd_prune, writes=writes_catalog)
 
-    cataloging = commands.add_parser("catalog", help="print the published images (and regenerate images/README.md)")
+    cataloging = add_command(commands, "catalog")
     cataloging.add_argument("--format", choices=("markdown", "json"), default="markdown")
     cataloging.add_argument("--check", action="store_true", help="exit 1 if images/README.md is stale; write nothing")
     cataloging.add_argument("--check-registry", action="store_true",

@@ -9,7 +9,8 @@ from ..peers.registry import RegistryClient, RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..trust.rebuild import reproduce
 from ..trust.signing import load_public_key
-from .display import log
+from .commands import add_command
+from .console import log
 from .options import access_settings, add_access_arguments, integer
 from .verifying import image_reference
 
@@ -27,8 +28,7 @@ def cmd_rebuild(project: Project, args) -> int:
 
 
 def register(commands) -> None:
-    rebuilding = commands.add_parser("rebuild", help="build a published digest again from its signed provenance, "
-                                                     "offline, and compare (issue 47)")
+    rebuilding = add_command(commands, "rebuild")
     rebuilding.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
     rebuilding.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
                             help="the public key the provenance must be signed with (repeat it to trust several)")

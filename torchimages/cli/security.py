@@ -12,7 +12,8 @@ from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..publish import catalog as catalog_stage
 from ..security import freshness as security_stage
 from ..security import sbom as sbom_stage
-from .display import console, log
+from .commands import add_command
+from .console import console, log
 from .options import add_catalog_argument, add_selectors, catalog_dir
 
 
@@ -78,8 +79,7 @@ def print_table(rows: list[security_stage.RowSecurity]) -> None:
 
 
 def register(commands) -> None:
-    checking = commands.add_parser("security", help="OS packages with a security fix the image lacks (no scanner "
-                                                    "database needed)")
+    checking = add_command(commands, "security")
     add_selectors(checking, default="every published row")
     checking.add_argument("--image", metavar="REF", help="judge this image instead of the catalog's rows")
     checking.add_argument("--format", choices=("table", "json"), default="table")

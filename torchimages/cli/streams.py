@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from ..model import TorchImagesError
 from ..redaction import Secrets, workflow_commands_broken
-from .display import log
+from .console import log
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
 # Errors that say the path named is wrong (fix the path: exit 2); the others say the run failed (exit 1).

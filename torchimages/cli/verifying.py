@@ -28,7 +28,8 @@ from ..trust import admission, attestations
 from ..trust.keys import PublicKey
 from ..trust.signatures import Evidence, SignatureStore, gather_evidence
 from ..trust.signing import load_public_key
-from .display import log
+from .commands import add_command
+from .console import log
 from .options import access_settings, add_access_arguments, integer
 
 MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -185,8 +186,7 @@ def print_report(kind: str, number: int, count: int, verdict: admission.ReportVe
 
 
 def register(commands) -> None:
-    checking = commands.add_parser("verify-image", help="is it ours, and did it pass? (signature, attestations and "
-                                                        "verification reports, as cosign and a policy check them)")
+    checking = add_command(commands, "verify-image")
     checking.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
     checking.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
                           help="the public key the images are signed with (catalog/keys/<fingerprint>.pub); repeat it "
