@@ -11,7 +11,8 @@ WHEELHOUSE ?= wheelhouse
 BUILDER ?= classic
 PYTEST_ARGS ?=
 # pytest-xdist workers for the engine-free tests: twice the cores, since about a third of their time is spent waiting
-# (the bound tests' deliberate stalls, subprocesses): 83 s with 2 workers, 65 s with 4 on 2 cores (docs/benchmarks.md).
+# (the bound tests' deliberate stalls, subprocesses): 83 s with 2 workers, 65 s with 4 on 2 cores
+# (docs/benchmarks-log.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 
 .PHONY: setup engine engine-down cosign softhsm render render-check lint images test test-fast bench clean

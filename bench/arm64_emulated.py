@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""arm64 (Grace) rows under emulation on an x86_64 host (issue 28), printed as Markdown rows for docs/benchmarks.md.
+"""arm64 (Grace) rows under emulation on an x86_64 host (issue 28), printed as Markdown rows for docs/benchmarks-log.md.
 
 For each row given (default: the 2.14.1 cu13.0 arm64 runtime row, the one CI is meant to build), as a user runs it:
 `build.py wheels` (the aarch64 wheel set from PyPI), `build.py build --no-cache` from that wheelhouse (every RUN step

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build benchmarks (issue 3), printed as Markdown rows for docs/benchmarks.md.
+"""Build benchmarks (issue 3), printed as Markdown rows for docs/benchmarks-log.md.
 
 1. Skip decision: `build.py build` over already-built rows (no-op) versus `docker build` of each tag
    with a warm layer cache (what a Makefile would do).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Cold builds near their floor (issue 27): today's layout against the new one, side by side in one run, with the
-host pip floor (and uv's) in the same run; Markdown for docs/benchmarks.md.
+host pip floor (and uv's) in the same run; Markdown for docs/benchmarks-log.md.
 
 For one row (default the CUDA 13.0 runtime row):
 1. The floor: the fastest of three `pip install`s of the row's wheels from the wheelhouse into an empty venv on the host; the same with
@@ -89,7 +89,7 @@ def installed_tree(venv: Path) -> dict[str, tuple]:
 
 
 # The floor is the fastest of a few installs: one install's time moved from 25.6 to 49.0 s between runs on this VM while
-# the builds beside it moved by a tenth of that (docs/benchmarks.md), so a single one would make the ratio noise.
+# the builds beside it moved by a tenth of that (docs/benchmarks-log.md), so a single one would make the ratio noise.
 FLOOR_RUNS = 3
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Cold start and republish (issue 20), today's layout against the new one, side by side in one run; Markdown for
-docs/benchmarks.md.
+docs/benchmarks-log.md.
 
 For one row (default the CPU runtime row; `--row 2.14.1-cuda13.0-cudnn9-runtime` for the CUDA one):
 1. Build the row cold (`--no-cache`) twice: with the Dockerfile committed at `--baseline` (today's layout: one venv

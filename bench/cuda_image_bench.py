@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CUDA image benchmarks (issue 8), printed as Markdown for docs/benchmarks.md.
+"""CUDA image benchmarks (issue 8), printed as Markdown for docs/benchmarks-log.md.
 
 For the CUDA rows CI builds (runtime and devel from one wheel set):
 1. Size: each image's uncompressed size next to the bytes its installed wheels take in /opt/venv (the floor no

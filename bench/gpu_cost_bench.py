@@ -54,13 +54,14 @@ def measure() -> dict:
     sys.path.insert(0, str(CHECKS))
     import gpu_health  # the probe's modules, top-level as beside the probe
     import gpu_speed
-    import probe
+    import probe_base
+    import probe_gpu
 
-    count = probe.cuda_device_count(torch)
+    count = probe_base.cuda_device_count(torch)
     start_cuda(torch, count)
     smi = shutil.which("nvidia-smi")
-    health_s, health = timed(gpu_health.read_health, smi, probe.run_tool) if smi else (0.0, {"rows": []})
-    bf16_s, bf16 = timed(probe.bf16_matmul_throughput, torch)
+    health_s, health = timed(gpu_health.read_health, smi, probe_base.run_tool) if smi else (0.0, {"rows": []})
+    bf16_s, bf16 = timed(probe_gpu.bf16_matmul_throughput, torch)
     copies_s, copies = timed(gpu_speed.pinned_copy_bandwidth, torch)
     reduce_s, reduced = timed(gpu_speed.all_reduce_bus_bandwidth, torch, count) if count > 1 else (0.0, {})
     added = round(health_s + bf16_s + copies_s + reduce_s, 3)

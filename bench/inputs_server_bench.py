@@ -3,7 +3,7 @@
 host's loopback and with it in a container on the engine (what a remote engine or Docker Desktop's gets: the python
 stage built first, the server's folder with the row's wheels uploaded, the steps on a network of the build's own),
 side by side in one run, the page cache dropped before each; then the venv layers of the two images compared by diff
-id (the same wheels must give the same layers wherever they were served from). Markdown for docs/benchmarks.md.
+id (the same wheels must give the same layers wherever they were served from). Markdown for docs/benchmarks-log.md.
 
 Needs the project's engine (`make engine`, `source .engine/env`) and the row's wheelhouse. Leaves nothing behind: the
 two images (a scratch repository name) are removed.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Publishing's pushes with a blob-info cache kept between runs against one per run (issue 27); Markdown for
-docs/benchmarks.md.
+docs/benchmarks-log.md.
 
 For each built row given (default the CPU runtime row), the product's own push (registry.RegistryClient.push: skopeo,
 gzip, digests precomputed) into a repository of this run's own on the engine's registry:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What signing costs a publish (issue 24): one row published unsigned and signed, each into a fresh repository on
-the engine's registry, alternating, `--runs` times; Markdown for docs/benchmarks.md.
+the engine's registry, alternating, `--runs` times; Markdown for docs/benchmarks-log.md.
 
 Each publish is `build.py publish ROW` as a user runs it (a process of its own, Python start-up included): the push
 of every layer (a fresh repository holds none of them), the scan, the SBOM, the catalog, and with `--signing-key` the

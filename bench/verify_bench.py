@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Verification benchmark (issue 4), printed as Markdown for docs/benchmarks.md.
+"""Verification benchmark (issue 4), printed as Markdown for docs/benchmarks-log.md.
 
 Times `build.py test <tag> --gpus none` as a user runs it (whole CLI, Python start-up included) several
 times, with the stages each run recorded in its verify.json and the probe's own timings from facts.json.

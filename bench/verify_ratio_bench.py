@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Verification cost as a ratio (issue 12), printed as Markdown for docs/benchmarks.md.
+"""Verification cost as a ratio (issue 12), printed as Markdown for docs/benchmarks-log.md.
 
 Target: the whole verification of an image (`build.py test TAG` as a user runs it: every check, the smoke test's
 compiles, the extension build on devel images, torchrun, the derived image) costs at most 1.3x PyTorch's smoke-test

@@ -90,7 +90,7 @@ BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/
 # Debian package -> the program we need from it.
 # skopeo: publishing talks to registries through it (torchimages/peers/registry.py).
 # pigz: dockerd and containerd decompress gzip layers with unpigz when it is on their PATH (doctor's advice, measured
-# in docs/benchmarks.md); the engine the tests pull from follows it.
+# in docs/benchmarks-log.md); the engine the tests pull from follows it.
 PACKAGES = {"docker.io": "dockerd", "docker-registry": "docker-registry", "debootstrap": "debootstrap",
             "skopeo": "skopeo", "pigz": "unpigz"}
 # Only on a host that runs another machine's images under emulation (Debian 12 and 13 both package them so).

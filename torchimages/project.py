@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .build import render as render_stage
+from .build import render
 from .build.bases_lock import LOCK_NAME, read_lock
-from .matrix import load as matrix_stage
+from .matrix.load import Matrix, compat_beside, load_matrix
+from .matrix.load import select as select_rows
 from .model import InputError, Problem
 
 PACKAGE = Path(__file__).resolve().parent
@@ -71,20 +72,20 @@ class Project:
            images: Path | None = None, reports: Path | None = None) -> Project:
         """The project in folder, each path given replacing its default there."""
         matrix = matrix or folder / MATRIX_NAME
-        return cls(matrix, compat or matrix_stage.compat_beside(matrix), templates or templates_of(folder),
+        return cls(matrix, compat or compat_beside(matrix), templates or templates_of(folder),
                    images or folder / "images", reports or folder / "reports")
 
-    def load(self) -> matrix_stage.Matrix:
-        return matrix_stage.load_matrix(self.matrix, self.compat)
+    def load(self) -> Matrix:
+        return load_matrix(self.matrix, self.compat)
 
     def select(self, selectors: list[str]):
-        return matrix_stage.select(self.load().specs, selectors, str(self.matrix))
+        return select_rows(self.load().specs, selectors, str(self.matrix))
 
     @property
     def lock_file(self) -> Path:
         return self.matrix.parent / LOCK_NAME
 
-    def rendered(self, matrix: matrix_stage.Matrix) -> dict[str, bytes]:
+    def rendered(self, matrix: Matrix) -> dict[str, bytes]:
         """Dockerfiles as the matrix and the base pins (bases.lock.json, when present) say."""
         pinned = {image: base.reference for image, base in read_lock(self.lock_file).items()}
-        return render_stage.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository, pinned)
+        return render.render_files(matrix.specs, self.templates, self.matrix.name, matrix.repository, pinned)

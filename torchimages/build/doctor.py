@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks.gpu_health import host_causes, host_health, read_health
-from ..checks.probe import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for, parse_nvidia_smi_list
+from ..checks.rules import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for, parse_nvidia_smi_list
 from ..checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from ..model import ImageSpec, InputError, parse_size
 from ..peers import engine
@@ -46,9 +46,9 @@ NOT_REPORTED = "[N/A]"  # what nvidia-smi prints for a field a GPU lacks; also o
 # The PATH systemd gives a service that sets none (systemd.exec(5)): where dockerd and containerd look for unpigz.
 DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # dockerd decompresses gzip layers with unpigz when it finds it on its PATH (moby pkg/archive gzDecompress), else
-# with Go's gzip. Measured on the CUDA 13.0 runtime image (docs/benchmarks.md, "Cold start and republish").
+# with Go's gzip. Measured on the CUDA 13.0 runtime image (docs/benchmarks-log.md, "Cold start and republish").
 UNPIGZ_MEASURED = ("`docker pull` of the 6.1 GB CUDA 13.0 runtime image took 59.4 s with Go's gzip and 52.1 s with "
-                   "unpigz (0.88x; 2 cores, Docker 20.10, docs/benchmarks.md)")
+                   "unpigz (0.88x; 2 cores, Docker 20.10, docs/benchmarks-log.md)")
 
 
 @dataclass(frozen=True)

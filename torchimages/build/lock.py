@@ -46,7 +46,7 @@ def changes(before: dict[str, LockedBase], after: dict[str, LockedBase], specs: 
 
 class Resolver:
     """Resolves bases on one engine; pulls a base whose registry digest is newer than the engine's copy if asked.
-    Registry digests are read with skopeo, logging in and trusting CAs as publishing does (see registry.py)."""
+    Registry digests are read with skopeo, logging in and trusting CAs as publishing does (see peers/registry.py)."""
 
     def __init__(self, docker_client: docker.DockerClient, pull: bool, log=lambda message: None,
                  access=registry_access):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..model import ImageSpec
-from .checklist import NAMES as CHECKS
+from .checklist import NAMES
 from .selection import CheckSelection
 
 CHECK_MARKER = "check"
@@ -48,7 +48,7 @@ class Outcome:
     host: bool = False  # a passed test that warned about the host (HostWarning), or one skipped for it (HOST_SKIP)
 
 
-def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = CHECKS) -> dict[str, dict]:
+def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = NAMES) -> dict[str, dict]:
     """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why. Its blame:
     "image" where it failed, "host" where a test warned about the host or was skipped for it, else ""."""
     verdicts = {}
@@ -98,7 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{CHECK_MARKER}(name): the check ({', '.join(CHECKS)}) this test belongs to")
+    config.addinivalue_line("markers", f"{CHECK_MARKER}(name): the check ({', '.join(NAMES)}) this test belongs to")
     if config.getoption("--expect") and config.getoption("--probe"):
         config.pluginmanager.register(CheckRecorder(config), "torchimages-check-recorder")
 
@@ -137,7 +137,7 @@ class CheckRecorder:
         unmarked = []
         for item in items:
             marker = item.get_closest_marker(CHECK_MARKER)
-            if marker is None or not marker.args or marker.args[0] not in CHECKS:
+            if marker is None or not marker.args or marker.args[0] not in NAMES:
                 unmarked.append(item.nodeid)
                 continue
             self.check_of[self._stable(item.nodeid)] = marker.args[0]
@@ -145,7 +145,7 @@ class CheckRecorder:
             if not self.selection.runs(marker.args[0]):  # skipped before its fixtures read facts never gathered
                 item.add_marker(pytest.mark.skip(reason=self.selection.reason))
         if unmarked:
-            raise pytest.UsageError(f"tests without @pytest.mark.check(<one of {', '.join(CHECKS)}>): {', '.join(unmarked)}")
+            raise pytest.UsageError(f"tests without @pytest.mark.check(<one of {', '.join(NAMES)}>): {', '.join(unmarked)}")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

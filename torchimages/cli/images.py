@@ -11,11 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import verify
-from ..build import builder as build_stage
-from ..build import debs as deb_pins
-from ..build import doctor
-from ..build import render as render_stage
-from ..build import wheels as wheel_sources
+from ..build import builder, debs, doctor, render, wheels
 from ..build.context import wheel_dir
 from ..checks import checklist
 from ..files import atomic_write, read_json_document
@@ -56,7 +52,7 @@ def _list_row(spec: ImageSpec) -> dict:
 def cmd_render(project: Project, args) -> int:
     rendered = project.rendered(project.load())
     if args.check:
-        stale = render_stage.stale_paths(project.images, rendered)
+        stale = render.stale_paths(project.images, rendered)
         if stale:
             print(f"{project.images} is stale; run `python build.py render` and commit the result:", file=sys.stderr)
             for rel in stale:
@@ -64,7 +60,7 @@ def cmd_render(project: Project, args) -> int:
             return EXIT_FAILED
         print(f"{project.images} is up to date ({len(rendered)} files)")
         return EXIT_OK
-    changed = render_stage.write_rendered(project.images, rendered)
+    changed = render.write_rendered(project.images, rendered)
     print(f"rendered {len(rendered)} files into {project.images}: {len(changed)} changed")
     for rel in changed:
         print(f"  {rel}")
@@ -73,7 +69,7 @@ def cmd_render(project: Project, args) -> int:
 
 def cmd_wheels(project: Project, args) -> int:
     specs = project.select(args.selectors)
-    fetched = wheel_sources.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
+    fetched = wheels.fetch_wheels(specs, args.dest, args.pip_index_url, args.extra_index_url, log)
     for folder in fetched:
         print(f"{folder.dest}: {folder.files} files, {human_size(folder.total_bytes)}; fetched {folder.new_files} "
               f"({human_size(folder.new_bytes)}) this time")
@@ -81,27 +77,27 @@ def cmd_wheels(project: Project, args) -> int:
 
 
 def cmd_debs(project: Project, args) -> int:
-    """Keep the .debs each selected row's engine image records (deb_pins.py), checked by sha256, for `build --debs`."""
+    """Keep the .debs each selected row's engine image records (debs.py), checked by sha256, for `build --debs`."""
     client = engine.client()
     for spec in project.select(args.selectors):
-        image = build_stage.local_name(spec)
+        image = builder.local_name(spec)
         if engine.inspect_image(client, image) is None:
             raise InputError([Problem(spec.tag, 0, f"no image {image} on the engine: build it first "
                                                    f"(`python build.py build {spec.tag}`)")])
-        pins = deb_pins.image_pins(client.api, image)
+        pins = debs.image_pins(client.api, image)
         if not pins:
             raise InputError([Problem(spec.tag, 0, f"{image} records no .debs (built before they were recorded, or "
                                                    f"not an apt row): build it again with --force")])
-        fetched = deb_pins.keep(client, image, spec.tag, pins, args.dest)
+        fetched = debs.keep(client, image, spec.tag, pins, args.dest)
         print(f"{spec.tag}: {len(pins)} .debs in {args.dest} (fetched {fetched} this time); "
-              f"{deb_pins.manifest_path(args.dest, spec.tag)}")
+              f"{debs.manifest_path(args.dest, spec.tag)}")
     return EXIT_OK
 
 
 def cmd_build(project: Project, args) -> int:
     specs = project.select(args.selectors)
     results = run_builds(project, specs, args)
-    path = build_stage.write_report(project.reports, results)
+    path = builder.write_report(project.reports, results)
     show_build_results(results)
     print(f"report: {path}")
     return EXIT_FAILED if any(r.status in ("failed", "cancelled") for r in results) else EXIT_OK
@@ -126,13 +122,13 @@ def cmd_test(project: Project, args) -> int:
     return EXIT_OK if all(result.passed for result in results) else EXIT_FAILED
 
 
-def run_builds(project: Project, specs: list[ImageSpec], args) -> list[build_stage.BuildResult]:
+def run_builds(project: Project, specs: list[ImageSpec], args) -> list[builder.BuildResult]:
     options = build_options(project, args)
     with ConsoleDisplay(errors()).building([spec.tag for spec in specs]) as progress:
-        return build_stage.Builder(engine.client(), options, progress).build_all(specs)
+        return builder.Builder(engine.client(), options, progress).build_all(specs)
 
 
-def show_build_results(results: list[build_stage.BuildResult]) -> None:
+def show_build_results(results: list[builder.BuildResult]) -> None:
     console().print(build_summary(results))
     for result in results:
         if result.status == "failed":
@@ -147,9 +143,9 @@ def cmd_images(project: Project, args) -> int:
     if args.wheelhouse:
         missing = [spec for spec in specs if not list(wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
         if missing:
-            wheel_sources.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
+            wheels.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
     results = run_builds(project, specs, args)
-    build_stage.write_report(project.reports, results)
+    builder.write_report(project.reports, results)
     show_build_results(results)
     ready = [spec for spec, result in zip(specs, results, strict=False) if result.status in ("built", "skipped")]
     options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs), jobs=args.jobs)

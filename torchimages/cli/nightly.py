@@ -6,11 +6,11 @@ from pathlib import Path
 
 from ..build.builder import Builder
 from ..model import PYPI, ImageSpec, InputError, Problem
-from ..nightly import plan as plan_stage
-from ..nightly import why as rebuild
+from ..nightly import plan
 from ..nightly.merge import merge_reports
 from ..nightly.run import Nightly, NightlyOptions
 from ..nightly.summary import check_step_summary, write_summary
+from ..nightly.why import decision_document, explain, read_row_state
 from ..peers import engine
 from ..peers.registry import RegistryClient
 from ..project import EXIT_OK, Project
@@ -34,9 +34,9 @@ from .options import (
 
 
 def cmd_plan(project: Project, args) -> int:
-    shards = plan_stage.make_plan(project.select(args.selectors), project.reports, args.shards)
-    print(plan_stage.github_matrix(shards) if args.format == "github"
-          else json.dumps(plan_stage.plan_document(shards), indent=2))
+    shards = plan.make_plan(project.select(args.selectors), project.reports, args.shards)
+    print(plan.github_matrix(shards) if args.format == "github"
+          else json.dumps(plan.plan_document(shards), indent=2))
     return EXIT_OK
 
 
@@ -60,10 +60,10 @@ def shard_rows(project: Project, specs: list[ImageSpec], args) -> list[ImageSpec
         if args.plan:
             raise InputError([Problem("--plan", 0, "--plan gives shards their rows: use it with --shard i/n")])
         return specs
-    index, count = plan_stage.parse_shard(args.shard)
+    index, count = plan.parse_shard(args.shard)
     if args.plan:
-        return plan_stage.shard_from_plan_file(args.plan, index, count, specs)
-    chosen = set(plan_stage.make_plan(specs, project.reports, count)[index - 1].tags)
+        return plan.shard_from_plan_file(args.plan, index, count, specs)
+    chosen = set(plan.make_plan(specs, project.reports, count)[index - 1].tags)
     return [spec for spec in specs if spec.tag in chosen]
 
 
@@ -90,14 +90,14 @@ def cmd_why(project: Project, args) -> int:
 
     specs = project.select(args.selectors)
     grouped = multiarch.groups(specs)  # as `publish` of the same selection groups them
-    states = [rebuild.read_row_state(builder, spec, catalog, publishing.registry.name, key,
+    states = [read_row_state(builder, spec, catalog, publishing.registry.name, key,
                                      registry, security_fixes if checker and not args.offline else None,
                                      in_group=(spec.index_tag or spec.tag) in grouped)
               for spec in specs]
     if args.format == "json":
-        print(json.dumps([rebuild.decision_document(state) for state in states], indent=2))
+        print(json.dumps([decision_document(state) for state in states], indent=2))
     else:
-        print("\n".join(rebuild.explain(state) for state in states))
+        print("\n".join(explain(state) for state in states))
     return EXIT_OK
 
 

@@ -7,8 +7,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..build import builder as build_stage
-from ..build import debs as deb_pins
+from ..build import builder, debs
 from ..build.bases_lock import read_lock
 from ..build.context import CA_BUNDLE_FIX
 from ..files import read_bytes
@@ -18,10 +17,9 @@ from ..peers.registry import COMPRESSIONS, DEFAULT_COMPRESSION, RetryPolicy, pub
 from ..peers.registry_access import DEFAULT_CERTS_D, AccessSettings
 from ..peers.registry_address import parse_registry
 from ..project import Project
-from ..publish import catalog as catalog_stage
+from ..publish import catalog
 from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
-from ..security import freshness as security_stage
-from ..security import sbom as sbom_stage
+from ..security import freshness, sbom
 from ..trust import keys, signing
 from .console import log
 
@@ -58,11 +56,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debs", type=Path, metavar="DIR",
                         help="install exactly the OS packages `build.py debs` kept in DIR, offline (each checked by "
                              "sha256; build with --no-cache so that no apt step comes from the cache)")
-    parser.add_argument("--inputs-server", choices=build_stage.INPUTS_SERVERS,
+    parser.add_argument("--inputs-server", choices=builder.INPUTS_SERVERS,
                         help="where the server the build fetches its wheels from runs: on this host's loopback, or in "
                              "a container on the engine, for a remote engine or Docker Desktop's (default: loopback "
                              "when DOCKER_HOST is on this host, else container)")
-    parser.add_argument("--builder", choices=build_stage.BUILDERS, default="classic",
+    parser.add_argument("--builder", choices=builder.BUILDERS, default="classic",
                         help="the engine's builder: its classic one, or its BuildKit (faster, and no second copy of "
                              "the layers on disk; the venv layers are the same bits with either, the OS layers are "
                              "not) (default: %(default)s)")
@@ -73,15 +71,15 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-index-url", help="extra package index (default: https://pypi.org/simple)")
 
 
-def build_options(project: Project, args: argparse.Namespace) -> build_stage.BuildOptions:
+def build_options(project: Project, args: argparse.Namespace) -> builder.BuildOptions:
     for name in ("wheelhouse", "ca_bundle"):
         path = getattr(args, name)
         if path is not None and not path.exists():
             raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
     if args.ca_bundle is not None:
         read_bytes(args.ca_bundle, CA_BUNDLE_FIX)  # a FIFO or /dev/zero: refused now, not in a build
-    inputs_server = args.inputs_server or build_stage.default_inputs_server()
-    return build_stage.BuildOptions(
+    inputs_server = args.inputs_server or builder.default_inputs_server()
+    return builder.BuildOptions(
         images_dir=project.images, reports_dir=project.reports, jobs=args.jobs, no_cache=args.no_cache,
         pull=args.pull, force=args.force, fail_fast=args.fail_fast, prune_build_stages=args.prune_build_stages,
         wheelhouse=args.wheelhouse,
@@ -103,7 +101,7 @@ def pinned_debs(project: Project, args: argparse.Namespace, inputs_server: str) 
     if inputs_server != "loopback":
         raise InputError([Problem("--debs", 0, "pinned .debs are served from this host's loopback: build with "
                                                "`--inputs-server loopback` on an engine of this host")])
-    return {spec.tag: deb_pins.load_pinned(folder, spec.tag) for spec in project.select(args.selectors)}
+    return {spec.tag: debs.load_pinned(folder, spec.tag) for spec in project.select(args.selectors)}
 
 
 # ------------------------------------------------------------------------------------------------------ registries
@@ -127,7 +125,7 @@ def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def catalog_dir(project: Project, args: argparse.Namespace) -> Path:
-    return args.catalog or catalog_stage.default_dir(project)
+    return args.catalog or catalog.default_dir(project)
 
 
 # What each command writes (its `writes` default): main() holds these folders for the run, one run at a time.
@@ -188,9 +186,9 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         registry=registry, access=access_settings(args).access(registry), reports_dir=project.reports,
         catalog_dir=catalog_dir(project, args), images_dir=project.images,
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
-        retry=RetryPolicy(retries=args.retries), allowlist=sbom_stage.load_allowlist(allowlist_path),
+        retry=RetryPolicy(retries=args.retries), allowlist=sbom.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
-        security=security_stage.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
+        security=freshness.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
         push_cache=publish_cache_folder(os.environ), base_pins=read_lock(project.lock_file),
     )
 

@@ -6,18 +6,24 @@ import json
 import sys
 from collections import Counter
 
-from ..build import lock as lock_stage
+from ..build import lock
 from ..build.bases_lock import read_lock, write_lock
 from ..files import atomic_write
 from ..peers import engine
 from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
 from ..peers.registry_address import parse_registry
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..publish import catalog as catalog_stage
-from ..publish import catalog_page
-from ..publish import publisher as publish_stage
-from ..security import sbom as sbom_stage
-from ..security import vex as vex_stage
+from ..publish import catalog_page, prune, publisher
+from ..publish.catalog import (
+    README_NAME,
+    catalog_file,
+    current_page,
+    key_file_problems,
+    load_catalog,
+    registry_mismatches,
+    require_folder,
+)
+from ..security import sbom, vex
 from .commands import add_command
 from .console import log
 from .options import (
@@ -38,8 +44,8 @@ def cmd_lock(project: Project, args) -> int:
     specs = project.select(args.selectors)
     path = project.lock_file
     current = read_lock(path)
-    resolver = lock_stage.Resolver(engine.client(), pull=not args.check, log=log)
-    result = lock_stage.refresh(resolver, specs, current, everything=not args.selectors)
+    resolver = lock.Resolver(engine.client(), pull=not args.check, log=log)
+    result = lock.refresh(resolver, specs, current, everything=not args.selectors)
     for image in sorted({spec.base_image for spec in specs}):
         base = result.bases.get(image)
         if base is None or image in result.unresolved:
@@ -61,20 +67,20 @@ def cmd_lock(project: Project, args) -> int:
 def cmd_publish(project: Project, args) -> int:
     specs = project.select(args.selectors)
     options = publish_options(project, args)
-    sbom_stage.refuse_expired(options.allowlist, dt.date.today())
-    vex_stage.preflight(options.allowlist, dt.date.today())
-    results = publish_stage.Publisher(engine.client(), options, log).publish_all(specs)
+    sbom.refuse_expired(options.allowlist, dt.date.today())
+    vex.preflight(options.allowlist, dt.date.today())
+    results = publisher.Publisher(engine.client(), options, log).publish_all(specs)
     print_results(results, options.registry.name)
     if options.signing_key is None and any(result.status in ("published", "unchanged") for result in results):
         print("unsigned: no --signing-key (or $TORCHIMAGES_SIGNING_KEY) was given, so nothing carries a signature or "
               "attestations; clusters that require them will refuse these images")
-    path = publish_stage.write_publish_report(project.reports, results)
+    path = publisher.write_publish_report(project.reports, results)
     counts = Counter(result.status for result in results)
     print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
     return EXIT_FAILED if counts["failed"] or counts["refused"] else EXIT_OK
 
 
-def print_results(results: list[publish_stage.PublishResult], repository: str) -> None:
+def print_results(results: list[publisher.PublishResult], repository: str) -> None:
     for result in results:
         if result.status in ("published", "unchanged"):
             written = result.created + result.moved
@@ -98,7 +104,7 @@ def cmd_prune(project: Project, args) -> int:
     registry = RegistryClient(address, access_settings(args).access(address), RetryPolicy(retries=args.retries), log)
     try:
         registry.ping()
-        result = publish_stage.prune(registry, specs, project.load().specs, args.retention,
+        result = prune.prune(registry, specs, project.load().specs, args.retention,
                                      catalog_dir(project, args), project.images, log)
     except RegistryError as error:
         print(f"error: {error}; nothing pruned from the catalog", file=sys.stderr)
@@ -110,21 +116,21 @@ def cmd_prune(project: Project, args) -> int:
 
 def cmd_catalog(project: Project, args) -> int:
     folder = catalog_dir(project, args)
-    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(folder))
+    catalog = load_catalog(catalog_file(folder))
     if args.check_registry:
-        mismatches = catalog_stage.registry_mismatches(catalog, access_settings(args), log)
+        mismatches = registry_mismatches(catalog, access_settings(args), log)
         for problem in mismatches:
             print(problem, file=sys.stderr)
         print(f"{len(catalog.images)} catalog entries checked against the registry: "
               f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
         return EXIT_FAILED if mismatches else EXIT_OK
     page = catalog_page.readme(catalog, catalog_page.sbom_prefix(folder, project.images))
-    readme_path = project.images / catalog_stage.README_NAME
-    catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
-    current = catalog_stage.current_page(readme_path)
+    readme_path = project.images / README_NAME
+    require_folder(project.images, "the images folder (--images DIR)")
+    current = current_page(readme_path)
     if args.check:
         # A consumer verifies with the key file the page links to: one holding another key than its name is refused.
-        key_problems = catalog_stage.key_file_problems(folder)
+        key_problems = key_file_problems(folder)
         for problem in key_problems:
             print(f"error: {problem}", file=sys.stderr)
         if current != page:

@@ -1,5 +1,5 @@
 """`rebuild REF`: build a published digest again from its signed provenance and say whether it is the same
-(reproduce.py; docs/reproducible.md)."""
+(trust/rebuild.py; docs/reproducible.md)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,9 +9,8 @@ from ..files import read_json_document
 from ..matrix.load import load_compat
 from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
-from ..publish import catalog as catalog_stage
-from ..security import freshness as security_stage
-from ..security import sbom as sbom_stage
+from ..publish.catalog import catalog_file, load_catalog
+from ..security import freshness, sbom
 from .commands import add_command
 from .console import console, log
 from .options import add_catalog_argument, add_selectors, catalog_dir
@@ -19,52 +18,52 @@ from .options import add_catalog_argument, add_selectors, catalog_dir
 
 def cmd_security(project: Project, args) -> int:
     compat = load_compat(project.compat)
-    checker = security_stage.Checker(compat, str(project.compat), args.mirror, log)
+    checker = freshness.Checker(compat, str(project.compat), args.mirror, log)
     if args.image:
         rows = [image_security(checker, compat, args.image)]
     else:
         rows = published_security(checker, project, args)
     if args.format == "json":
-        print(json.dumps({"rows": [row.to_json(security_stage.utc_now().date()) for row in rows]}, indent=2))
+        print(json.dumps({"rows": [row.to_json(freshness.utc_now().date()) for row in rows]}, indent=2))
     else:
         print_table(rows)
     return EXIT_FAILED if any(row.fixable or row.error for row in rows) else EXIT_OK
 
 
-def published_security(checker: security_stage.Checker, project: Project, args) -> list[security_stage.RowSecurity]:
+def published_security(checker: freshness.Checker, project: Project, args) -> list[freshness.RowSecurity]:
     """Each selected row's published digest, judged from its SBOM in the catalog (no engine, no pull)."""
     specs = project.select(args.selectors)
     folder = catalog_dir(project, args)
-    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(folder))
+    catalog = load_catalog(catalog_file(folder))
     rows = []
     for spec in specs:
         entry = catalog.images.get(spec.tag)
         if entry is None:
-            rows.append(security_stage.RowSecurity(spec.tag, spec.os, error="not in the catalog: publish it first"))
+            rows.append(freshness.RowSecurity(spec.tag, spec.os, error="not in the catalog: publish it first"))
             continue
         path = folder / entry.sbom
         document = read_json_document(path, "delete it: publish writes it again")
-        installed = security_stage.sbom_packages(document, str(path))
+        installed = freshness.sbom_packages(document, str(path))
         rows.append(checker.check(f"{spec.tag} ({entry.digest[:19]})", spec.os, installed))
     return rows
 
 
-def image_security(checker: security_stage.Checker, compat: dict, reference: str) -> security_stage.RowSecurity:
+def image_security(checker: freshness.Checker, compat: dict, reference: str) -> freshness.RowSecurity:
     """Any image the engine has or can pull: its package lists are read in a container started from it."""
-    inventory = sbom_stage.collect_inventory(engine.client(), reference)
-    installed = [security_stage.Installed(name, version, arch) for name, version, arch in inventory.debs]
+    inventory = sbom.collect_inventory(engine.client(), reference)
+    installed = [freshness.Installed(name, version, arch) for name, version, arch in inventory.debs]
     if not installed:
-        return security_stage.RowSecurity(reference, "", error="no dpkg packages in the image: no security index "
+        return freshness.RowSecurity(reference, "", error="no dpkg packages in the image: no security index "
                                                                "to compare with")
-    return checker.check(reference, security_stage.os_for_release(compat, inventory.os_release), installed)
+    return checker.check(reference, freshness.os_for_release(compat, inventory.os_release), installed)
 
 
-def print_table(rows: list[security_stage.RowSecurity]) -> None:
+def print_table(rows: list[freshness.RowSecurity]) -> None:
     for row in rows:
         if row.error:
             print(f"{row.subject}: error: {row.error}")
             continue
-        age = security_stage.fix_age(row.fixable, security_stage.utc_now().date())
+        age = freshness.fix_age(row.fixable, freshness.utc_now().date())
         oldest = f"; the oldest fix it lacks is from {age['oldest_missing_fix']}, {age['fix_age_days']} days ago" \
             if age["oldest_missing_fix"] else ""
         print(f"{row.subject}: {len(row.fixable) or 'no'} fixable OS packages ({row.source}, {row.signature}){oldest}")

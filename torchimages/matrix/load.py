@@ -1,5 +1,5 @@
 """Stage 1: matrix.yaml + compatibility data -> validated ImageSpecs (all problems reported at once). The file's
-shape and its tags are checked here; each variant's values, against compat.yaml, in matrix_variants.py."""
+shape and its tags are checked here; each variant's values, against compat.yaml, in variants.py."""
 from __future__ import annotations
 
 import copy

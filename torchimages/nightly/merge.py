@@ -16,8 +16,8 @@ from ..build.builder import BUILD_REPORT
 from ..files import brief, check_destinations, copy_file, inside, read_json_document
 from ..model import ImageSpec, InputError, Problem
 from ..project import Project
-from ..publish import catalog as catalog_stage
 from ..publish import catalog_page
+from ..publish.catalog import Catalog, CatalogEntry, catalog_file, load_catalog, require_folder
 from ..publish.publisher import PUBLISH_REPORT
 from ..reporting import RowReport
 from .summary import SUMMARY_JSON, Summary, merge_summaries
@@ -35,7 +35,7 @@ class ShardResults:
     summary: Summary
     reports: dict[RowReport, dict[str, dict]]  # tag -> entry in each row report, the shard's own rows only
     row_files: list[str]  # regular files under reports/<row>/, relative to reports/
-    catalog: dict[str, catalog_stage.CatalogEntry]  # the shard's own rows only
+    catalog: dict[str, CatalogEntry]  # the shard's own rows only
     sboms: list[str]  # their SBOM files the shard has, relative to catalog/
     bases: dict[str, LockedBase]
     has_lock: bool
@@ -52,10 +52,10 @@ def merge_reports(project: Project, shard_dirs: list[Path], catalog_dir: Path) -
     shards = read_shards(shard_dirs, {spec.tag for spec in specs})
     own_bases = {shard.folder: _own_bases(shard, specs) for shard in shards}
     _check_bases_agree(shards, own_bases)
-    catalog_stage.require_folder(project.reports, "the reports folder (--reports DIR)")
-    catalog_stage.require_folder(project.images, "the images folder (--images DIR)")
-    catalog_path = catalog_stage.catalog_file(catalog_dir)
-    catalog = catalog_stage.load_catalog(catalog_path)
+    require_folder(project.reports, "the reports folder (--reports DIR)")
+    require_folder(project.images, "the images folder (--images DIR)")
+    catalog_path = catalog_file(catalog_dir)
+    catalog = load_catalog(catalog_path)
     lock_path = project.lock_file
     bases = read_lock(lock_path)
     reports = {report: report.read(project.reports) for report in ROW_REPORTS}
@@ -108,8 +108,8 @@ def read_shard(folder: Path, tags: set[str]) -> ShardResults:
     reports = {report: {tag: entry for tag, entry in _read_noting(report.read, folder / "reports", {}, problems).items()
                         if tag in rows}
                for report in ROW_REPORTS}
-    catalog_path = catalog_stage.catalog_file(folder / "catalog")
-    shard_catalog = _read_noting(catalog_stage.load_catalog, catalog_path, catalog_stage.Catalog(), problems)
+    catalog_path = catalog_file(folder / "catalog")
+    shard_catalog = _read_noting(load_catalog, catalog_path, Catalog(), problems)
     entries = {tag: entry for tag, entry in shard_catalog.images.items() if tag in rows}
     sboms = [pinned.sbom for entry in entries.values() for pinned in entry.pinned
              if _is_regular_file(inside(folder / "catalog", pinned.sbom, str(catalog_path)), problems)]

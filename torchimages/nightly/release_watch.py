@@ -12,11 +12,10 @@ from pathlib import Path
 from packaging.version import Version
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from ..build import render as render_stage
+from ..build import render
 from ..build.bases_lock import LOCK_NAME, read_lock
 from ..files import atomic_write, read_text, remove_file
-from ..matrix import compat_refresh
-from ..matrix import load as matrix_stage
+from ..matrix import compat_refresh, load
 from ..matrix.compat_file import round_trip_yaml
 from ..model import InputError, Problem
 from ..peers import package_index
@@ -47,7 +46,7 @@ class Proposal:
 
 def watch(options: WatchOptions, index: package_index.Index | None = None) -> Proposal:
     index = index or package_index.open_index(options.index_url)
-    matrix = matrix_stage.load_matrix(options.matrix_file, options.compat_file)
+    matrix = load.load_matrix(options.matrix_file, options.compat_file)
     proposal = Proposal(newest_in_matrix=str(max(Version(spec.torch) for spec in matrix.specs)))
     newest = compat_refresh.newest_release(index)
     if newest is None or Version(newest) <= Version(proposal.newest_in_matrix):
@@ -58,7 +57,7 @@ def watch(options: WatchOptions, index: package_index.Index | None = None) -> Pr
                                        index)
     proposal.disagreements = [f"{d.where}: compat.yaml {d.compat}, index {d.index}" for d in refreshed.disagreements]
     release = refreshed.releases[0]
-    compat = matrix_stage.load_compat(options.compat_file)
+    compat = load.load_compat(options.compat_file)
     variants = load_yaml(options.matrix_file)["variants"]
     pairs = propose_rows(variants, proposal.newest_in_matrix, release, compat, proposal.notes, index.url)
     matrix_text = read_text(options.matrix_file, "restore it with `git checkout -- matrix.yaml`")
@@ -77,7 +76,7 @@ def watch(options: WatchOptions, index: package_index.Index | None = None) -> Pr
     if valid:
         text = with_proposed_rows(matrix_text, variants, proposal.newest_in_matrix, valid, origin)
         _write_checked(options, text)
-        specs = matrix_stage.load_matrix(options.matrix_file, options.compat_file).specs
+        specs = load.load_matrix(options.matrix_file, options.compat_file).specs
         proposal.tags = [spec.tag for spec in specs if spec.torch == newest]
         _render(options, specs)
     _write_reports(options.reports, proposal)
@@ -230,7 +229,7 @@ def _validate(options: WatchOptions, text: str) -> None:
     candidate = options.matrix_file.with_name(f".{options.matrix_file.name}.proposed")
     atomic_write(candidate, text)
     try:
-        matrix_stage.load_matrix(candidate, options.compat_file)
+        load.load_matrix(candidate, options.compat_file)
     finally:
         remove_file(candidate, candidate.parent)
 
@@ -238,7 +237,7 @@ def _validate(options: WatchOptions, text: str) -> None:
 def _render(options: WatchOptions, specs) -> None:
     pinned = {image: base.reference for image, base in read_lock(options.matrix_file.parent / LOCK_NAME).items()}
     repository = specs[0].repository if specs else ""
-    render_stage.write_rendered(options.images, render_stage.render_files(
+    render.write_rendered(options.images, render.render_files(
         specs, options.templates, options.matrix_file.name, repository, pinned))
 
 

@@ -1,5 +1,5 @@
 """The nightly rebuild: refresh base pins, check the render, build (skipping unchanged rows), verify, publish what
-passed, prune old dated tags, and summarise (Markdown for a CI step summary, and JSON). (`report merge`, in shard_merge.py,
+passed, prune old dated tags, and summarise (Markdown for a CI step summary, and JSON). (`report merge`, in merge.py,
 joins the results of the shards a CI matrix ran.)
 
 Every stage reuses what the last run left: unchanged rows are not rebuilt, an image whose last verification passed
@@ -24,32 +24,32 @@ from typing import Protocol
 
 import docker.errors
 
-from .. import verify as verify_stage
-from ..build import builder as build_stage
-from ..build import lock as lock_stage
-from ..build import render as render_stage
+from ..build import lock, render
 from ..build.bases_lock import read_lock, write_lock
+from ..build.builder import Builder, BuildOptions, base_reference, cache_name, local_name
+from ..build.builder import Progress as BuildProgress
+from ..build.builder import write_report as write_build_report
 from ..matrix.load import Matrix
 from ..model import ImageSpec, InputError
 from ..peers import engine
 from ..peers.registry import RegistryClient, RegistryError
 from ..project import Project
-from ..publish import catalog as catalog_stage
-from ..publish import multiarch
-from ..publish import publisher as publish_stage
+from ..publish import multiarch, prune, publisher
+from ..publish.catalog import Catalog, CatalogEntry, catalog_file, load_catalog
 from ..redaction import redact
 from ..reporting import utc_timestamp
-from ..security import freshness as security_stage
-from ..security import promise
+from ..security import freshness, promise
+from ..verify import Progress as VerifyProgress
+from ..verify import VerifyOptions, plan_all, verify_images
 from ..verify.reports import read_verify_report, verify_report_path
-from . import why as rebuild
+from . import why
 from .summary import REGISTRY_ROW, Published, SizeChange, Summary
 
 
 @dataclass(frozen=True)
 class NightlyOptions:
-    build: build_stage.BuildOptions
-    publish: publish_stage.PublishOptions
+    build: BuildOptions
+    publish: publisher.PublishOptions
     retention: int  # dated tags kept per row
     gpus: str | None = None  # for verification (None: all for GPU rows, none for CPU rows)
     shard: str = ""  # "i/n" when this run is one shard of a CI matrix, for the summary
@@ -58,8 +58,8 @@ class NightlyOptions:
 class Display(Protocol):
     """Where build and verification progress goes (the command line shows it on the console)."""
 
-    def building(self, tags: list[str]) -> AbstractContextManager[build_stage.Progress]: ...
-    def verifying(self) -> AbstractContextManager[verify_stage.Progress]: ...
+    def building(self, tags: list[str]) -> AbstractContextManager[BuildProgress]: ...
+    def verifying(self) -> AbstractContextManager[VerifyProgress]: ...
 
 
 class Nightly:
@@ -76,12 +76,12 @@ class Nightly:
         self.log = log
         self.registry = RegistryClient(self.publishing.registry, self.publishing.access, self.publishing.retry, log)
         self.summary = Summary(self.publishing.registry.name, options.shard, [spec.tag for spec in specs], utc_timestamp())
-        self.behind: dict[str, security_stage.RowSecurity] = {}  # rows due for their OS's security fixes
+        self.behind: dict[str, freshness.RowSecurity] = {}  # rows due for their OS's security fixes
 
     def run(self) -> Summary:
         started = time.monotonic()
-        catalog_path = catalog_stage.catalog_file(self.publishing.catalog_dir)
-        before = catalog_stage.load_catalog(catalog_path)
+        catalog_path = catalog_file(self.publishing.catalog_dir)
+        before = load_catalog(catalog_path)
         if self.specs and self.render_is_current():
             client = engine.client()
             self.refresh_lock(client)
@@ -95,13 +95,13 @@ class Nightly:
             if self.publish(client, passed) or current:
                 self.prune()
             self.summary.notes += self.over_promise(dt.date.today())
-            self.summary.size_changes = size_changes(before, catalog_stage.load_catalog(catalog_path),
+            self.summary.size_changes = size_changes(before, load_catalog(catalog_path),
                                                      self.summary.rows)
         self.summary.duration_s = round(time.monotonic() - started, 1)
         return self.summary
 
     def render_is_current(self) -> bool:
-        stale = render_stage.stale_paths(self.project.images, self.project.rendered(self.matrix))
+        stale = render.stale_paths(self.project.images, self.project.rendered(self.matrix))
         if not stale:
             self.summary.render = f"{self.project.images} is up to date"
             return True
@@ -116,7 +116,7 @@ class Nightly:
         current = read_lock(path)
         try:
             # No pull: a fresh runner pulls a base only for the rows it builds (prepare_engine).
-            refreshed = lock_stage.refresh(lock_stage.Resolver(client, pull=False, log=self.log), self.specs, current,
+            refreshed = lock.refresh(lock.Resolver(client, pull=False, log=self.log), self.specs, current,
                                            everything=False)
         except docker.errors.APIError as error:
             self.summary.notes.append(f"base refresh failed, building on the bases the engine has: {redact(str(error))}")
@@ -128,33 +128,33 @@ class Nightly:
 
     def rerender_for_moved_bases(self) -> None:
         """A moved base pin changes the FROM of the rows on it: render them now, so exactly those rebuild."""
-        changed = render_stage.write_rendered(self.project.images, self.project.rendered(self.matrix))
+        changed = render.write_rendered(self.project.images, self.project.rendered(self.matrix))
         if changed:
             self.summary.render += f"; re-rendered {len(changed)} files for moved base pins (commit them with the lock)"
 
-    def published_already(self, client, catalog: catalog_stage.Catalog) -> list[ImageSpec]:
+    def published_already(self, client, catalog: Catalog) -> list[ImageSpec]:
         """The rows whose current inputs are published and verified, decided from the catalog and the registry alone
         (an empty engine decides the same): nothing is done for them."""
-        builder = build_stage.Builder(client, self.options.build)
+        builder = Builder(client, self.options.build)
         key = self.publishing.signing_key
         current = []
         grouped = multiarch.groups(self.specs)
         for spec in self.specs:
             try:
-                state = rebuild.read_row_state(builder, spec, catalog, self.publishing.registry.name,
+                state = why.read_row_state(builder, spec, catalog, self.publishing.registry.name,
                                                key.public.fingerprint if key else None, self.registry,
                                                in_group=(spec.index_tag or spec.tag) in grouped)
             except (InputError, RegistryError) as error:
                 self.log(f"{spec.tag}: not taken as published ({error}); running it")
                 continue
-            reasons = rebuild.publish_reasons(state)
+            reasons = why.publish_reasons(state)
             if reasons:
                 self.log(f"{spec.tag}: runs: {'; '.join(reasons)}")
             else:
                 current.append(spec)
         return current
 
-    def security_due(self, current: list[ImageSpec], catalog: catalog_stage.Catalog) -> dict[str, str]:
+    def security_due(self, current: list[ImageSpec], catalog: Catalog) -> dict[str, str]:
         """The published rows whose OS has security fixes they lack (their SBOM in the catalog against the security
         index): tag -> the refresh token their rebuild takes. The others stay skipped, and the summary says so."""
         due: dict[str, str] = {}
@@ -165,9 +165,9 @@ class Nightly:
             if row.error:
                 self.summary.notes.append(f"{spec.tag}: its security fixes were not looked up ({row.error})")
             elif row.fixable:
-                due[spec.tag], self.behind[spec.tag] = security_stage.refresh_token(row.fixable), row
+                due[spec.tag], self.behind[spec.tag] = freshness.refresh_token(row.fixable), row
                 self.summary.notes.append(f"{spec.tag}: rebuilt for OS security fixes ({row.source}), its venv layers "
-                                          f"reused: {security_stage.fixes_line(row)}")
+                                          f"reused: {freshness.fixes_line(row)}")
         kept = [spec for spec in current if spec.tag not in due]
         if kept:
             self.summary.skipped += [spec.tag for spec in kept]
@@ -183,7 +183,7 @@ class Nightly:
         """The rows due for security fixes that this run did not publish, past the patch promise (promise.py)."""
         return promise.over_promise(self.behind, {published.tag for published in self.summary.published}, today)
 
-    def prepare_engine(self, client, specs: list[ImageSpec], catalog: catalog_stage.Catalog) -> list[ImageSpec]:
+    def prepare_engine(self, client, specs: list[ImageSpec], catalog: Catalog) -> list[ImageSpec]:
         """Make what building specs needs present on the engine: their pinned bases, and (on a runner that lacks a
         row's image) the row's last published image for its layers. Returns the specs that can be built."""
         ready = []
@@ -199,17 +199,17 @@ class Nightly:
         return ready
 
     def pull_base(self, client, spec: ImageSpec) -> None:
-        reference = build_stage.base_reference(spec, self.project.images)
+        reference = base_reference(spec, self.project.images)
         if "@sha256:" in reference and not _has_image(client, reference):
             self.log(f"{spec.tag}: pulling its base {reference}")
             client.images.pull(reference)
 
-    def pull_last_published(self, client, spec: ImageSpec, entry: catalog_stage.CatalogEntry | None) -> None:
-        if entry is None or entry.repository != self.publishing.registry.name or _has_image(client, build_stage.local_name(spec)):
+    def pull_last_published(self, client, spec: ImageSpec, entry: CatalogEntry | None) -> None:
+        if entry is None or entry.repository != self.publishing.registry.name or _has_image(client, local_name(spec)):
             return
         self.log(f"{spec.tag}: copying its last published image {entry.pull_digest()} in for its layers")
         try:
-            self.registry.pull(entry.digest, build_stage.cache_name(spec), self.publishing.daemon_host)
+            self.registry.pull(entry.digest, cache_name(spec), self.publishing.daemon_host)
         except RegistryError as error:
             self.summary.notes.append(f"{spec.tag}: built without the layers of its last published image ({error})")
 
@@ -217,10 +217,10 @@ class Nightly:
         options = dataclasses.replace(self.options.build, security_refresh=security_refresh)
         try:
             with self.display.building([spec.tag for spec in specs]) as progress:
-                results = build_stage.Builder(client, options, progress).build_all(specs)
+                results = Builder(client, options, progress).build_all(specs)
         finally:
-            _remove_images(client, [build_stage.cache_name(spec) for spec in specs])
-        build_stage.write_report(self.project.reports, results)
+            _remove_images(client, [cache_name(spec) for spec in specs])
+        write_build_report(self.project.reports, results)
         by_tag = {result.tag: result for result in results}
         for spec in specs:
             result = by_tag[spec.tag]
@@ -235,7 +235,7 @@ class Nightly:
 
     def verify(self, client, specs: list[ImageSpec]) -> list[ImageSpec]:
         """Verify the images whose last verification was not a pass for their exact id; return those that passed."""
-        options = verify_stage.VerifyOptions(reports_dir=self.project.reports, gpus=self.options.gpus,
+        options = VerifyOptions(reports_dir=self.project.reports, gpus=self.options.gpus,
                                              matrix_specs=tuple(self.matrix.specs), jobs=self.options.build.jobs)
         passed, to_verify = [], []
         for spec in specs:
@@ -244,12 +244,12 @@ class Nightly:
                 passed.append(spec)
                 continue
             try:
-                verify_stage.plan_all(client, [spec], options, verify_stage.Progress())
+                plan_all(client, [spec], options, VerifyProgress())
                 to_verify.append(spec)
             except InputError as error:
                 self.summary.fail(spec.tag, "verify", str(error))
         with self.display.verifying() as progress:
-            results = verify_stage.verify_images(client, to_verify, options, progress) if to_verify else []
+            results = verify_images(client, to_verify, options, progress) if to_verify else []
         for result in results:
             if result.passed:
                 self.summary.verified.append(result.tag)
@@ -263,15 +263,15 @@ class Nightly:
     def passed_already(self, client, spec: ImageSpec) -> bool:
         """Whether the last verification passed for exactly this image (so publish would take it as it is)."""
         path = verify_report_path(self.project.reports, spec.tag)
-        image = engine.inspect_image(client, build_stage.local_name(spec))
-        return publish_stage.verification_refusal(spec, image, read_verify_report(path), path) is None
+        image = engine.inspect_image(client, local_name(spec))
+        return publisher.verification_refusal(spec, image, read_verify_report(path), path) is None
 
     def publish(self, client, specs: list[ImageSpec]) -> bool:
         """Publish specs; True when at least one row is on the registry now (then pruning may follow)."""
         if not specs:
             return False
-        results = publish_stage.Publisher(client, self.publishing, self.log).publish_all(specs)
-        publish_stage.write_publish_report(self.project.reports, results)
+        results = publisher.Publisher(client, self.publishing, self.log).publish_all(specs)
+        publisher.write_publish_report(self.project.reports, results)
         for result in results:
             if result.status == "published":
                 self.summary.published.append(Published(result.tag, result.pinned, result.digest))
@@ -289,7 +289,7 @@ class Nightly:
 
     def prune(self) -> None:
         try:
-            pruned = publish_stage.prune(self.registry, self.specs, self.matrix.specs, self.options.retention,
+            pruned = prune.prune(self.registry, self.specs, self.matrix.specs, self.options.retention,
                                          self.publishing.catalog_dir, self.project.images, self.log)
         except RegistryError as error:
             self.summary.fail(REGISTRY_ROW, "prune", str(error))
@@ -313,7 +313,7 @@ def _remove_images(client, references: list[str]) -> None:
             pass
 
 
-def size_changes(before: catalog_stage.Catalog, after: catalog_stage.Catalog, tags: list[str]) -> list[SizeChange]:
+def size_changes(before: Catalog, after: Catalog, tags: list[str]) -> list[SizeChange]:
     """Rows whose published digest changed in this run, with their sizes before and after."""
     changes = []
     for tag in tags:

@@ -1,5 +1,5 @@
 """What a nightly run did, as reports/nightly-summary.json (this module's Summary) and Markdown for a CI step summary.
-A `nightly --shard` run writes one per shard; `report merge` (shard_merge.py) reads them back and joins them."""
+A `nightly --shard` run writes one per shard; `report merge` (merge.py) reads them back and joins them."""
 from __future__ import annotations
 
 import os

@@ -4,7 +4,7 @@ The registry is the source of truth for what is published: a row is unchanged wh
 and one of its dated tags already name a manifest of this very image (its config digest is the image id). Only the
 pinned tag is pushed from the engine; the floating tag and aliases are copies of its manifest by digest, so they can
 only ever name a verified digest, and promotion never rebuilds. Every registry operation goes through skopeo
-(registry.py), which logs in and trusts CAs the way Docker does.
+(peers/registry.py), which logs in and trusts CAs the way Docker does.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from ..build import debs as deb_pins
+from ..build import debs
 from ..build.bases_lock import LockedBase
 from ..build.builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from ..checks.selection import as_flags
@@ -31,16 +31,37 @@ from ..peers.registry_access import RegistryAccess
 from ..peers.registry_address import Registry
 from ..redaction import redact
 from ..reporting import RowReport, utc_timestamp
-from ..security import freshness as security_stage
-from ..security import sbom as sbom_stage
-from ..security import vex as vex_stage
+from ..security import freshness, vex
+from ..security.sbom import (
+    Allowlist,
+    Inventory,
+    SbomError,
+    ScanResult,
+    collect_inventory,
+    cyclonedx,
+    sbom_path,
+    scan_image,
+    write_sbom,
+)
 from ..trust import attestations
 from ..trust.attestations import check_counts, verified_on
 from ..trust.keys import SigningKey
 from ..trust.signatures import SignatureStore, attestation_tag, signature_tag
 from ..verify.reports import VerifyReport, read_verify_report, verify_report_path
-from . import catalog as catalog_stage
 from . import catalog_page, multiarch
+from .catalog import (
+    Catalog,
+    CatalogEntry,
+    PinnedIndex,
+    PinnedTag,
+    catalog_file,
+    load_catalog,
+    make_entry,
+    make_manifest_list,
+    require_sbom_folder,
+    same_entry,
+    save_public_key,
+)
 
 SPEC_HASH_LABEL = f"{LABEL_PREFIX}.spec-hash"
 ALLOWLIST_NAME = "scanner-allowlist.yaml"
@@ -117,85 +138,6 @@ def same_config(image: dict, config: dict) -> bool:
             and bool(config.get("created")) and config.get("created") == image.get("Created"))
 
 
-def facts_path(reports_dir: Path, tag: str) -> Path:
-    return reports_dir / tag / "facts.json"
-
-
-def read_facts(path: Path) -> dict:
-    """reports/<tag>/facts.json as the verification left it (empty when there is none)."""
-    facts = read_json_document(path, f"verify again with `python build.py test {path.parent.name}`", default={})
-    return facts if isinstance(facts, dict) else {}
-
-
-def pinned_stems(rows: list[ImageSpec]) -> list[str]:
-    """The tags whose dated tags pruning keeps `retention` of: each row's tag (a multi-arch row's index, else its
-    image) and each per-arch tag (multiarch.own_tag: a multi-arch row's x86_64 image is pinned as <tag>-amd64-<date>)."""
-    return sorted({name for spec in rows for name in (spec.tag, multiarch.arch_tag(spec))})
-
-
-def prune_lookups(rows: list[ImageSpec], matrix: list[ImageSpec], all_tags: list[str], retention: int) -> list[str]:
-    """The tags whose manifests pruning rows must read: none when no row has a dated tag past retention; else the
-    rows' own tags (dated, floating, aliases) and the tags no matrix row writes (a tag pushed by hand may name an
-    old digest). Other rows' tags are not read: each row's images carry its own labels, so they never share a digest
-    with another row's."""
-    dated_by_stem = {stem: dated_tags(stem, all_tags) for stem in pinned_stems(rows)}
-    if not any(names[retention:] for names in dated_by_stem.values()):
-        return []
-    # A multi-arch row's x86_64 image floats as <tag>-amd64 (multiarch.arch_tag): one of the row's own tags too.
-    own = {name for spec in rows for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
-    own |= {name for names in dated_by_stem.values() for name in names}
-    written = {name for spec in matrix for name in (spec.tag, *spec.aliases, multiarch.arch_tag(spec))}
-
-    def is_foreign(tag: str) -> bool:
-        dated = DATED_TAG.fullmatch(tag)
-        # A signature's or attestation's tag names no image: prune removes it with the digest it is about.
-        return tag not in written and not (dated and dated.group(1) in written) and not catalog_stage.SIGNATURE_TAG.fullmatch(tag)
-
-    present = set(all_tags)
-    return sorted({name for name in own if name in present} | {tag for tag in all_tags if is_foreign(tag)})
-
-
-def index_members(manifests: dict[str, Manifest]) -> dict[str, set[str]]:
-    """The manifest lists among manifests (by tag): each list's digest -> the digests it names."""
-    listed = {manifest.digest: multiarch.member_digests(manifest.body) for manifest in manifests.values()}
-    return {digest: members for digest, members in listed.items() if members}
-
-
-@dataclass(frozen=True)
-class PrunePlan:
-    delete: dict[str, list[str]]  # digest -> the dated tags that go with it; manifest lists before images
-    kept_shared: dict[str, str]  # dated tag past retention -> a kept tag naming the same digest
-    kept_in_index: dict[str, str]  # dated tag past retention -> a kept tag of a manifest list naming its digest
-
-
-def prune_plan(stems: list[str], tag_digests: dict[str, str], retention: int,
-               members: dict[str, set[str]]) -> PrunePlan:
-    """Which digests to delete so that each stem (pinned_stems) keeps its `retention` newest dated tags.
-
-    A registry deletes a manifest together with all its tags, so a digest that any kept tag also names (a floating
-    tag, an alias, another row's tag) stays, and its old dated tag with it. A manifest list that stays keeps the
-    images it names (members: list digest -> theirs), which would otherwise leave it naming manifests the registry
-    no longer has; lists go first, so that a failure part-way never leaves one naming a deleted image.
-    """
-    doomed = {name for stem in stems for name in dated_tags(stem, list(tag_digests))[retention:]}
-    kept_by_digest = {digest: tag for tag, digest in sorted(tag_digests.items()) if tag not in doomed}
-    kept_by_index = {member: kept_by_digest[digest] for digest, listed in sorted(members.items())
-                     if digest in kept_by_digest for member in sorted(listed)}
-    delete: dict[str, list[str]] = {}
-    kept_shared: dict[str, str] = {}
-    kept_in_index: dict[str, str] = {}
-    for name in sorted(doomed):
-        digest = tag_digests[name]
-        if digest in kept_by_digest:
-            kept_shared[name] = kept_by_digest[digest]
-        elif digest in kept_by_index:
-            kept_in_index[name] = kept_by_index[digest]
-        else:
-            delete.setdefault(digest, []).append(name)
-    lists_first = sorted(delete.items(), key=lambda item: (item[0] not in members, item[0]))
-    return PrunePlan(dict(lists_first), kept_shared, kept_in_index)
-
-
 # --------------------------------------------------------------------------------------------------------- publish
 
 @dataclass(frozen=True)
@@ -209,10 +151,10 @@ class PublishOptions:
     daemon_host: str | None = None  # the engine skopeo pushes from ($DOCKER_HOST; None: the default socket)
     compression: str = DEFAULT_COMPRESSION  # of the layers pushed: gzip (every client) or zstd (registry.COMPRESSIONS)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    allowlist: sbom_stage.Allowlist = field(default_factory=sbom_stage.Allowlist)
+    allowlist: Allowlist = field(default_factory=Allowlist)
     signing_key: SigningKey | None = None  # None: publish unsigned (the CLI refuses that where signing is required)
     # The OS's security index (compat.yaml's os.<name>.security); None: not consulted, and the verdict says so.
-    security: security_stage.Checker | None = None
+    security: freshness.Checker | None = None
     # Where the pushes' blob-info caches are kept between runs (registry.publish_cache_folder); None: this run's own.
     push_cache: Path | None = None
     # bases.lock.json's pins, by base image: the provenance names a base by its registry manifest digest.
@@ -243,17 +185,16 @@ class Publisher:
         # tag -> the SBOM, verification report and VEX attested to its digest (its multi-arch index's are made from
         # them) and the fixes it carries that the row's previous digest lacked
         self.attested: dict[str, dict] = {}
-        self.recorded: dict[str, catalog_stage.CatalogEntry] = {}  # each row's catalog entry before this run
+        self.recorded: dict[str, CatalogEntry] = {}  # each row's catalog entry before this run
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
         # Every input is read before the first push: a damaged file stops the run with nothing changed.
-        catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(self.options.catalog_dir))
+        catalog = load_catalog(catalog_file(self.options.catalog_dir))
         self.recorded = dict(catalog.images)
-        catalog_stage.require_sbom_folder(self.options.catalog_dir)
+        require_sbom_folder(self.options.catalog_dir)
         if self.options.signing_key is not None:  # a catalog key file that holds another key stops the run here
-            catalog_stage.save_public_key(self.options.catalog_dir, self.options.signing_key.public)
+            save_public_key(self.options.catalog_dir, self.options.signing_key.public)
         reports = {spec.tag: read_verify_report(verify_report_path(self.options.reports_dir, spec.tag)) for spec in specs}
-        facts = {spec.tag: read_facts(facts_path(self.options.reports_dir, spec.tag)) for spec in specs}
         self.wheel_records = {spec.tag: read_wheel_record(wheel_record_path(self.options.reports_dir, spec.tag))
                               for spec in specs}
         try:
@@ -270,7 +211,7 @@ class Publisher:
                                                  message="not attempted: the registry stopped answering"))
                     continue
                 targets = multiarch.image_tags(spec, (spec.index_tag or spec.tag) in grouped)
-                result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], facts[spec.tag], targets)
+                result = self._publish_guarded(spec, catalog, all_tags, reports[spec.tag], targets)
                 results.append(result)
                 all_tags = sorted(set(all_tags) | set(result.created))
         by_tag = {result.tag: result for result in results}
@@ -280,7 +221,7 @@ class Publisher:
         return results
 
     def _publish_index_guarded(self, tag: str, members: list[ImageSpec], published: list[PublishResult],
-                               catalog: catalog_stage.Catalog, all_tags: list[str]) -> PublishResult:
+                               catalog: Catalog, all_tags: list[str]) -> PublishResult:
         """The row's tag as an image index over its per-arch images, once every one of them is published."""
         name = f"{tag} (manifest list)"
         missing = [result.tag for result in published if result.status not in ("published", "unchanged")]
@@ -293,7 +234,7 @@ class Publisher:
             return PublishResult(name, "failed", message=f"{redact(str(error))} (nothing recorded for {tag})")
 
     def _publish_index(self, name: str, tag: str, members: list[ImageSpec], published: list[PublishResult],
-                       catalog: catalog_stage.Catalog, all_tags: list[str]) -> PublishResult:
+                       catalog: Catalog, all_tags: list[str]) -> PublishResult:
         """Write the index under a dated tag of the row's tag (unless one names it already), then under the row's tag
         and aliases; as an image's pinned tag, the dated one never moves, so a pin of it outlives the next publish."""
         manifests = {spec.tag: self.registry.manifest(result.digest) for spec, result in zip(members, published, strict=True)}
@@ -320,11 +261,11 @@ class Publisher:
         if result.created or result.moved:
             result.status, result.message = "published", f"manifest list over {', '.join(e.platform for e in entries)}"
         previous = catalog.manifest_lists.get(tag)
-        index = catalog_stage.make_manifest_list(
+        index = make_manifest_list(
             tag, self.options.registry.name, result.digest, targets,
             {entry.platform: {**entry.to_json(), "image": spec.tag} for spec, entry in zip(members, entries, strict=True)},
-            catalog_stage.PinnedIndex(result.pinned, result.digest, pinned_date(result.pinned)), previous, result.signing)
-        if previous is None or not catalog_stage.same_entry(previous, index):
+            PinnedIndex(result.pinned, result.digest, pinned_date(result.pinned)), previous, result.signing)
+        if previous is None or not same_entry(previous, index):
             catalog.manifest_lists[tag] = index
             catalog_page.save(catalog, self.options.catalog_dir, self.options.images_dir)
         return result
@@ -340,7 +281,7 @@ class Publisher:
             attestations.SBOM_PREDICATE: attestations.index_sbom(tag, repository, digest, members),
             attestations.PROVENANCE_PREDICATE: attestations.index_provenance_predicate(tag, members),
             attestations.VERIFICATION_PREDICATE: attestations.index_verification_predicate(tag, members),
-            **vex_stage.index_predicate(repository, digest, members),
+            **vex.index_predicate(repository, digest, members),
         }
         signed = self._sign_and_attest(key, digest, predicates)
         self.log(f"{tag} (manifest list): signature {signed['signature_status']}, attestations "
@@ -354,21 +295,21 @@ class Publisher:
         with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
             signing = pool.submit(store.sign, key, digest)
             attesting = pool.submit(store.attest, key, digest, predicates,
-                                    frozenset({attestations.VERIFICATION_PREDICATE, vex_stage.VEX_PREDICATE}))
+                                    frozenset({attestations.VERIFICATION_PREDICATE, vex.VEX_PREDICATE}))
             signature, attested = signing.result(), attesting.result()
         return {"key": key.public.fingerprint, "signature": signature_tag(digest),
                 "attestation": attestation_tag(digest), "predicate_types": sorted(predicates),
                 "signature_status": signature, "attestation_status": attested}
 
-    def _publish_guarded(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                         report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:
+    def _publish_guarded(self, spec: ImageSpec, catalog: Catalog, all_tags: list[str],
+                         report: VerifyReport | None, targets: list[str]) -> PublishResult:
         try:
-            return self._publish_one(spec, catalog, all_tags, report, facts, targets)
-        except (RegistryError, docker.errors.APIError, sbom_stage.SbomError) as error:
+            return self._publish_one(spec, catalog, all_tags, report, targets)
+        except (RegistryError, docker.errors.APIError, SbomError) as error:
             return PublishResult(spec.tag, "failed", message=f"{redact(str(error))} (nothing recorded for {spec.tag})")
 
-    def _publish_one(self, spec: ImageSpec, catalog: catalog_stage.Catalog, all_tags: list[str],
-                     report: VerifyReport | None, facts: dict, targets: list[str]) -> PublishResult:
+    def _publish_one(self, spec: ImageSpec, catalog: Catalog, all_tags: list[str],
+                     report: VerifyReport | None, targets: list[str]) -> PublishResult:
         """Push one image under a new pinned tag (unless the registry has it), sign it, and move targets (its floating
         tags) to it."""
         image = engine.inspect_image(self.client, local_name(spec))
@@ -383,15 +324,15 @@ class Publisher:
         current = {name: manifest.digest for name, manifest in manifests.items()}
         pinned = published_as(image["Id"], pinned_names, manifests, lambda manifest: self._same_image(image, manifest))
         digest = current[pinned] if pinned else ""
-        on_record = verified_on(report, facts)
+        on_record = verified_on(report)
         if pinned and all(current.get(name) == digest for name in targets):
             unchanged = PublishResult(spec.tag, "unchanged", digest, pinned, message="already published")
-            unchanged.signing = self._attach(spec, image, report, facts, unchanged)
+            unchanged.signing = self._attach(spec, image, report, unchanged)
             self._record(spec, catalog, image, report, on_record, manifests[pinned], None, unchanged, targets)
             return unchanged
 
         # Read before anything moves on the registry, so that what can fail has failed by then.
-        inventory = sbom_stage.collect_inventory(self.client, image["Id"])
+        inventory = collect_inventory(self.client, image["Id"])
         scan = self._scan(spec, inventory)
         if scan.status == "failed":
             return PublishResult(spec.tag, "refused", message=scan.message)
@@ -403,30 +344,30 @@ class Publisher:
         result.digest, result.pinned = digest, pinned
         # Signed before any floating tag moves to it; a digest this run pushed goes again if it cannot be signed.
         try:
-            result.signing = self._attach(spec, image, report, facts, result, inventory)
-        except (RegistryError, sbom_stage.SbomError, vex_stage.VexError) as error:
+            result.signing = self._attach(spec, image, report, result, inventory)
+        except (RegistryError, SbomError, vex.VexError) as error:
             if pinned in result.created and digest not in current.values():
                 self._withdraw(digest, pinned)
-                remove_file(sbom_stage.sbom_path(self.options.catalog_dir, pinned), self.options.catalog_dir)
+                remove_file(sbom_path(self.options.catalog_dir, pinned), self.options.catalog_dir)
             raise RegistryError(f"{error}; not signed, so no tag names it", transient=False) from None
         manifest = self.registry.manifest(digest)
         for name in targets:
             if current.get(name) != digest:
                 self._promote(name, manifest)
                 (result.moved if name in current else result.created).append(name)
-        security = vex_stage.scan_record(scan.summary(), self.options.security, spec.tag,
+        security = vex.scan_record(scan.summary(), self.options.security, spec.tag,
                                          self.attested.get(spec.tag, {}).get("fixed", []), datetime.now().date())
         self._record(spec, catalog, image, report, on_record, manifest, security, result, targets, inventory)
         return result
 
-    def _scan(self, spec: ImageSpec, inventory: sbom_stage.Inventory) -> sbom_stage.ScanResult:
+    def _scan(self, spec: ImageSpec, inventory: Inventory) -> ScanResult:
         """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed."""
         allowlist, today = self.options.allowlist, datetime.now().date()
-        fixes = security_stage.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today)
-        return security_stage.merge([fixes, sbom_stage.scan_image(local_name(spec), allowlist)])
+        fixes = freshness.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today)
+        return freshness.merge([fixes, scan_image(local_name(spec), allowlist)])
 
-    def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, facts: dict, result: PublishResult,
-                inventory: sbom_stage.Inventory | None = None) -> dict:
+    def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, result: PublishResult,
+                inventory: Inventory | None = None) -> dict:
         """Sign result.digest and attest its SBOM, build provenance and verification report at the registry (what
         is there already by this key stays, nothing is added twice, and a report of a new verification replaces the
         key's older one); {} when publishing unsigned."""
@@ -434,41 +375,41 @@ class Publisher:
         if key is None:
             return {}
         sbom, today = self._sbom(result, image, inventory), datetime.now().date()
-        row = vex_stage.security_row(self.options.security, spec.tag, spec.os, sbom)
+        row = vex.security_row(self.options.security, spec.tag, spec.os, sbom)
         previous = self.recorded.get(spec.tag)
-        fixed = vex_stage.fixed_since(previous.digest if previous else None, previous.scan if previous else {},
+        fixed = vex.fixed_since(previous.digest if previous else None, previous.scan if previous else {},
                                       result.digest, sbom)
         predicates = {
             attestations.SBOM_PREDICATE: sbom,
             attestations.PROVENANCE_PREDICATE: attestations.provenance_predicate(
                 spec, image, self._wheels(spec, image), self.options.base_pins.get(spec.base_image),
-                deb_pins.image_pins(self.client.api, image["Id"]), engine.daemon_info(self.client).get("ServerVersion", "")),
+                debs.image_pins(self.client.api, image["Id"]), engine.daemon_info(self.client).get("ServerVersion", "")),
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(
-                spec, image["Id"], report, facts, security_stage.fix_record(row, today)),
-            **vex_stage.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,
+                spec, image["Id"], report, freshness.fix_record(row, today)),
+            **vex.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,
                                         sbom, report.finished_at or utc_timestamp(), today),
         }
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
-                                   "vex": predicates.get(vex_stage.VEX_PREDICATE), "fixed": fixed}
+                                   "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}
         signed = self._sign_and_attest(key, result.digest, predicates)
         self.log(f"{spec.tag}: signature {signed['signature_status']}, attestations {signed['attestation_status']} "
                  f"({key.public.fingerprint})")
         return signed
 
-    def _sbom(self, result: PublishResult, image: dict, inventory: sbom_stage.Inventory | None) -> dict:
+    def _sbom(self, result: PublishResult, image: dict, inventory: Inventory | None) -> dict:
         """The CycloneDX SBOM of result.pinned, as the catalog holds it."""
         path = self._ensure_sbom(result, image, inventory)
         document = read_json_document(path, "delete it: publish writes it again", default=None)
         if not isinstance(document, dict):
-            raise sbom_stage.SbomError(f"{path} is not a CycloneDX document: delete it, publish writes it again")
+            raise SbomError(f"{path} is not a CycloneDX document: delete it, publish writes it again")
         return document
 
-    def _ensure_sbom(self, result: PublishResult, image: dict, inventory: sbom_stage.Inventory | None) -> Path:
+    def _ensure_sbom(self, result: PublishResult, image: dict, inventory: Inventory | None) -> Path:
         """catalog/sbom/<pinned>.cdx.json, made from the image's inventory where it is not there yet."""
-        path = sbom_stage.sbom_path(self.options.catalog_dir, result.pinned)
+        path = sbom_path(self.options.catalog_dir, result.pinned)
         if not path.is_file():
-            inventory = inventory or sbom_stage.collect_inventory(self.client, image["Id"])
-            sbom_stage.write_sbom(path, sbom_stage.cyclonedx(inventory, self.options.registry.name, result.digest,
+            inventory = inventory or collect_inventory(self.client, image["Id"])
+            write_sbom(path, cyclonedx(inventory, self.options.registry.name, result.digest,
                                                              image["Id"], utc_timestamp()))
         return path
 
@@ -518,68 +459,27 @@ class Publisher:
             raise RegistryError(f"{name}: the registry has {stored}, not the verified {manifest.digest}", transient=False)
         self.log(f"{self.options.registry.name}:{name} -> {manifest.digest}")
 
-    def _record(self, spec: ImageSpec, catalog: catalog_stage.Catalog, image: dict, report: VerifyReport, on_record: dict,
+    def _record(self, spec: ImageSpec, catalog: Catalog, image: dict, report: VerifyReport, on_record: dict,
                 manifest: Manifest, scan: dict | None, result: PublishResult, floating: list[str],
-                inventory: sbom_stage.Inventory | None = None) -> None:
+                inventory: Inventory | None = None) -> None:
         """Put the row (with its SBOM) in the catalog; write catalog.json and images/README.md if anything changed."""
         folder = self.options.catalog_dir
         sbom_file = self._ensure_sbom(result, image, inventory)
-        pinned = catalog_stage.PinnedTag(result.pinned, result.digest, pinned_date(result.pinned),
+        pinned = PinnedTag(result.pinned, result.digest, pinned_date(result.pinned),
                                          sbom_file.relative_to(folder).as_posix())
         previous = catalog.images.get(spec.tag)
         if self.options.signing_key is not None:
-            catalog_stage.save_public_key(folder, self.options.signing_key.public)
-        entry = catalog_stage.make_entry(spec, self.options.registry.name, result.digest, image,
+            save_public_key(folder, self.options.signing_key.public)
+        entry = make_entry(spec, self.options.registry.name, result.digest, image,
                                          manifest.download_size, check_counts(report), pinned, previous, scan,
                                          on_record, result.signing, floating)
-        if previous is not None and catalog_stage.same_entry(previous, entry):
+        if previous is not None and same_entry(previous, entry):
             return
         catalog.images[spec.tag] = entry
         catalog_page.save(catalog, folder, self.options.images_dir)
 
 
 # ----------------------------------------------------------------------------------------------------------- prune
-
-@dataclass
-class PruneResult:
-    removed: list[str] = field(default_factory=list)
-    kept_shared: dict[str, str] = field(default_factory=dict)
-
-
-def prune(registry: RegistryClient, rows: list[ImageSpec], matrix: list[ImageSpec], retention: int, catalog_dir: Path,
-          images_dir: Path, log: Callable[[str], None]) -> PruneResult:
-    """Delete each row's dated tags beyond the `retention` newest (a multi-arch row's: its index's and each image's),
-    and forget them (and their SBOMs) in the catalog.
-    Reads the manifests of the tags that matter to these rows only (prune_lookups), not of the whole repository."""
-    # Read and check before anything is deleted: a damaged catalog stops the run with the registry untouched.
-    catalog = catalog_stage.load_catalog(catalog_stage.catalog_file(catalog_dir))
-    catalog_stage.require_folder(images_dir, "the images folder (--images DIR)")
-    catalog_stage.require_sbom_folder(catalog_dir)
-    manifests = registry.tag_manifests(prune_lookups(rows, matrix, registry.tags(), retention))
-    tag_digests = {tag: manifest.digest for tag, manifest in manifests.items()}
-    plan = prune_plan(pinned_stems(rows), tag_digests, retention, index_members(manifests))
-    for name, kept in sorted(plan.kept_shared.items()):
-        log(f"keeping {name}: its digest is also tagged {kept}")
-    for name, index in sorted(plan.kept_in_index.items()):
-        log(f"keeping {name}: the manifest list {index}, which stays, names its digest")
-    result = PruneResult(kept_shared=plan.kept_shared)
-    signatures = SignatureStore(registry)
-    try:
-        for digest, names in plan.delete.items():
-            # Its signature and attestations first: a failure part-way leaves a signed image, never an orphan.
-            for artifact in signatures.remove(digest):
-                log(f"deleted {artifact}")
-            registry.delete(digest)
-            log(f"deleted {', '.join(names)} ({digest})")
-            result.removed += names
-    finally:
-        # Also after a failure part-way: the catalog must not list tags that are gone.
-        if result.removed:
-            catalog_stage.forget_pinned(catalog, set(result.removed), catalog_dir)
-            catalog_page.save(catalog, catalog_dir, images_dir)
-    result.removed.sort()
-    return result
-
 
 # ---------------------------------------------------------------------------------------------------- the report
 

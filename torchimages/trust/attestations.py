@@ -1,4 +1,4 @@
-"""What a published digest's three attestations say: its CycloneDX SBOM (sbom.py writes it), SLSA v1 build provenance,
+"""What a published digest's three attestations say: its CycloneDX SBOM (security/sbom.py writes it), SLSA v1 build provenance,
 and the result of its verification, a predicate type of this project's own. Pure functions of what publish has read.
 
 A consumer's policy reads these fields (docs/policies/): keep them stable, and move
@@ -19,7 +19,7 @@ SBOM_PREDICATE = "https://cyclonedx.org/bom"  # cosign's `--type cyclonedx`
 PROVENANCE_PREDICATE = "https://slsa.dev/provenance/v1"  # cosign's `--type slsaprovenance1`
 VERIFICATION_PREDICATE = "https://torchimages.io/verification-report/v1"
 PREDICATE_TYPES = (SBOM_PREDICATE, PROVENANCE_PREDICATE, VERIFICATION_PREDICATE)  # what every signed digest carries
-# The fourth, where there is a finding to explain or a fix carried (vex.py): cosign's `--type openvex` (cosign 2.5,
+# The fourth, where there is a finding to explain or a fix carried (security/vex.py): cosign's `--type openvex` (cosign 2.5,
 # cmd/cosign/cli/options/predicate.go).
 VEX_PREDICATE = "https://openvex.dev/ns"
 # cosign's names for --type, where it has one (`cosign verify-attestation --type NAME`).
@@ -28,7 +28,6 @@ COSIGN_TYPE_NAMES = {SBOM_PREDICATE: "cyclonedx", PROVENANCE_PREDICATE: "slsapro
 BUILDER_ID = "https://torchimages.io/builder/v1"
 BUILD_TYPE = "https://torchimages.io/build/v1"
 INDEX_BUILD_TYPE = "https://torchimages.io/index/v1"
-NO_GPU = "no GPU: GPU checks skipped"
 
 
 def tool_version() -> str:
@@ -43,18 +42,19 @@ def matrix_row(spec: ImageSpec) -> dict:
     return {key: value for key, value in spec.to_json().items() if key != "matrix_line"}
 
 
-def verification_predicate(spec: ImageSpec, image_id: str, report, facts: dict, security: dict | None = None) -> dict:
+def verification_predicate(spec: ImageSpec, image_id: str, report, security: dict | None = None) -> dict:
     """Each check's status and reason, the host they ran on, the tool: what a policy can require, e.g. that `gpu`
     passed on an H100 with driver >= 580 (host.gpu_models, host.driver_major). With the security index's verdict
     at publish (security.fix_record): the fixable OS packages the image carries and the age of the oldest fix it
-    lacks, which `verify-image` matches with the VEX statements."""
+    lacks, which `verify-image` matches with the VEX statements. The host is the one the verify stage judged
+    (VerifyReport.host): publish signs what verify decided and never reads the probe's raw facts."""
     return {
         "tool": {"name": "torchimages", "version": tool_version()},
         "tag": spec.tag,
         "image_id": image_id,
         "result": "passed" if report.passed else "failed",
         "verified_at": report.finished_at,
-        "host": verification_host(report, facts),
+        "host": report.host,
         "checks": {name: {"status": verdict.status, "reason": verdict.message, "warnings": list(verdict.warnings),
                           "blame": verdict.blame}
                    for name, verdict in sorted(report.checks.items())},
@@ -66,34 +66,6 @@ def _mapping(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def verification_host(report, facts: dict) -> dict:
-    """The host's GPUs as the probe saw them where the gpu check passed; else that it had none. With either, the
-    GPUs' health (healthy: true, false, or null where unread) and the speed figures against their floors, so that a
-    policy can require "gpu passed on a healthy host"."""
-    from ..checks.gpu_speed import host_report
-
-    main = _mapping(facts.get("main"))
-    gpu = _mapping(main.get("gpu"))
-    gpu_check = report.checks.get("gpu")
-    health_and_speed = host_report(gpu)
-    if gpu_check is None or gpu_check.status != "passed":
-        return {"kind": "cpu-only", "gpu_models": [], "gpus": [], "driver": "", "driver_major": 0,
-                "cuda_driver": "", "note": NO_GPU, **health_and_speed}
-    devices = [device for device in gpu.get("devices") or [] if isinstance(device, dict)]
-    driver = str(gpu.get("driver_version") or "")
-    return {
-        "kind": "gpu",
-        "gpu_models": sorted({str(device.get("name")) for device in devices}),
-        "gpus": [{"name": str(device.get("name")), "capability": ".".join(map(str, device.get("capability") or []))}
-                 for device in devices],
-        "driver": driver,
-        "driver_major": int(driver.split(".")[0]) if driver.split(".")[0].isdigit() else 0,
-        "cuda_driver": str(gpu.get("libcuda_driver_version") or ""),
-        "note": "",
-        **health_and_speed,
-    }
-
-
 def check_counts(report) -> dict:
     """Verification as the catalog shows it: counts by status, skipped checks with their reasons, when."""
     return {
@@ -103,24 +75,21 @@ def check_counts(report) -> dict:
     }
 
 
-def verified_on(report, facts: dict) -> dict:
+def verified_on(report) -> dict:
     """What kind of host the checks ran on (a CPU-only CI host, or a GPU runner with its GPU models and driver),
     which checks ran there and which were skipped; on a GPU host whether it was healthy (None: not read) and the
-    speed figures (bf16 TFLOPS, pinned copies and all-reduce bus bandwidth in GB/s; None: not measured)."""
-    from ..checks.gpu_speed import host_report
-
-    gpu = ((facts.get("main") or {}).get("gpu") or {}) if isinstance(facts.get("main"), dict) else {}
-    devices = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
-    on_gpu = "gpu" in report.with_status("passed")
-    host = host_report(gpu)
-    speed = host["performance"]
+    speed figures (bf16 TFLOPS, pinned copies and all-reduce bus bandwidth in GB/s; None: not measured), as the
+    verify stage judged them (VerifyReport.host)."""
+    host = report.host
+    on_gpu = host.get("kind") == "gpu"
+    speed = host.get("performance") or {}
     return {
         "host": "gpu" if on_gpu else "cpu-only",
-        "gpu_models": sorted({str(device.get("name")) for device in devices if isinstance(device, dict)}) if on_gpu else [],
-        "driver": str(gpu.get("driver_version") or "") if on_gpu else "",
+        "gpu_models": list(host.get("gpu_models") or []) if on_gpu else [],
+        "driver": str(host.get("driver") or "") if on_gpu else "",
         "ran": report.with_status("passed"),
         "skipped": report.with_status("skipped"),
-        "healthy": host["health"]["healthy"] if on_gpu else None,
+        "healthy": (host.get("health") or {}).get("healthy") if on_gpu else None,
         "performance": {"bf16_tflops": speed["bf16_matmul"]["tflops"], "h2d_gbps": speed["pinned_copies"]["h2d_gbps"],
                         "d2h_gbps": speed["pinned_copies"]["d2h_gbps"],
                         "all_reduce_busbw_gbps": speed["all_reduce"]["busbw_gbps"]} if on_gpu else {},

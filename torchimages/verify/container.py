@@ -26,7 +26,8 @@ from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 PROBE_PATH = "/tmp/torchimages-probe.py"
 # The standard-library modules the probe imports, copied beside it: a script's own folder is first on its sys.path.
-PROBE_MODULES = ("gpu_health.py", "gpu_speed.py")
+PROBE_MODULES = ("gpu_health.py", "gpu_speed.py", "probe_base.py", "probe_files.py", "probe_gpu.py", "probe_smoke.py",
+                 "rules.py")
 # OpenShift-style arbitrary uid: unknown to /etc/passwd, so Docker gives it group 0.
 ARBITRARY_UID = "12345"
 # With network none the container's own name does not resolve, and torchrun's rendezvous waits on it forever.

@@ -2,7 +2,7 @@
 
 PyPI's aarch64 torch wheels carry oneDNN, whose xbyak_aarch64 reads each CPU's MIDR_EL1 from
 /sys/devices/system/cpu/cpu*/regs/identification/midr_el1 at `import torch`. An x86_64 host's sysfs has no such file,
-and under Debian 12's qemu-user-static 7.2 the import then dies with SIGSEGV (docs/benchmarks.md). The verification
+and under Debian 12's qemu-user-static 7.2 the import then dies with SIGSEGV (docs/benchmarks-log.md). The verification
 container of such an image gets, read-only over /sys/devices/system/cpu, a folder naming a Neoverse N1 for every CPU,
 and qemu emulates that core (QEMU_CPU); `import torch` then works and reports the row exactly. The report says the CPU
 identity was a stand-in.
@@ -27,14 +27,14 @@ STANDIN_MIDR_EL1 = "0x00000000413fd0c1"
 # names. qemu's default, "max", shows SVE with 512-bit vectors, which no Grace-class core has (Neoverse V2: 128 bits);
 # inductor then compiles its CPU kernels for 256-bit SVE, code that assumes registers of exactly that width, and
 # Debian 12's g++ 12.2 cannot compile them against a precompiled header (an internal compiler error, natively too:
-# docs/benchmarks.md).
+# docs/benchmarks-log.md).
 STANDIN_QEMU_CPU = "neoverse-n1"
 STANDIN_FOLDER = "emulated-cpu-sysfs"  # under the image's own reports folder, beside facts.json
 # The engine's /info names its machine as `uname -m` does; an image's config names its machine as OCI (GOARCH) does.
 OCI_ARCHITECTURE = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
 NEEDS_STANDIN = "arm64"  # the machine whose torch wheels read MIDR_EL1 at import
 # How much slower qemu-user runs the image than the host runs its own machine's, measured on this project's 2-core
-# x86_64 machine (docs/benchmarks.md, "arm64 (Grace) rows under emulation"): `import torch` about 40 s against 4 s,
+# x86_64 machine (docs/benchmarks-log.md, "arm64 (Grace) rows under emulation"): `import torch` about 40 s against 4 s,
 # the row's cold build 2392 s against 240 s.
 SLOWDOWN = 10
 

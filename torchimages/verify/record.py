@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..checks import checklist
 from ..checks.gpu_speed import host_report, peak_tflops
-from ..checks.probe import arch_flags_for
+from ..checks.rules import arch_flags_for
 from ..model import ImageSpec, InputError, PeerError, Problem
 from .plan import SUITE, parse_gpus
 from .suite import arch_rows, run_suite_on_facts
@@ -174,7 +174,7 @@ def image_gpu_facts(docker_client, spec: ImageSpec, image: str) -> dict:
 # Enumeration"), as tests/gpu_hosts/nvidia-smi prints them back.
 SMI_GPU_LINE = re.compile(r"^GPU \d+: (?P<name>.+) \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
 SMI_MIG_LINE = re.compile(r"^\s*MIG\s+(?P<profile>\S+)\s+Device\s+\d+: \(UUID: (?P<uuid>[^)]+)\)$", re.ASCII)
-QUERY_KEYS = ("name", "uuid", "compute_cap", "driver_version", "compute_mode", "mig_mode")  # probe.RECORD_QUERY_FIELDS
+QUERY_KEYS = ("name", "uuid", "compute_cap", "driver_version", "compute_mode", "mig_mode")  # probe_gpu.RECORD_QUERY_FIELDS
 # What torch.cuda.init()'s own checks warn for a GPU the arch list misses (torch/cuda/__init__.py, _check_capability
 # and _check_cubins): no first-call warning, and a replay's init gives them again from the row's arch list.
 ARCH_CHECK_WARNING = re.compile(r"^Found GPU\d+ |is not compatible with the current PyTorch installation",

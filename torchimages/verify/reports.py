@@ -6,14 +6,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from ..checks.gpu_speed import host_report
 from ..files import read_json_document
 from ..reporting import DIGEST, DIGEST_RULE, Shape, known_fields, markdown_cell, require_schema, utc_timestamp
 from . import emulation
 from .plan import CHECKS, Plan, VerifyResult
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2  # 2: host is the judged host (kind, GPUs, driver, health, speed), what publish signs
 REPORT_NAME = "verify.json"
 FACTS_NAME = "facts.json"
+NO_GPU = "no GPU: GPU checks skipped"
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped"}
 
 
@@ -45,7 +47,8 @@ class VerifyReport:
     selection: dict[str, list[str]] = field(default_factory=dict)
     junit: str = "junit.xml"
     facts: str = FACTS_NAME
-    # The GPUs' health and the speed figures against their floors (checks/gpu_speed.host_report); {} without facts.
+    # The host as this verification judged it (judged_host): what the signed report names, so publish never reads
+    # the probe's raw facts.
     host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -61,6 +64,30 @@ class VerifyReport:
     def with_status(self, status: str) -> list[str]:
         """The names of the checks that ended with status, sorted."""
         return sorted(name for name, check in self.checks.items() if check.status == status)
+
+
+def judged_host(checks: dict[str, dict], gpu: dict) -> dict:
+    """The host the checks ran on: its GPUs as the probe saw them where the gpu check passed, else that it had none;
+    with either, the GPUs' health (healthy: true, false, or null where unread) and the speed figures against their
+    floors (checks/gpu_speed.host_report), so that a policy can require "gpu passed on a healthy H100, driver >= 580".
+    gpu: the main probe's GPU facts ({} where there are none)."""
+    health_and_speed = host_report(gpu)
+    if (checks.get("gpu") or {}).get("status") != "passed":
+        return {"kind": "cpu-only", "gpu_models": [], "gpus": [], "driver": "", "driver_major": 0,
+                "cuda_driver": "", "note": NO_GPU, **health_and_speed}
+    devices = [device for device in gpu.get("devices") or [] if isinstance(device, dict)]
+    driver = str(gpu.get("driver_version") or "")
+    return {
+        "kind": "gpu",
+        "gpu_models": sorted({str(device.get("name")) for device in devices}),
+        "gpus": [{"name": str(device.get("name")), "capability": ".".join(map(str, device.get("capability") or []))}
+                 for device in devices],
+        "driver": driver,
+        "driver_major": int(driver.split(".")[0]) if driver.split(".")[0].isdigit() else 0,
+        "cuda_driver": str(gpu.get("libcuda_driver_version") or ""),
+        "note": "",
+        **health_and_speed,
+    }
 
 
 def verify_report(result: VerifyResult, plan: Plan, started_at: datetime) -> VerifyReport:

@@ -12,7 +12,6 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from ..checks.gpu_speed import host_report
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
 from ..model import ImageSpec, TorchImagesError
 from ..peers import engine
@@ -26,7 +25,7 @@ from .container import (
     remove_containers_of,
 )
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
-from .reports import FACTS_NAME, REPORT_NAME, summary_markdown, verify_report
+from .reports import FACTS_NAME, REPORT_NAME, judged_host, summary_markdown, verify_report
 from .suite import (
     expectations,
     failed_start_checks,
@@ -125,7 +124,7 @@ def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOp
     result = VerifyResult(tag, plan.image, plan.image_id, not any(c["status"] == "failed" for c in checks.values()),
                           checks, report_dir, round(time.monotonic() - started, 2), clock.seconds,
                           emulation.cpu_identity_note(plan.standin_cpus).get("why", ""), options.selection,
-                          host_report(_gpu_facts(report_dir / FACTS_NAME)))
+                          judged_host(checks, _gpu_facts(report_dir / FACTS_NAME)))
     atomic_write_json(report_dir / REPORT_NAME, verify_report(result, plan, started_at).to_json(),
                       root=options.reports_dir)
     progress.finished(result)

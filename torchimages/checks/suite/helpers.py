@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
-from torchimages.checks.probe import NVIDIA_SMI_UUID, decode_cudnn_version, os_tag
+from torchimages.checks.rules import NVIDIA_SMI_UUID, decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX, ImageSpec
 
 

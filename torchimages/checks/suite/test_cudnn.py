@@ -2,7 +2,7 @@
 and backward with cudnn.benchmark on and matches the CPU, and attention runs as upstream's smoke test runs it."""
 import pytest
 
-from torchimages.checks.probe import decode_cudnn_version
+from torchimages.checks.rules import decode_cudnn_version
 
 pytestmark = pytest.mark.check("cudnn")
 

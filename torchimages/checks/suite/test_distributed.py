@@ -3,7 +3,7 @@ on the CPU, one process per GPU (up to 8, as DDP and FSDP run) over NCCL when 2 
 where one of them is a MIG device beside whole GPUs (NCCL supports MIG only experimentally: then gloo)."""
 import pytest
 
-from torchimages.checks.probe import mig_multi_gpu_reason
+from torchimages.checks.rules import mig_multi_gpu_reason
 
 pytestmark = pytest.mark.check("distributed")
 

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from torchimages.checks.plugin import CheckWarning
-from torchimages.checks.probe import arch_covers, arch_flags_for, mig_multi_gpu_reason
+from torchimages.checks.rules import arch_covers, arch_flags_for, mig_multi_gpu_reason
 
 from .helpers import (
     driver_start_failure,

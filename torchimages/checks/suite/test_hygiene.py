@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from torchimages.checks.probe import SECRET_NAME, URL_CREDENTIALS
+from torchimages.checks.rules import SECRET_NAME, URL_CREDENTIALS
 from torchimages.model import parse_size
 from torchimages.reporting import human_size
 

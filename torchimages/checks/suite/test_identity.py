@@ -2,7 +2,7 @@
 and the labels and PYTORCH_VERSION agree with what is inside."""
 import pytest
 
-from torchimages.checks.probe import arch_flags_for, decode_cudnn_version, os_tag
+from torchimages.checks.rules import arch_flags_for, decode_cudnn_version, os_tag
 from torchimages.model import LABEL_PREFIX
 
 from .helpers import observed_label_values, os_is_the_rows, row_label_values
