@@ -26,7 +26,7 @@ ENGINE_FIXTURES = {"engine_env", "wheelhouse", "cosign"}
 # The engine tests run on two processes (`-n 2 --dist loadgroup`), each taking whole modules in their order: a serial
 # lane keeps the machine's two cores about 60% busy (builds wait on the disk, verifications on one container). These
 # modules run beside the others (the builds, publishing and logins): modules that share build stages (a test prunes
-# them), BuildKit's cache (tests prune it) or local image names stay on one side (docs/benchmarks.md: the audit).
+# them), BuildKit's cache (tests prune it) or local image names stay on one side (docs/benchmarks-log.md: the audit).
 BESIDE_THE_BUILDS = {"test_build_inputs.py", "test_cuda_images.py", "test_multiarch.py", "test_signing.py",
                      "test_verify.py"}
 # Modules whose tests import torch in the test process (about 2 s of CPU, once per process): on one worker, not on each.
@@ -61,7 +61,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # What the engine lane adds to the disk at its peak on a fresh clone: the wheels, the engine's images and layers, and
 # publishing's temporary copies of images, the two processes' at once (measured with `df` every 20 s over three
-# runs: 18.2 to 23.7 GB; docs/benchmarks.md).
+# runs: 18.2 to 23.7 GB; docs/benchmarks-log.md).
 ENGINE_LANE_PEAK_DISK_BYTES = 24 * 10**9
 
 
@@ -326,3 +326,63 @@ def own_registry(tmp_path):
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
     process.wait()
+
+
+@pytest.fixture
+def fake_registry():
+    """A registry API with two dated tags of ROW (so prune has one to delete) that records every DELETE (the hostile
+    documents' and files' prune tests)."""
+    import hashlib
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from .documents_fixtures import ROW
+
+    deletes = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):
+            tags = {"name": "ml/pytorch", "tags": [f"{ROW}-20260101", f"{ROW}-20260102"]}
+            self.answer(200, json.dumps(tags if self.path.endswith("/tags/list") else {}).encode())
+
+        def do_HEAD(self):
+            self.answer(200, b"", {"Docker-Content-Digest": "sha256:" + hashlib.sha256(self.path.encode()).hexdigest()})
+
+        def do_DELETE(self):
+            deletes.append(self.path)
+            self.answer(202, b"")
+
+        def answer(self, status: int, body: bytes, headers: dict | None = None) -> None:
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                                **(headers or {})}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}/ml/pytorch", deletes
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def host(request, tmp_path, monkeypatch):
+    """The scenario's nvidia-smi first on PATH, its /proc/driver/nvidia/version and its libcuda's cuDriverGetVersion:
+    a recorded GPU host of tests/gpu_hosts/ (request.param names it), for the GPU-simulation lane's modules."""
+    from torchimages.checks import probe_gpu
+
+    from . import gpu_hosts
+
+    scenario = gpu_hosts.load(request.param)
+    for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(probe_gpu, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
+    monkeypatch.setattr(probe_gpu, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
+    return scenario

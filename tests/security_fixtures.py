@@ -1,10 +1,13 @@
 """A security archive laid out as Debian's (dists/<suite>/InRelease signed with a throwaway key, Packages.xz, pool/
-with real .deb files holding changelog.Debian.gz), served from 127.0.0.1: the security tests need no network."""
+with real .deb files holding changelog.Debian.gz), served from 127.0.0.1: the security tests need no network. And
+what those tests share (test_security, test_hostile_security_archive, test_patch_promise): a row's check against an
+archive, the fixture project with its CPU row published, and a nightly over it."""
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import json
 import lzma
 import subprocess
 import tarfile
@@ -15,6 +18,14 @@ from dataclasses import dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from torchimages.project import DEFAULT_TEMPLATES
+from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
+from torchimages.publish.catalog_page import save
+from torchimages.security import freshness as security
+from torchimages.security.sbom import Inventory, cyclonedx
+
+from .conftest import copy_fixture_project
 
 SUITE = "bookworm-security"
 OPENSSL_CHANGELOG = """openssl (3.0.22-1~deb12u2) bookworm-security; urgency=medium
@@ -195,3 +206,70 @@ def serve(root: Path, drips: bool = False):
     finally:
         server.shutdown()
         server.server_close()
+
+
+INSTALLED = [security.Installed("libssl3", "3.0.19-1~deb12u1", "amd64"),
+             security.Installed("base-files", "12.4+deb12u5", "amd64"),
+             security.Installed("tzdata", "2025b-0+deb12u1", "all")]
+ROOT_TEMPLATES = DEFAULT_TEMPLATES
+
+
+def compat_for(url: str, keyring: str = "") -> dict:
+    return {"os": {"debian12": {"family": "apt", "security": {"url": url, "suite": SUITE, "components": ["main"],
+                                                              "keyring": keyring}}},
+            "families": {"apt": {"security": {"index": "deb"}}}}
+
+
+def check(url: str, keyring: str = "", installed=INSTALLED, **fetcher) -> security.RowSecurity:
+    factory = (lambda root: security.Fetcher(root, **fetcher)) if fetcher else security.Fetcher
+    return security.Checker(compat_for(url, keyring), "compat.yaml", fetcher_factory=factory).check(
+        "2.13.0-cpu-runtime", "debian12", installed)
+
+
+def published_project(tmp_path, url: str, keyring: str, debs) -> list[str]:
+    """The fixture project with a security archive for debian12 and its CPU row in the catalog; the CLI's options."""
+    matrix = copy_fixture_project(tmp_path / "project")
+    compat = matrix.with_name("compat.yaml")
+    text = compat.read_text()
+    old = '  debian12: {python: "3.11", image: "debian:bookworm", glibc: "2.36", family: apt}'
+    assert old in text
+    compat.write_text(text.replace(old, old[:-1] + f', security: {{url: "{url}", suite: {SUITE}, '
+                                                   f'components: [main], keyring: "{keyring}"}}}}')
+                      .replace("  apt:\n", "  apt:\n    security: {index: deb}\n", 1))
+    tag, catalog = "2.13.0-cpu-runtime", tmp_path / "catalog"
+    sbom = f"sbom/{tag}-20261120.cdx.json"
+    (catalog / "sbom").mkdir(parents=True)
+    digest = "sha256:" + "d" * 64
+    (catalog / sbom).write_text(json.dumps(cyclonedx(Inventory({"ID": "debian", "VERSION_ID": "12"}, debs, []),
+                                                     "registry.example.com/ml/pytorch", digest, "i", "t")))
+    entry = CatalogEntry(tag, "registry.example.com/ml/pytorch", digest, "sha256:" + "c" * 64,
+                         [PinnedTag(f"{tag}-20261120", digest, "2026-11-20", sbom)], [tag], {}, 1, 1, {}, {}, sbom,
+                         "2026-11-20T00:00:00Z", "2026-11-20T00:00:00Z")
+    save(Catalog({tag: entry}), catalog, tmp_path / "images")
+    return ["--matrix", str(matrix), "--images", str(tmp_path / "images"), "--reports", str(tmp_path / "reports"),
+            "security", tag, "--catalog", str(catalog)]
+
+
+def nightly_for(tmp_path, url: str, keyring: str, debs):
+    """A nightly over the fixture project whose CPU row is published with an SBOM listing debs (no engine needed
+    for the decision: the catalog's SBOM against the security index)."""
+    from torchimages.build.builder import BuildOptions
+    from torchimages.matrix.load import load_compat
+    from torchimages.nightly.run import Nightly, NightlyOptions
+    from torchimages.peers.registry_access import registry_access
+    from torchimages.peers.registry_address import parse_registry
+    from torchimages.project import Project
+    from torchimages.publish.catalog import load_catalog
+    from torchimages.publish.publisher import PublishOptions
+
+    args = published_project(tmp_path, url, keyring, debs)
+    matrix, catalog = tmp_path / "project" / "matrix.yaml", tmp_path / "catalog"
+    project = Project(matrix, matrix.with_name("compat.yaml"), ROOT_TEMPLATES, tmp_path / "images", tmp_path / "reports")
+    registry = parse_registry("127.0.0.1:9/ml/pytorch")
+    checker = security.Checker(load_compat(project.compat), str(project.compat))
+    publishing = PublishOptions(registry, registry_access(registry, config_dir=tmp_path), project.reports, catalog,
+                                project.images, "20261125", security=checker)
+    options = NightlyOptions(BuildOptions(project.images, project.reports), publishing, retention=2)
+    loaded = project.load()
+    specs = [spec for spec in loaded.specs if spec.tag == args[7]]
+    return Nightly(project, loaded, specs, options, None, lambda line: None), specs, load_catalog(catalog / "catalog.json")

@@ -22,8 +22,7 @@ from torchimages.trust.signatures import (
     signature_layer,
 )
 
-from .signing_fixtures import key
-from .test_signing import DIGEST, MATRIX, verification_report
+from .signing_fixtures import DIGEST, MATRIX, key, verification_report
 
 IMAGE_ID = "sha256:" + "1" * 64
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -31,7 +30,7 @@ SPEC = load_matrix(MATRIX).specs[0]
 
 
 def report(gpu: bool = False, result: str = "passed", image_id: str = IMAGE_ID) -> dict:
-    predicate = attestations.verification_predicate(SPEC, image_id, *verification_report(gpu))
+    predicate = attestations.verification_predicate(SPEC, image_id, verification_report(gpu))
     return {**predicate, "result": result}
 
 

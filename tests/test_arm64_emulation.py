@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from torchimages.checks import probe
+from torchimages.checks import probe, probe_base
 from torchimages.checks.selection import CheckSelection
 from torchimages.cli.display import checks_table
 from torchimages.matrix.load import load_matrix
@@ -127,7 +127,7 @@ def test_natively_every_bound_is_as_it_was(tag, image_architecture, engine_info)
 
 def test_under_emulation_every_bound_is_multiplied_by_the_measured_slowdown():
     emulated = for_this_engine(plan_of(ARM, "arm64"), NO_GPUS, X86_ENGINE, False)
-    assert emulation.SLOWDOWN == 10  # docs/benchmarks.md: import torch 40 s under qemu against 4 s natively
+    assert emulation.SLOWDOWN == 10  # docs/benchmarks-log.md: import torch 40 s under qemu against 4 s natively
     assert (emulated.slowdown, emulated.timeout) == (emulation.SLOWDOWN, 60 * emulation.SLOWDOWN)
     # The probe's kill budget is the scaled timeout, and its own bounds get the factor.
     assert probe_arguments(emulated.spec, emulated.timeout, emulated.slowdown, CheckSelection()) == [
@@ -160,12 +160,12 @@ class FakeImages:
 
 
 def test_the_probe_multiplies_its_own_bounds_by_its_slowdown(monkeypatch):
-    assert probe.parse_arguments([]).slowdown == 1 and probe.bound(probe.DATALOADER_TIMEOUT_S) == 90
+    assert probe.parse_arguments([]).slowdown == 1 and probe_base.bound(probe_base.DATALOADER_TIMEOUT_S) == 90
     assert probe.parse_arguments(["--slowdown", "10"]).slowdown == 10
-    monkeypatch.setattr(probe, "SLOWDOWN", 10)
-    assert probe.bound(probe.DATALOADER_TIMEOUT_S) == 900
-    assert probe.compile_timeout(None) == 10 * probe.SMOKE_COMPILE_TIMEOUT_S
-    assert probe.compile_timeout(3000) <= 3000 - 10 * probe.BUDGET_MARGIN_S
+    monkeypatch.setattr(probe_base, "SLOWDOWN", 10)
+    assert probe_base.bound(probe_base.DATALOADER_TIMEOUT_S) == 900
+    assert probe_base.compile_timeout(None) == 10 * probe_base.SMOKE_COMPILE_TIMEOUT_S
+    assert probe_base.compile_timeout(3000) <= 3000 - 10 * probe_base.BUDGET_MARGIN_S
 
 
 def test_the_report_and_the_output_say_the_bounds_were_scaled():

@@ -12,6 +12,7 @@ from torchimages.build.reproducible import INLINE_CACHE_KEY, saved_config
 from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
 from torchimages.project import DEFAULT_TEMPLATES
 
+from .build_fixtures import tiny_matrix
 from .conftest import (
     CPU_SELECTOR,
     ROOT,
@@ -184,18 +185,6 @@ def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_not
         with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None, "t"):
             pytest.fail("the server should not have started")
     assert build_input_servers_left(docker_client) == ([], [])
-
-
-def tiny_matrix(tmp_path: Path) -> Path:
-    path = tmp_path / "matrix.yaml"
-    path.write_text(
-        "registry: localhost:5000/test/tiny\n"
-        "defaults: {python: \"3.11\", os: debian12, cuda: cpu}\n"
-        "variants:\n"
-        "  - torch: 2.13.0\n    flavors: [runtime]\n"
-        "  - torch: 2.12.0\n    flavors: [runtime]\n"
-    )
-    return with_live_compat(path)
 
 
 def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):

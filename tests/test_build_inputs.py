@@ -24,17 +24,8 @@ from torchimages.build_inputs.layers import layer_args
 from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX, BuildInputsServer, basic_authorization
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 
+from .build_fixtures import make_wheel
 from .conftest import ROOT, run_cli, with_live_compat
-
-
-def make_wheel(folder: Path, name: str, version: str, body: bytes = b"") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(f"{name}/__init__.py", body)
-        archive.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return path
-
 
 TOKEN = "0123456789abcdef" * 3  # the build's secret, as new_token() makes one
 

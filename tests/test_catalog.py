@@ -8,7 +8,7 @@ import pytest
 
 from torchimages.model import InputError
 from torchimages.publish import catalog as catalog_stage
-from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag, load_catalog
+from torchimages.publish.catalog import Catalog, load_catalog
 from torchimages.publish.catalog_page import readme, save
 from torchimages.security.sbom import (
     AllowedVulnerability,
@@ -23,25 +23,8 @@ from torchimages.security.sbom import (
     scan_image,
 )
 
-from .conftest import FIXTURE_MATRIX, ROOT, run_cli_in_process
-
-REPOSITORY = "registry.example.com/ml/pytorch"
-DIGEST_NEW, DIGEST_OLD = "sha256:" + "b" * 64, "sha256:" + "a" * 64
-
-
-def entry(tag: str = "2.14.0-cuda13.0-cudnn9-runtime", aliases=("latest",), deprecated=None) -> CatalogEntry:
-    return CatalogEntry(
-        tag=tag, repository=REPOSITORY, digest=DIGEST_NEW, image_id="sha256:" + "c" * 64,
-        pinned=[PinnedTag(f"{tag}-20260102", DIGEST_NEW, "2026-01-02", f"sbom/{tag}-20260102.cdx.json"),
-                PinnedTag(f"{tag}-20260101", DIGEST_OLD, "2026-01-01", f"sbom/{tag}-20260101.cdx.json")],
-        floating=[tag, *aliases], versions={"torch": "2.14.0", "cuda": "13.0.2", "cudnn": "9.24.0.43", "python": "3.12",
-                                            "os": "ubuntu24.04", "flavor": "runtime"},
-        size=7_400_000_000, download_size=3_100_000_000,
-        checks={"passed": 6, "failed": 0, "skipped": 3, "skipped_checks": {}, "verified_at": "2026-01-02T01:00:00Z"},
-        scan={"status": "skipped"}, sbom=f"sbom/{tag}-20260102.cdx.json", published_at="2026-01-02T02:00:00Z",
-        updated_at="2026-01-02T02:00:00Z", deprecated=deprecated,
-    )
-
+from .catalog_fixtures import DIGEST_NEW, DIGEST_OLD, REPOSITORY, entry
+from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, ROOT, run_cli_in_process
 
 # ------------------------------------------------------------------------------------------------------- catalog
 
@@ -99,7 +82,7 @@ def test_a_damaged_catalog_is_an_input_error_saying_how_to_recover(tmp_path, con
 def test_catalog_command_prints_the_page_writes_it_and_checks_it(tmp_path):
     save(Catalog({"2.13.0-cpu-runtime": entry("2.13.0-cpu-runtime")}), tmp_path / "catalog", tmp_path / "images")
     (tmp_path / "images" / "README.md").write_text("edited by hand\n")
-    args = ("--images", str(tmp_path / "images"), "catalog")
+    args = ("--project", str(FIXTURE_PROJECT), "--images", str(tmp_path / "images"), "catalog")
     assert run_cli_in_process(*args, "--check", check_exit=1).stderr.count("is stale") == 1
     shown = run_cli_in_process(*args, check_exit=0)
     assert f"docker pull {REPOSITORY}:2.13.0-cpu-runtime-20260102" in shown.stdout

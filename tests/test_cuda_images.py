@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from torchimages.verify import GPU_CHECKS
+
 from .conftest import (
     CUDA_DEVEL,
     CUDA_ROWS,
@@ -18,14 +20,14 @@ from .conftest import (
     run_cli,
     run_cli_side_by_side,
 )
-from .test_verify import GPU_CHECKS, assert_only_check_failed, containers_left, report_of, selection_for
+from .verify_fixtures import assert_only_check_failed, containers_left, report_of, selection_for
 
 pytestmark = pytest.mark.engine
 
 BROKEN = ROOT / "tests" / "data" / "broken-cuda"
 # The CUDA images take about 6.5 GB of the engine's disk, and the engine tests after this module grow it by about
 # 4 GB more (publishing spools each image to a temporary file as large as itself): a runner with less free disk
-# than this after the module gets them removed (one CI runner's disk filled; docs/benchmarks.md).
+# than this after the module gets them removed (one CI runner's disk filled; docs/benchmarks-log.md).
 KEEP_CUDA_IMAGES_WITH_FREE_BYTES = 20 * 2**30
 
 

@@ -17,7 +17,7 @@ from torchimages.model import InputError
 from torchimages.trust import attestations
 from torchimages.trust.rebuild import claim_of, engine_note
 
-from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, ROOT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, FIXTURE_MATRIX, copy_fixture_project, run_cli_in_process
 from .security_fixtures import make_deb as deb_file
 
 TOKEN = "d" * 48
@@ -110,9 +110,9 @@ def test_the_provenance_names_each_deb_and_a_rebuild_claims_exactly_them(tmp_pat
 
 def test_build_with_debs_refuses_a_changed_file_in_one_line_before_the_engine(tmp_path):
     folder, pins = kept_folder(tmp_path)
-    cli = lambda *args: run_cli_in_process("--matrix", str(ROOT / "matrix.yaml"),  # noqa: E731
-                                           "--reports", str(tmp_path / "reports"), *args,
-                                           env={"DOCKER_HOST": NO_ENGINE})
+    project = copy_fixture_project(tmp_path / "project").parent
+    cli = lambda *args: run_cli_in_process("--project", str(project), "--reports", str(tmp_path / "reports"),  # noqa: E731
+                                           *args, env={"DOCKER_HOST": NO_ENGINE})
     changed = folder / pins[0].filename
     changed.write_bytes(b"x" + changed.read_bytes()[1:])
     refused = cli("build", "2.13.0-cpu-runtime", "--debs", str(folder), "--inputs-server", "loopback")

@@ -21,7 +21,7 @@ from torchimages.build.doctor import (
 )
 from torchimages.matrix.load import load_matrix
 
-from .conftest import FIXTURE_MATRIX, run_cli
+from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, run_cli
 
 SPECS = load_matrix(FIXTURE_MATRIX).specs
 BY_TAG = {spec.tag: spec for spec in SPECS}
@@ -35,8 +35,8 @@ def statuses(findings: list[Finding]) -> list[str]:
 
 
 def doctor(*selectors: str, env: dict) -> tuple[int, dict[str, list[Finding]]]:
-    """`build.py doctor --format json`: its exit code, and its findings by subject."""
-    result = run_cli("doctor", *selectors, "--format", "json", env=env)
+    """`build.py doctor --format json` on the fixture project's rows: its exit code, and its findings by subject."""
+    result = run_cli("--project", str(FIXTURE_PROJECT), "doctor", *selectors, "--format", "json", env=env)
     assert "Traceback" not in result.stderr, result.stderr
     found: dict[str, list[Finding]] = {}
     for finding in json.loads(result.stdout):
@@ -110,7 +110,7 @@ def test_without_an_engine_doctor_fails_saying_how_to_start_one(tmp_path):
     assert code == 1 and engine.status == "fail"
     assert "no Docker engine answers" in engine.detail and "make engine" in engine.detail
     assert "host gpus" not in found  # CPU rows: the GPUs are not asked about
-    table = run_cli("doctor", "2.13.0-cpu-*", env=env)
+    table = run_cli("--project", str(FIXTURE_PROJECT), "doctor", "2.13.0-cpu-*", env=env)
     assert table.returncode == 1 and "no Docker engine answers" in table.stdout
 
 
@@ -179,7 +179,6 @@ def test_an_aarch64_host_judges_the_arm64_rows_by_their_own_arch_list():
     """A stand-in aarch64 host: the Grace rows' -arm64 images fit, the amd64-only ones fail on the arch rule, and the
     GPU rule reads each row's own list (PyPI's aarch64 wheels: no sm_75, so a T4G on Graviton is not covered, though
     the x86_64 row's list has sm_75; sm_110 Thor only by the aarch64 list)."""
-    from .conftest import FIXTURE_PROJECT
     grace = load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs
     rows = SPECS + [spec for spec in grace if spec.arch == "aarch64"]
     failing = {finding.subject for finding in arch_findings(rows, "aarch64")}
@@ -199,7 +198,6 @@ def test_an_aarch64_host_judges_the_arm64_rows_by_their_own_arch_list():
 def test_an_x86_64_host_with_qemu_registered_warns_that_arm64_rows_run_emulated(tmp_path):
     """After `make engine` on x86_64 (qemu-aarch64 in binfmt_misc), the arm64 rows build and run here, slowly, and
     their GPU checks wait for a Grace host: a warning, not the failure an unregistered host gives."""
-    from .conftest import FIXTURE_PROJECT
     arm = [spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs if spec.arch == "aarch64"]
     binfmt = tmp_path / "binfmt_misc"
     binfmt.mkdir()

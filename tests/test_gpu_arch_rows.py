@@ -2,11 +2,10 @@
 its own CUDA (torch's Tegra table changes at CUDA 13.2), as doctor's row_findings already does."""
 import pytest
 
-from torchimages.checks.probe import arch_flags_for
+from torchimages.checks.rules import arch_flags_for
 
 from . import gpu_hosts
-from .test_gpu_simulation import BY_TAG, gather_gpu_facts, judge
-from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
+from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge
 
 CU126 = "2.14.1-cuda12.6-cudnn9-runtime"
 

@@ -5,15 +5,14 @@ import json
 
 import pytest
 
-from torchimages.checks import probe
-from torchimages.checks.probe import arch_flags_for
+from torchimages.checks import probe, probe_gpu, probe_smoke, rules
+from torchimages.checks.rules import arch_flags_for
 from torchimages.checks.suite.helpers import hiding_visible_devices
 from torchimages.model import PeerError
 from torchimages.verify import record
 
 from . import gpu_hosts
-from .test_gpu_simulation import BY_TAG, gather_gpu_facts, judge
-from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
+from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge
 
 CU130 = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
 TWO_GPUS = {"nvidia_smi_gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa0000-0000-0000-0000-000000000000)",
@@ -49,10 +48,10 @@ def test_a_cuda_that_cannot_start_under_the_nvml_based_check_leaves_the_report_w
 
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     flags = arch_flags_for(list(CU130.arch_list))
-    with gpu_hosts.simulated_cuda(torch, host, CU130.cuda, flags, probe.arch_covers):
-        availability = probe.cuda_availability(torch)
-        smoke = probe.smoke_eager(torch)
-        gpu = probe.gpu_facts(torch, flags, availability=availability)
+    with gpu_hosts.simulated_cuda(torch, host, CU130.cuda, flags, rules.arch_covers):
+        availability = probe_gpu.cuda_availability(torch)
+        smoke = probe_smoke.smoke_eager(torch)
+        gpu = probe_gpu.gpu_facts(torch, flags, availability=availability)
     assert list(smoke["devices"]) == ["cpu"] and not gpu["available"]
     checks = judge(CU130, host["runs"][0], gpu, flags)
     assert checks["gpu"]["status"] == "failed" and checks["driver"]["status"] == "failed"
@@ -63,7 +62,7 @@ def test_a_probe_part_that_crashes_still_prints_its_report_naming_the_cause(monk
     def crashes(budget_s=None):
         raise RuntimeError("No CUDA GPUs are available")
 
-    monkeypatch.setattr(probe, "gpu_only_facts", crashes)
+    monkeypatch.setattr(probe_gpu, "gpu_only_facts", crashes)
     assert probe.main(["--gpu-only"]) == 0
     facts = json.loads(capfd.readouterr().out)
     assert facts["part"] == "gpu-only" and "RuntimeError: No CUDA GPUs are available" in facts["probe_error"]

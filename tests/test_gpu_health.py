@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from torchimages.checks import gpu_health, gpu_speed, probe
-from torchimages.checks.probe import arch_flags_for
+from torchimages.checks import gpu_health, gpu_speed, probe_gpu
+from torchimages.checks.rules import arch_flags_for
 from torchimages.trust import attestations
 from torchimages.trust.attestations import verified_on
 from torchimages.verify import CHECKS, record
 from torchimages.verify.plan import VerifyResult
-from torchimages.verify.reports import CheckVerdict, VerifyReport, summary_markdown
+from torchimages.verify.reports import CheckVerdict, VerifyReport, judged_host, summary_markdown
 
 from . import gpu_hosts
-from .test_gpu_simulation import BY_TAG, gather_gpu_facts, judge
-from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
+from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge
 
 CU130 = "2.14.1-cuda13.0-cudnn9-runtime"
 SICK_HOSTS = {"h100-row-remap-pending": "remapped_rows.pending", "h100-hw-slowdown": "clocks_event_reasons.active",
@@ -32,8 +31,8 @@ def gathered(scenario: dict, tmp_path: Path, monkeypatch, row: str = CU130) -> t
     """The probe's GPU facts on this host (its stand-in nvidia-smi first on PATH) and the suite's verdicts."""
     for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
-    monkeypatch.setattr(probe, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
+    monkeypatch.setattr(probe_gpu, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
+    monkeypatch.setattr(probe_gpu, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     spec, flags = BY_TAG[row], arch_flags_for(list(BY_TAG[row].arch_list))
     gpu = gather_gpu_facts(scenario, spec, flags)
@@ -212,10 +211,9 @@ def test_the_report_the_catalog_the_summary_and_the_record_line_carry_the_health
     gpu, checks = gathered(host, tmp_path, monkeypatch)
     verdicts = {name: CheckVerdict(check["status"], check["message"], check["tests"], check["warnings"], check["blame"])
                 for name, check in checks.items()}
-    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130, host=gpu_speed.host_report(gpu))
-    facts = {"main": {"gpu": gpu}}
+    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130, host=judged_host(checks, gpu))
 
-    predicate = attestations.verification_predicate(BY_TAG[CU130], report.image_id, report, facts)
+    predicate = attestations.verification_predicate(BY_TAG[CU130], report.image_id, report)
     assert predicate["host"]["kind"] == "gpu" and predicate["host"]["health"]["healthy"] is False
     assert predicate["checks"]["gpu"]["blame"] == "host"
     assert predicate["host"]["performance"]["pinned_copies"]["verdict"] == "host"
@@ -223,7 +221,7 @@ def test_the_report_the_catalog_the_summary_and_the_record_line_carry_the_health
         "tflops": 805.0, "device": "NVIDIA H100 80GB HBM3", "peak_tflops": 989.4, "floor": 0.5, "ratio": 0.814,
         "verdict": "ok"}
 
-    catalog = verified_on(report, facts)
+    catalog = verified_on(report)
     assert catalog["healthy"] is False and catalog["performance"]["bf16_tflops"] == 805.0
     assert catalog["performance"]["h2d_gbps"] == 0.8
 
@@ -292,8 +290,8 @@ def test_the_documented_healthy_host_conditions_judge_real_predicates(host, admi
     gpu, checks = gathered(scenario, tmp_path, monkeypatch)
     verdicts = {name: CheckVerdict(check["status"], check["message"], check["tests"], check["warnings"], check["blame"])
                 for name, check in checks.items()}
-    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130)
-    predicate = attestations.verification_predicate(BY_TAG[CU130], report.image_id, report, {"main": {"gpu": gpu}})
+    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130, host=judged_host(checks, gpu))
+    predicate = attestations.verification_predicate(BY_TAG[CU130], report.image_id, report)
     text = POLICIES_README.read_text()
     conditions = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
     assert _conditions_hold([{"all": conditions}], predicate)[0] == admitted
@@ -307,7 +305,7 @@ def test_the_documented_healthy_host_conditions_judge_real_predicates(host, admi
 def test_a_records_lane_host_keeps_the_health_fields_and_the_speed_figures(host, tmp_path, monkeypatch):
     """gpu-record writes a real host as a lane host: replayed, the same findings and figures."""
     gpu, checks = gathered(host, tmp_path, monkeypatch)
-    facts = {"torch": {"version": "2.14.1+cu130"}, "host": probe.record_host_facts(), "gpu": gpu}
+    facts = {"torch": {"version": "2.14.1+cu130"}, "host": probe_gpu.record_host_facts(), "gpu": gpu}
     written = record.lane_host("2026-11-27", BY_TAG[CU130], "lane", facts, checks, "line")
     assert written["nvidia_smi"]["gpus"][0]["health"] == host["nvidia_smi"]["gpus"][0]["health"]
     assert written["speed"] == host["speed"]

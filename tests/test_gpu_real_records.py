@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from torchimages.checks import probe
+from torchimages.checks import probe_gpu, rules
 from torchimages.verify import record
 
 from . import gpu_hosts
-from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
 
 RECORDS = Path(__file__).resolve().parent.parent / "docs" / "gpu-records"
 H100_RECORD = RECORDS / "2026-11-27-h100-r580-torch2.11.0-cu130-gpu-only.json"
@@ -45,11 +44,11 @@ def test_the_lanes_torch_applies_cuda_visible_devices_as_the_real_h100_did(host,
     import torch
 
     gpu_hosts.cuda_visible_devices({"cuda_visible_devices": value}, monkeypatch)
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             answers = (torch.cuda.is_available(), torch.cuda._device_count_nvml(),
-                       probe.cuda_availability(torch)["device_count"])
+                       probe_gpu.cuda_availability(torch)["device_count"])
     assert answers == (available, nvml, cuda)
     assert [str(w.message) for w in caught if "Error 101" in str(w.message)] == ([gpu_hosts.INVALID_ORDINAL_WARNING]
                                                                                   if error_101 else [])
@@ -60,7 +59,7 @@ def test_torch_reports_the_gpus_uuid_without_nvidia_smis_prefix_and_its_real_mem
     import torch
 
     gpu_hosts.cuda_visible_devices({}, monkeypatch)
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
         torch.cuda.init()
         properties = torch.cuda.get_device_properties(0)
     assert (properties.uuid, properties.total_memory) == ("91126b07-7f28-e641-d524-14d28acfa28f", 85017493504)
@@ -72,7 +71,7 @@ def test_torch_cuda_init_raises_where_cuda_visible_devices_hides_every_gpu(host,
     import torch
 
     gpu_hosts.cuda_visible_devices({"cuda_visible_devices": "1"}, monkeypatch)
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
         with pytest.raises(RuntimeError, match=gpu_hosts.NO_CUDA_GPUS):
             torch.cuda.init()
 
@@ -129,7 +128,7 @@ def test_a_derived_h100_hosts_torch_reports_the_uuid_and_memory_as_the_real_h100
     real = json.loads(H100_RECORD.read_text())["gpu"]["devices"][0]
     gpu = host["nvidia_smi"]["gpus"][0]
     gpu_hosts.cuda_visible_devices({}, monkeypatch)
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
         torch.cuda.init()
         properties = torch.cuda.get_device_properties(0)
     assert properties.uuid == gpu["uuid"].removeprefix("GPU-")
@@ -140,8 +139,8 @@ def test_a_derived_h100_hosts_torch_reports_the_uuid_and_memory_as_the_real_h100
 def _first_call_warnings(scenario: dict, flags: list[str]) -> list[str]:
     import torch
 
-    with gpu_hosts.simulated_cuda(torch, scenario, "13.0", flags, probe.arch_covers):
-        return probe.cuda_availability(torch)["warnings"]
+    with gpu_hosts.simulated_cuda(torch, scenario, "13.0", flags, rules.arch_covers):
+        return probe_gpu.cuda_availability(torch)["warnings"]
 
 
 def test_torch_cuda_init_warns_for_a_gpu_the_wheels_arch_list_misses_as_torch_does(monkeypatch):
@@ -161,5 +160,5 @@ def test_torch_cuda_init_warns_for_a_gpu_the_wheels_arch_list_misses_as_torch_do
     assert [warning.strip().splitlines()[0] for warning in p100] == [
         "Found GPU0 Tesla P100-PCIE-16GB which is of compute capability (CC) 6.0.",
         "Tesla P100-PCIE-16GB with CUDA capability sm_60 is not compatible with the current PyTorch installation."]
-    assert _first_call_warnings(legacy, probe.arch_flags_for(["6.0", "7.0"])) == []
+    assert _first_call_warnings(legacy, rules.arch_flags_for(["6.0", "7.0"])) == []
     assert _first_call_warnings(gpu_hosts.load("h100-r580-real"), cu130) == facts["gpu"]["warnings"] == []

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchimages.checks import probe
-from torchimages.checks.probe import arch_flags_for
+from torchimages.checks import probe_gpu
+from torchimages.checks.rules import arch_flags_for
 from torchimages.verify import record
 from torchimages.verify.record import peak_tflops
 
 from . import gpu_hosts
-from .conftest import run_cli_in_process
-from .test_gpu_simulation import BY_TAG, gather_gpu_facts, judge, torch_facts
-from .test_gpu_simulation import host as host  # noqa: F401 - the fixture, by name
+from .conftest import FIXTURE_PROJECT, run_cli_in_process
+from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge, torch_facts
 
 CU130 = "2.14.1-cuda13.0-cudnn9-runtime"
 
@@ -31,12 +30,14 @@ def saved_facts(tmp_path, scenario: dict, tflops: float | None = None, row: str 
         gpu["bf16_matmul"] = {"ok": True, "tflops": tflops}
     path = tmp_path / "gpu-only.json"
     torch = {**torch_facts(spec, flags), "version": f"{spec.torch}+cu{spec.cuda.replace('.', '')}", **torch_changes}
-    path.write_text(json.dumps({"torch": torch, "host": probe.record_host_facts(), "gpu": gpu}, default=str))
+    path.write_text(json.dumps({"torch": torch, "host": probe_gpu.record_host_facts(), "gpu": gpu}, default=str))
     return str(path)
 
 
 def gpu_record(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return run_cli_in_process("--reports", str(tmp_path / "reports"), "gpu-record", *args)
+    """`build.py gpu-record` on the fixture project's rows, its record written under tmp_path."""
+    return run_cli_in_process("--project", str(FIXTURE_PROJECT), "--reports", str(tmp_path / "reports"), "gpu-record",
+                              *args)
 
 
 @pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
@@ -71,8 +72,8 @@ def test_peaks_are_found_by_device_name():
     assert peak_tflops("Tesla T4") is None
 
 
-def test_a_tag_that_is_not_one_row_is_exit_2():
-    result = run_cli_in_process("gpu-record", "2.14.1-*", "--facts", "/nonexistent")
+def test_a_tag_that_is_not_one_row_is_exit_2(tmp_path):
+    result = gpu_record(tmp_path, "2.14.1-*", "--facts", "/nonexistent")
     assert result.returncode == 2 and "name one tag" in result.stderr
 
 
@@ -140,8 +141,8 @@ def test_a_record_replays_as_a_lane_host_with_the_verdicts_the_host_gave(host, r
     replayed["name"] = "replayed"
     for name, value in gpu_hosts.stand_in_nvidia_smi(replayed, tmp_path / "bin").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(replayed, tmp_path / "proc"))
-    monkeypatch.setattr(probe, "libcuda_driver_version", lambda: replayed["libcuda"]["driver_version"])
+    monkeypatch.setattr(probe_gpu, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(replayed, tmp_path / "proc"))
+    monkeypatch.setattr(probe_gpu, "libcuda_driver_version", lambda: replayed["libcuda"]["driver_version"])
     gpu_hosts.cuda_visible_devices(run, monkeypatch)
     spec, flags = BY_TAG[row], arch_flags_for(list(BY_TAG[row].arch_list))
     checks = judge(spec, run, gather_gpu_facts(replayed, spec, flags), flags)

@@ -8,62 +8,16 @@ does with a container's facts. No GPU and no engine are needed, so this runs in 
 import pytest
 
 from torchimages.build.doctor import arch_findings, gpu_findings
-from torchimages.checks import probe
-from torchimages.checks.probe import arch_flags_for
+from torchimages.checks import probe_base, probe_gpu, probe_smoke, rules
+from torchimages.checks.rules import arch_flags_for
 from torchimages.checks.suite.helpers import driver_verdict, expected_device_count
-from torchimages.matrix.load import load_matrix
-from torchimages.verify import record
 from torchimages.verify.plan import parse_gpus
 
 from . import gpu_hosts
-from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT
+from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge
 
-# The frozen matrix's rows and its Grace rows (their -arm64 images), so aarch64 hosts judge rows built for them.
-SPECS = load_matrix(FIXTURE_MATRIX).specs + [spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs
-                                             if spec.arch == "aarch64"]
-BY_TAG = {spec.tag: spec for spec in SPECS}
 DOCTOR_ORDER = ("none", "ok", "warn", "fail")  # a subject's worst finding; "none": doctor says nothing about it
 RUNS = [(name, index) for name in gpu_hosts.SCENARIOS for index, _ in enumerate(gpu_hosts.load(name)["runs"])]
-
-
-@pytest.fixture
-def host(request, tmp_path, monkeypatch):
-    """The scenario's nvidia-smi first on PATH, its /proc/driver/nvidia/version and its libcuda's cuDriverGetVersion."""
-    scenario = gpu_hosts.load(request.param)
-    for name, value in gpu_hosts.stand_in_nvidia_smi(scenario, tmp_path / "bin").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(probe, "NVIDIA_DRIVER_PROC", gpu_hosts.proc_driver_version(scenario, tmp_path / "proc"))
-    monkeypatch.setattr(probe, "libcuda_driver_version", lambda: scenario["libcuda"]["driver_version"])
-    return scenario
-
-
-def torch_facts(spec, flags: list[str]) -> dict:
-    """What the row's image reports without a GPU (identity checks these against the real images in CI)."""
-    major, minor, patch = (int(part) for part in spec.cudnn_version.split(".")[:3])
-    return {"importable": True, "version": spec.torch, "cuda": spec.cuda, "arch_flags": flags,
-            "cudnn_available": True, "cudnn_version": major * 10000 + minor * 100 + patch,
-            "cudnn_compile_version": [major, minor, patch]}
-
-
-def gather_gpu_facts(scenario: dict, spec, flags: list[str]) -> dict:
-    """The probe's own GPU part (first CUDA call, nvidia-smi and the GPUs' health, every device, cuDNN, attention, AMP,
-    multi-GPU, and the speed figures the host recorded), as verification gathers it."""
-    import torch
-
-    cudnn = torch_facts(spec, flags)["cudnn_version"]
-    with (gpu_hosts.simulated_cuda(torch, scenario, spec.cuda, flags, probe.arch_covers, cudnn),
-          gpu_hosts.recorded_speed(probe, scenario)):
-        in_process = lambda: probe.section(probe.multi_gpu_facts, torch)  # noqa: E731 - patched torch.cuda lives here
-        original, probe.multi_gpu_in_subprocess = probe.multi_gpu_in_subprocess, in_process
-        try:
-            return probe.section(probe.gpu_facts, torch, flags, True)
-        finally:
-            probe.multi_gpu_in_subprocess = original
-
-
-def judge(spec, run: dict, gpu: dict, flags: list[str]) -> dict:
-    """The real check suite on these facts; {check: verdict} as verify.json records them."""
-    return record.judge(spec, run["gpus"], torch_facts(spec, flags), gpu, SPECS)
 
 
 def verdict_of(check: dict) -> str:
@@ -143,16 +97,16 @@ def test_torchs_first_cuda_warning_is_kept_when_another_part_called_cuda_first(h
 
     spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
     flags = arch_flags_for(list(spec.arch_list))
-    with gpu_hosts.simulated_cuda(torch, host, spec.cuda, flags, probe.arch_covers):
-        availability = probe.cuda_availability(torch)  # the main part's first CUDA call, before smoke_eager's
-        probe.gpu_devices(torch)
-        gpu = probe.gpu_facts(torch, flags, availability=availability)
+    with gpu_hosts.simulated_cuda(torch, host, spec.cuda, flags, rules.arch_covers):
+        availability = probe_gpu.cuda_availability(torch)  # the main part's first CUDA call, before smoke_eager's
+        probe_smoke.gpu_devices(torch)
+        gpu = probe_gpu.gpu_facts(torch, flags, availability=availability)
     assert gpu["warnings"] and "too old (found version 12020)" in gpu["warnings"][0]
 
 
 @pytest.mark.parametrize("host", ["a100-mig2"], indirect=True)
 def test_mig_devices_are_recorded_and_one_cuda_device_is_expected(host, tmp_path):
-    facts = probe.driver_facts()
+    facts = probe_gpu.driver_facts()
     assert len(facts["nvidia_smi_gpus"]) == 2 and [len(v) for v in facts["mig_devices"].values()] == [2, 1]
     spec = BY_TAG["2.14.1-cuda13.0-cudnn9-runtime"]
     flags = arch_flags_for(list(spec.arch_list))
@@ -165,15 +119,15 @@ def test_mig_devices_are_recorded_and_one_cuda_device_is_expected(host, tmp_path
 def test_an_exclusive_compute_mode_keeps_the_compile_child_off_the_gpus(host, monkeypatch):
     import torch
 
-    assert probe.driver_facts()["compute_modes"] == ["Exclusive_Process", "Exclusive_Process"]
+    assert probe_gpu.driver_facts()["compute_modes"] == ["Exclusive_Process", "Exclusive_Process"]
     ran_on = []
     for name in ("compile_matches_eager", "max_autotune_compile"):
-        monkeypatch.setattr(probe, name, lambda torch, device: ran_on.append(device) or {"ok": True})
-    monkeypatch.setattr(probe, "vectorized_isa", lambda torch: {"ok": True})
-    reason = probe.EXCLUSIVE_REASON.format(mode="Exclusive_Process")
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
-        skipped = probe.smoke_compiles(torch, reason)
-        shared = probe.smoke_compiles(torch)
+        monkeypatch.setattr(probe_smoke, name, lambda torch, device: ran_on.append(device) or {"ok": True})
+    monkeypatch.setattr(probe_smoke, "vectorized_isa", lambda torch: {"ok": True})
+    reason = rules.EXCLUSIVE_REASON.format(mode="Exclusive_Process")
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
+        skipped = probe_smoke.smoke_compiles(torch, reason)
+        shared = probe_smoke.smoke_compiles(torch)
     assert set(ran_on) == {"cpu", "cuda:0"} and skipped["gpu_skipped"] == reason and list(skipped["devices"]) == ["cpu"]
     assert list(shared["devices"]) == ["cpu", "cuda:0"]  # cuda:0 only, as upstream's smoke test: not every GPU
 
@@ -208,7 +162,7 @@ def test_the_driver_verdict_has_two_levels_and_sees_a_forward_compatible_libcuda
     (["sm_80", "sm_86"], (8, 9), "cubin sm_86"),  # an L4 or L40S on desktop cubins: X.y runs on X.z, z >= y
 ])
 def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(flags, capability, covered):
-    assert probe.arch_covers(flags, capability) == covered
+    assert rules.arch_covers(flags, capability) == covered
 
 
 @pytest.mark.parametrize(("flag", "capability", "before_13_2", "from_13_2"), [
@@ -220,18 +174,18 @@ def test_arch_coverage_follows_nvidias_rules_for_arch_specific_and_family_code(f
     ("sm_100", (10, 3), True, True), ("sm_86", (8, 9), True, True),  # B300, L4: desktop rules
 ])
 def test_tegra_coverage_follows_the_table_torchs_wheel_carries_for_its_cuda(flag, capability, before_13_2, from_13_2):
-    assert bool(probe.arch_covers([flag], capability, "13.0")) == before_13_2
-    assert bool(probe.arch_covers([flag], capability, "13.2")) == from_13_2
+    assert bool(rules.arch_covers([flag], capability, "13.0")) == before_13_2
+    assert bool(rules.arch_covers([flag], capability, "13.2")) == from_13_2
 
 
 def test_the_compile_child_ends_inside_the_probes_kill_budget(monkeypatch):
-    monkeypatch.setattr(probe, "PROBE_STARTED", probe.time.monotonic() - 20)
-    assert probe.compile_timeout(300) <= 300 - 20 - probe.BUDGET_MARGIN_S
-    assert probe.compile_timeout(None) == probe.SMOKE_COMPILE_TIMEOUT_S
+    monkeypatch.setattr(probe_base, "PROBE_STARTED", probe_base.time.monotonic() - 20)
+    assert probe_base.compile_timeout(300) <= 300 - 20 - probe_base.BUDGET_MARGIN_S
+    assert probe_base.compile_timeout(None) == probe_base.SMOKE_COMPILE_TIMEOUT_S
 
 
 def test_torchrun_runs_one_rank_per_gpu_up_to_eight():
-    assert [probe.distributed_processes(n) for n in (0, 1, 2, 8, 16)] == [2, 2, 2, 8, 8]
+    assert [probe_gpu.distributed_processes(n) for n in (0, 1, 2, 8, 16)] == [2, 2, 2, 8, 8]
 
 
 def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
@@ -241,7 +195,7 @@ def test_gds_that_this_host_cannot_test_is_not_a_failure(monkeypatch):
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(torch.cuda.gds, "GdsFile", no_o_direct)
-    result = probe.gds_errors_reach_python(torch)
+    result = probe_smoke.gds_errors_reach_python(torch)
     assert result["ok"] and "Invalid argument" in result["not_testable"]
 
 
@@ -271,7 +225,7 @@ def test_mig_hosts_allow_what_cuda_may_enumerate(gpus, smi_gpus, mig_modes, mig_
 def test_only_exclusive_and_prohibited_compute_modes_limit_the_probe(modes, exclusive, children_stay_off,
                                                                      unusable):
     listed = [f"GPU {index}" for index in range(len(modes))]
-    limits = probe.compute_mode_limits({"compute_modes": modes, "nvidia_smi_gpus": listed})
+    limits = rules.compute_mode_limits({"compute_modes": modes, "nvidia_smi_gpus": listed})
     decided = (limits.exclusive, bool(limits.children_skip), bool(limits.unusable))
     assert decided == (exclusive, children_stay_off, unusable)
 
@@ -297,7 +251,7 @@ def test_a_prohibited_gpu_skips_the_gpu_checks_naming_it_and_the_fix(host):
     ((9, 0), None, False),
 ])
 def test_cudnn_attention_is_forced_where_torch_runs_it_by_default(capability, cudnn, forced):
-    assert probe.cudnn_attention_forced(capability, cudnn) == forced
+    assert rules.cudnn_attention_forced(capability, cudnn) == forced
 
 
 @pytest.mark.parametrize(("host", "row", "forced"), [
@@ -316,12 +270,12 @@ def test_the_records_multi_gpu_process_runs_before_the_probe_makes_its_contexts(
     import torch
 
     order = []
-    monkeypatch.setattr(probe, "multi_gpu_in_subprocess", lambda: order.append("multi-gpu process") or {"ok": True})
-    make_context = probe.device_facts
-    monkeypatch.setattr(probe, "device_facts", lambda *args: order.append("own context") or make_context(*args))
-    monkeypatch.setattr(probe, "bf16_matmul_throughput", lambda torch: {"ok": True, "tflops": 1.0})
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], probe.arch_covers):
-        facts = probe.record_gpu_facts(torch, ["sm_90"])
+    monkeypatch.setattr(probe_gpu, "multi_gpu_in_subprocess", lambda: order.append("multi-gpu process") or {"ok": True})
+    make_context = probe_gpu.device_facts
+    monkeypatch.setattr(probe_gpu, "device_facts", lambda *args: order.append("own context") or make_context(*args))
+    monkeypatch.setattr(probe_gpu, "bf16_matmul_throughput", lambda torch: {"ok": True, "tflops": 1.0})
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
+        facts = probe_gpu.record_gpu_facts(torch, ["sm_90"])
     assert order[0] == "multi-gpu process" and facts["multi_gpu"] == {"ok": True}
 
 
@@ -333,12 +287,12 @@ def test_the_probe_counts_cudas_devices_not_nvmls_gpus(host, nvml, cuda):
     its smoke devices and torchrun's ranks take CUDA's."""
     import torch
 
-    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_80", "sm_90"], probe.arch_covers):
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_80", "sm_90"], rules.arch_covers):
         assert torch.cuda.device_count() == nvml  # what a probe reading it first would record
-        availability = probe.cuda_availability(torch)
-        devices = probe.gpu_devices(torch)
+        availability = probe_gpu.cuda_availability(torch)
+        devices = probe_smoke.gpu_devices(torch)
     assert (availability["device_count"], availability["nvml_device_count"], len(devices)) == (cuda, nvml, cuda)
-    assert probe.all_reduce_plan(cuda, "") == ((cuda, "nccl") if cuda >= 2 else (2, "gloo"))
+    assert probe_gpu.all_reduce_plan(cuda, "") == ((cuda, "nccl") if cuda >= 2 else (2, "gloo"))
 
 
 @pytest.mark.parametrize(("names", "mig_lines", "skipped"), [
@@ -348,6 +302,6 @@ def test_the_probe_counts_cudas_devices_not_nvmls_gpus(host, nvml, cuda):
     (["NVIDIA A100-SXM4-80GB MIG 1g.10gb"], {"0": [MIG_LINE]}, False),  # one device: nothing to skip
 ])
 def test_peer_copies_and_nccl_skip_across_a_mig_device_and_a_whole_gpu(names, mig_lines, skipped):
-    reason = probe.mig_multi_gpu_reason(len(names), {"mig_devices": mig_lines}, names)
+    reason = rules.mig_multi_gpu_reason(len(names), {"mig_devices": mig_lines}, names)
     assert bool(reason) == skipped
-    assert probe.all_reduce_plan(len(names), reason)[1] == ("gloo" if skipped or len(names) < 2 else "nccl")
+    assert probe_gpu.all_reduce_plan(len(names), reason)[1] == ("gloo" if skipped or len(names) < 2 else "nccl")

@@ -1,106 +1,41 @@
 """Hostile and broken documents: the lock, the catalog, reports, plan files and the shard results `report merge`
 reads. Each goes through the real CLI (no Docker engine needed) and must be refused with exit 2, a message naming
 the file, no traceback, and no write or delete outside the tool's folders."""
-import hashlib
 import json
 import os
 import re
-import threading
-from dataclasses import asdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-from torchimages.build.builder import BUILD_REPORT, BuildReportEntry
 from torchimages.build.lock import BaseChange
 from torchimages.files import brief
 from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
 from torchimages.nightly.summary import Failure, Summary
-from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.verify.reports import CheckVerdict, VerifyReport, read_verify_report
+from torchimages.publish.catalog import PinnedTag
+from torchimages.verify.reports import REPORT_SCHEMA, CheckVerdict, VerifyReport, read_verify_report
 
-from .conftest import copy_fixture_project
 from .conftest import run_cli as run_cli_apart
-from .conftest import run_cli_in_process as run_cli
+from .documents_fixtures import (
+    DIGEST,
+    ROW,
+    TIMEOUT,
+    Space,
+    catalog_document,
+    catalog_entry,
+    lock_entry,
+    refused,
+    shard,
+    without_proxies,
+    write_json,
+)
 
-ROW = "2.13.0-cpu-runtime"
-DIGEST = "sha256:" + "a" * 64
-TIMEOUT = 120  # a read that hangs (on a FIFO) fails its test instead of stopping the run
 HOSTILE_TEXT = "use 2.14 | [click](javascript:alert(1)) <img src=x onerror=alert(1)> `tick`\n# heading ![i](http://x)"
-
-
-class Space:
-    """A copy of the matrix in tmp_path with the tool's folders beside it: nothing in the repository changes."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.matrix = copy_fixture_project(root)
-        self.images, self.reports, self.catalog = root / "images", root / "reports", root / "catalog"
-        self.lock = root / "bases.lock.json"
-
-    def cli(self, *args: str, env=None):
-        return run_cli("--matrix", str(self.matrix), "--images", str(self.images), "--reports", str(self.reports),
-                       *args, env=env, timeout=TIMEOUT)
-
-    def merge(self, *shards: Path, catalog: Path | None = None):
-        return self.cli("report", "merge", *map(str, shards), "--catalog", str(catalog or self.catalog))
 
 
 @pytest.fixture
 def space(tmp_path) -> Space:
     return Space(tmp_path)
-
-
-def refused(result, *expected) -> str:
-    """Exit 2, no traceback, and each of expected (file names, quoted values) in the messages; returns them with
-    whitespace made single spaces (the console wraps long lines)."""
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    messages = " ".join(result.stderr.split())
-    for text in expected:
-        assert " ".join(str(text).split()) in messages, f"{text} not in:\n{result.stderr}"
-    return messages
-
-
-def write_json(path: Path, document) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2))
-    return path
-
-
-def lock_entry(image: str, digest: str | None = DIGEST, image_id: str | None = "sha256:" + "b" * 64) -> dict:
-    return {"image": image, "digest": digest, "image_id": image_id, "source": "registry", "note": "",
-            "resolved_at": "2026-01-02T00:00:00Z"}
-
-
-def catalog_entry(tag: str = ROW, sbom: str | None = None, **changes) -> CatalogEntry:
-    sbom = sbom or f"sbom/{tag}-20260102.cdx.json"
-    entry = CatalogEntry(tag, "127.0.0.1:5000/ml/pytorch", DIGEST, "sha256:" + "c" * 64,
-                         [PinnedTag(f"{tag}-20260102", DIGEST, "2026-01-02", sbom)], [tag],
-                         {"torch": "2.13.0", "cuda": "cpu", "python": "3.11", "os": "debian12"}, 1000, 500,
-                         {"passed": 1}, {"status": "skipped"}, sbom, "2026-01-02T00:00:00Z", "2026-01-02T00:00:00Z")
-    for name, value in changes.items():
-        setattr(entry, name, value)
-    return entry
-
-
-def catalog_document(*entries: CatalogEntry) -> dict:
-    return Catalog({entry.tag: entry for entry in entries}).to_json()
-
-
-def shard(folder: Path, rows=(ROW,), **summary_changes) -> Path:
-    """What a `nightly --shard` runner uploads (reports/ with its summary and build report), valid unless changed."""
-    summary = Summary("127.0.0.1:5000/ml/pytorch", "1/2", list(rows), "2026-01-02T00:00:00Z", duration_s=60.0,
-                      render="images is up to date", built=list(rows)).to_json()
-    write_json(folder / "reports" / "nightly-summary.json", {**summary, **summary_changes})
-    BUILD_REPORT.write(folder / "reports", {tag: asdict(BuildReportEntry(tag, "built", duration=10.0)) for tag in rows})
-    return folder
-
-
-def without_proxies() -> dict:
-    return {name: value for name, value in os.environ.items() if "proxy" not in name.lower()}
 
 
 # ------------------------------------------------------------------------------------- writes outside the folders
@@ -145,42 +80,6 @@ def test_catalog_refuses_sbom_paths_that_leave_it_or_break_its_links(space):
         errors = refused(space.cli("catalog", "--catalog", str(space.catalog)), path, "sbom")
         assert "inside the catalog folder" in errors
     assert not space.images.exists()
-
-
-@pytest.fixture
-def fake_registry():
-    """A registry API with two dated tags of ROW (so prune has one to delete) that records every DELETE."""
-    deletes = []
-
-    class Registry(BaseHTTPRequestHandler):
-        def do_GET(self):
-            tags = {"name": "ml/pytorch", "tags": [f"{ROW}-20260101", f"{ROW}-20260102"]}
-            self.answer(200, json.dumps(tags if self.path.endswith("/tags/list") else {}).encode())
-
-        def do_HEAD(self):
-            self.answer(200, b"", {"Docker-Content-Digest": "sha256:" + hashlib.sha256(self.path.encode()).hexdigest()})
-
-        def do_DELETE(self):
-            deletes.append(self.path)
-            self.answer(202, b"")
-
-        def answer(self, status: int, body: bytes, headers: dict | None = None) -> None:
-            self.send_response(status)
-            for name, value in {"Content-Type": "application/json", "Content-Length": str(len(body)),
-                                **(headers or {})}.items():
-                self.send_header(name, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}/ml/pytorch", deletes
-    server.shutdown()
-    server.server_close()
 
 
 def test_prune_deletes_nothing_when_the_catalog_names_files_outside_it(space, tmp_path, fake_registry):
@@ -392,12 +291,14 @@ def test_wrongly_shaped_documents_exit_2_saying_what_is_wrong(space, document, c
 
 
 @pytest.mark.parametrize("content", [
-    "{", "[]", '{"schema": 1, "image_id": 5, "passed": true, "checks": {}}',
-    json.dumps({"schema": 1, "image_id": DIGEST, "passed": "yes", "checks": {}}),
-    json.dumps({"schema": 1, "image_id": DIGEST, "passed": True, "checks": {"gpu": 5}}),
-    json.dumps({"schema": 1, "image_id": "sha256:short", "passed": True, "checks": {}}),
+    "{", "[]", f'{{"schema": {REPORT_SCHEMA}, "image_id": 5, "passed": true, "checks": {{}}}}',
+    json.dumps({"schema": REPORT_SCHEMA, "image_id": DIGEST, "passed": "yes", "checks": {}}),
+    json.dumps({"schema": REPORT_SCHEMA, "image_id": DIGEST, "passed": True, "checks": {"gpu": 5}}),
+    json.dumps({"schema": REPORT_SCHEMA, "image_id": "sha256:short", "passed": True, "checks": {}}),
     json.dumps({"image_id": DIGEST, "passed": True, "checks": {}}),  # before reports had a schema
-    json.dumps({**VerifyReport(DIGEST, True, {}).to_json(), "schema": 2}),  # a newer tool's
+    json.dumps({**VerifyReport(DIGEST, True, {}).to_json(), "schema": REPORT_SCHEMA + 1}),  # a newer tool's
+    # an older tool's: its host held only health and speed, so the signed report would name no host
+    json.dumps({**VerifyReport(DIGEST, True, {}).to_json(), "schema": REPORT_SCHEMA - 1}),
     "[" * 100_000 + "]" * 100_000,
 ])
 def test_damaged_verification_reports_are_input_errors(tmp_path, content):

@@ -27,13 +27,12 @@ from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
 
 from .conftest import ROOT, wait_until
-from .test_hostile_documents import (
+from .documents_fixtures import (
     DIGEST,
     ROW,
     Space,
     catalog_document,
     catalog_entry,
-    fake_registry,  # noqa: F401 - a fixture
     lock_entry,
     refused,
     shard,
@@ -239,7 +238,7 @@ def test_wheels_refuse_a_linked_row_folder_in_the_wheelhouse(space, tmp_path):
     assert snapshot(outside) == snapshot(outside_folder(tmp_path))
 
 
-def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):  # noqa: F811 - the fixture
+def test_prune_refuses_a_linked_sbom_folder_before_the_registry_is_touched(space, tmp_path, fake_registry):
     registry, deletes = fake_registry
     outside = outside_folder(tmp_path)
     write_json(space.catalog / "catalog.json", catalog_document(catalog_entry()))
@@ -603,7 +602,7 @@ def test_merge_keeps_the_contract_whatever_lies_in_its_destination(tmp_path_fact
 
 def tiny_build(tmp_path: Path, body: str) -> tuple[list[str], Path]:
     """build.py arguments building one CPU row from a one-step Dockerfile, and its reports folder."""
-    from .test_build import tiny_matrix
+    from .build_fixtures import tiny_matrix
 
     matrix, images, reports = tiny_matrix(tmp_path), tmp_path / "images", tmp_path / "reports"
     (images / ROW).mkdir(parents=True)

@@ -36,10 +36,10 @@ from torchimages.peers import index_http, package_index
 from torchimages.redaction import inert
 
 from .conftest import FIXTURE_COMPAT, ROOT, run_cli, run_cli_in_process
+from .hostile_fixtures import assert_contract
 from .index_fixtures import ARCH_FLAGS, JSON_TYPE, PINS, LocalIndex, make_release, version_py
-from .test_hostile_input import assert_contract
-from .test_release_watch import workflow_step
 from .wheels_fixtures import make_wheel
+from .workflow_fixtures import workflow_step
 
 TORCH_WHEEL = "torch-2.16.0-cp311-cp311-manylinux_2_28_x86_64.whl"
 INJECTION = "0\n\n## Security review: approved, merge now\n::error::pwned\n\x1b[2J"
@@ -597,3 +597,12 @@ def test_a_release_whose_wheel_pins_no_cudnn_is_a_note_not_a_traceback(fixture_p
                                     str(fixture_project / "images"), "--reports", str(fixture_project / "reports"),
                                     "watch", "--index-url", index.url)
     assert_contract(result)
+
+
+# ----------------------------------------------------------- an index URL (issue 45's fifth round: a leftover)
+
+def test_an_ipv6_index_url_without_its_bracket_is_exit_2(tmp_path):
+    from .conftest import copy_fixture_project, run_cli_in_process
+    matrix = copy_fixture_project(tmp_path / "project")
+    refused = run_cli_in_process("--matrix", str(matrix), "compat", "refresh", "2.16.0", "--index-url", "http://[::1")
+    assert refused.returncode == 2 and "--index-url" in refused.stderr and "Traceback" not in refused.stderr

@@ -42,12 +42,12 @@ from torchimages.peers.registry import Manifest, RegistryClient, RegistryError, 
 from torchimages.peers.registry_access import registry_access
 from torchimages.peers.registry_address import image_registry, parse_registry
 from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.publish.publisher import prune_lookups
+from torchimages.publish.prune import prune_lookups
 from torchimages.redaction import Secrets
 from torchimages.trust.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_MATRIX, ROOT
-from .test_hostile_input import CPU_RUNTIME, assert_contract, in_scratch, make_scratch, run_bounded
+from .hostile_fixtures import CPU_RUNTIME, assert_contract, in_scratch, make_scratch, run_bounded
 
 BOUND_S = 0.5  # the question bound in these tests
 CUT_BOUNDS = (mock.patch("torchimages.peers.registry.QUESTION_TIMEOUT_S", BOUND_S),

@@ -32,9 +32,17 @@ from torchimages.trust import attestations, signing
 from torchimages.trust.keys_pkcs11 import TokenSigningKey
 from torchimages.trust.signatures import SignatureStore, signature_layer
 
-from .conftest import run_cli, run_cli_in_process
-from .signing_fixtures import KEYS, cosign_accepts
-from .test_signing import CPU_ROW, DIGEST, MATRIX, pem_key, publish_refusing_the_key, scratch_folders
+from .conftest import FIXTURE_PROJECT, run_cli, run_cli_in_process
+from .signing_fixtures import (
+    CPU_ROW,
+    DIGEST,
+    KEYS,
+    MATRIX,
+    cosign_accepts,
+    pem_key,
+    publish_refusing_the_key,
+    scratch_folders,
+)
 
 TOKEN_LABEL = "torchimages-test"
 # Test PINs, distinctive so that a leak into any output is found by a plain search.
@@ -260,7 +268,7 @@ def self_signed_certificate() -> bytes:
                                   "token reference"])
 def test_a_public_key_cosign_does_not_verify_exits_2_with_one_line(tmp_path, case):
     key, expected = bad_public_keys(tmp_path)[case]
-    result = run_cli_in_process("verify-image", "127.0.0.1:1/x/pytorch:tag", "--key", key)
+    result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image", "127.0.0.1:1/x/pytorch:tag", "--key", key)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr

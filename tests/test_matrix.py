@@ -8,7 +8,7 @@ import yaml
 
 from torchimages.matrix.load import load_matrix
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_PROJECT, run_cli_in_process
 
 # Matrices written into tmp_path are checked against the compatibility data beside them.
 pytestmark = pytest.mark.usefixtures("compat_beside_tmp_matrix")
@@ -146,13 +146,13 @@ def test_nvidia_base_keeps_its_own_requirement_and_drops_its_libcudart(tmp_path)
 
 
 def test_bad_selector_is_exit_2(cli):
-    result = cli("list", "9.9.9-*", check_exit=2)
+    result = cli("--project", str(FIXTURE_PROJECT), "list", "9.9.9-*", check_exit=2)
     assert "selector '9.9.9-*' matches no tag" in result.stderr
 
 
 def test_list_json_shows_every_field(cli):
-    rows = json.loads(cli("list", "--format", "json", check_exit=0).stdout)
-    assert len(rows) >= 9
+    rows = json.loads(cli("--project", str(FIXTURE_PROJECT), "list", "--format", "json", check_exit=0).stdout)
+    assert len(rows) == 9  # the fixture project's rows (tests/project/matrix.yaml)
     assert set(rows[0]) == {"tag", "torch", "cuda", "cudnn", "python", "os", "flavor", "base_image", "min_driver", "arch_list"}
 
 
@@ -196,7 +196,6 @@ def test_a_machine_the_data_cannot_describe_is_exit_2_naming_arch(cli, tmp_path,
 
 
 def test_grace_rows_are_one_tag_per_arch_with_the_aarch64_wheels_own_arch_list():
-    from .conftest import FIXTURE_PROJECT
     specs = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
     x86, arm = specs["2.14.1-cuda13.0-cudnn9-runtime"], specs["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
     assert (x86.arch, x86.platform, x86.index_tag) == ("x86_64", "linux/amd64", x86.tag)

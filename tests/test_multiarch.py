@@ -4,15 +4,12 @@ their digests, on the engine's real registry, and the catalog and images/README.
 The images are small stand-ins (as in test_publish.py): the amd64 one FROM debian:bookworm, the arm64 one FROM the
 engine's arm64v8/debian:bookworm with a RUN step under qemu (devtools/localengine registers it on x86_64 hosts)."""
 import dataclasses
-import io
 import json
 import os
 import subprocess
-import uuid
 
 import pytest
 
-from torchimages.build.builder import local_name
 from torchimages.matrix.load import load_matrix
 from torchimages.model import InputError
 from torchimages.peers.registry import Manifest
@@ -27,24 +24,17 @@ from torchimages.publish.catalog import (
     versions,
 )
 from torchimages.publish.catalog_page import readme
-from torchimages.publish.publisher import (
-    DATED_TAG,
-    SPEC_HASH_LABEL,
-    dated_tags,
-    index_members,
-    new_pinned_tag,
-    pinned_stems,
-    prune_plan,
-)
+from torchimages.publish.prune import index_members, pinned_stems, prune_plan
+from torchimages.publish.publisher import DATED_TAG, dated_tags, new_pinned_tag
 from torchimages.trust import attestations
 from torchimages.trust.signatures import attestation_tag, gather_evidence, signature_tag
 
+from .catalog_fixtures import entry as image_entry
 from .conftest import FIXTURE_PROJECT
+from .multiarch_fixtures import MATRIX, RUNTIME, RUNTIME_ARM, build_stand_in
 from .policy_eval import shipped_policies_admit
-from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
-from .test_catalog import entry as image_entry
-from .test_publish import Workspace, clean_up
-from .test_signing import store_of
+from .publish_fixtures import Workspace, clean_up
+from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key, store_of
 
 GRACE = {spec.tag: spec for spec in load_matrix(FIXTURE_PROJECT / "grace-matrix.yaml").specs}
 X86, ARM = "2.15.0-cuda13.2-cudnn9-runtime", "2.15.0-cuda13.2-cudnn9-runtime-arm64"
@@ -128,20 +118,6 @@ def test_the_index_names_each_digest_with_its_platform_deterministically():
     assert multiarch.platforms_of(b"not json") == {} and multiarch.platforms_of(b"[]") == {}
 
 
-MATRIX = """\
-registry: localhost:5000/{namespace}/pytorch
-variants:
-  - torch: 2.13.0
-    cuda: cpu
-    python: "3.11"
-    os: debian12
-    arch: [x86_64, aarch64]
-    flavors: [runtime]
-    aliases: {{runtime: [latest]}}
-"""
-RUNTIME, RUNTIME_ARM = "2.13.0-cpu-runtime", "2.13.0-cpu-runtime-arm64"
-
-
 @pytest.fixture
 def grace_workspace(tmp_path, engine_env, docker_client):
     space = Workspace(tmp_path, engine_env.registry)
@@ -149,16 +125,6 @@ def grace_workspace(tmp_path, engine_env, docker_client):
     space.specs = {spec.tag: spec for spec in load_matrix(space.matrix).specs}
     yield space
     clean_up(docker_client, space)
-
-
-def build_stand_in(space: Workspace, docker_client, tag: str) -> str:
-    """The row's image on its own machine's base; the arm64 one's RUN runs under qemu."""
-    spec = space.specs[tag]
-    dockerfile = f"FROM {spec.base_image}\nRUN echo {uuid.uuid4().hex} > /nonce && uname -m > /machine\n"
-    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=local_name(spec), rm=True,
-                                          labels={SPEC_HASH_LABEL: spec.spec_hash(), "io.torchimages.torch": spec.torch})
-    space.verified(tag, image.id)
-    return image.id
 
 
 def stored(space: Workspace, reference: str) -> bytes | None:

@@ -15,8 +15,7 @@ from torchimages.security import freshness as security
 from torchimages.security import promise
 
 from .conftest import run_cli_in_process
-from .security_fixtures import SUITE, Package, clearsign, make_key, write_archive
-from .test_security import nightly_for, published_project
+from .security_fixtures import SUITE, Package, clearsign, make_key, nightly_for, published_project, write_archive
 
 TAG = "2.13.0-cpu-runtime"
 INSTALLED = {"libssl3": ("3.0.19-1~deb12u1", "amd64"), "tzdata": ("2025b-0+deb12u1", "all"),

@@ -180,12 +180,12 @@ def test_report_merge_joins_the_shards_reports_catalogs_and_summaries(tmp_path):
 def test_report_merge_refuses_overlapping_or_foreign_folders(tmp_path):
     write_shard(tmp_path / "a", ["2.13.0-cpu-runtime"])
     write_shard(tmp_path / "b", ["2.13.0-cpu-runtime"])
-    overlap = run_cli_in_process("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "a"), str(tmp_path / "b"),
-                      check_exit=2)
+    project = ("--project", str(copy_fixture_project(tmp_path / "project").parent), "--reports", str(tmp_path / "out"))
+    overlap = run_cli_in_process(*project, "report", "merge", str(tmp_path / "a"), str(tmp_path / "b"), check_exit=2)
     assert not (tmp_path / "out").exists()
     assert "row 2.13.0-cpu-runtime was also run by" in overlap.stderr
     (tmp_path / "empty").mkdir()
-    foreign = run_cli_in_process("--reports", str(tmp_path / "out"), "report", "merge", str(tmp_path / "empty"), check_exit=2)
+    foreign = run_cli_in_process(*project, "report", "merge", str(tmp_path / "empty"), check_exit=2)
     assert "not a shard's results" in foreign.stderr
 
 

@@ -27,7 +27,7 @@ from .policy_eval import (
     schema_errors,
     unknown_fields,
 )
-from .test_signing import MATRIX, verification_report
+from .signing_fixtures import MATRIX, verification_report
 
 POLICIES = Path(__file__).parent.parent / "docs" / "policies"
 CRDS = Path(__file__).parent / "data" / "crds"
@@ -55,8 +55,8 @@ def statement(predicate_type: str, predicate: dict) -> dict:
 def report(gpu: bool, passed: bool = True) -> dict:
     """A verification predicate as publish attests it, from test_signing's fixture of a CPU-only or an H100 host."""
     spec = load_matrix(MATRIX).specs[0]
-    verify_report, facts = verification_report(gpu)
-    return attestations.verification_predicate(spec, DIGEST, dataclasses.replace(verify_report, passed=passed), facts)
+    verify_report = verification_report(gpu)
+    return attestations.verification_predicate(spec, DIGEST, dataclasses.replace(verify_report, passed=passed))
 
 
 def attested(*reports: dict) -> list[dict]:

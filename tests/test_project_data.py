@@ -127,6 +127,18 @@ def test_each_rows_facts_are_read_from_a_wheel_or_named_unread(spec, compat):
         assert release.get("torchvision_source"), f"compat.yaml: torch {spec.torch}'s torchvision has no source: {fix}"
 
 
+def test_every_os_of_the_live_compat_data_has_a_security_archive():
+    """`build.py security`, the publish gate and the nightly read each OS's security pocket: an OS added to compat.yaml
+    names its archive (a Debian-style -security suite, read through dpkg's database)."""
+    from torchimages.matrix.load import load_compat
+    from torchimages.security import freshness as security
+
+    compat = load_compat(LIVE_COMPAT)
+    for name in compat["os"]:
+        archive = security.archive_for(compat, name)
+        assert archive is not None and archive.suite.endswith("-security") and archive.database == "dpkg", name
+
+
 def test_latest_names_a_row_of_the_newest_release():
     """`latest` follows a new release (the release watch moves it; by hand, move `aliases:` with the rows)."""
     specs = live_specs()

@@ -29,7 +29,7 @@ from torchimages.trust.signatures import (
 )
 from torchimages.trust.signing import PublicKey
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_PROJECT, run_cli_in_process
 from .registry_fixtures import ServingRegistry
 from .signing_fixtures import FIRST, SECOND, key
 
@@ -156,7 +156,7 @@ def test_skopeo_itself_checks_configs_and_copies_by_digest(served, tmp_path):
 # --------------------------------------------------------------------------------------------------- verify-image
 
 def verify_image(reference: str, tmp_path):
-    return run_cli_in_process("verify-image", reference, "--key", str(FIRST.with_suffix(".pub")), "--retries", "0",
+    return run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image", reference, "--key", str(FIRST.with_suffix(".pub")), "--retries", "0",
                               env={"DOCKER_CONFIG": str(tmp_path)})
 
 
@@ -181,8 +181,8 @@ def test_verify_image_of_an_index_whose_member_is_answered_with_a_signed_manifes
     served.serve(member, signed_body)
     served.serve("multi", multiarch.index_body([multiarch.Member("linux/amd64", "multi-amd64", member,
                                                                   DOCKER_MANIFEST, len(unsigned))]))
-    result = run_cli_in_process("verify-image", f"{served.host}/{served.repository}:multi", "--platform",
-                                "linux/amd64", "--key", str(FIRST.with_suffix(".pub")), "--retries", "0",
+    result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image",
+                                f"{served.host}/{served.repository}:multi", "--platform", "linux/amd64", "--key", str(FIRST.with_suffix(".pub")), "--retries", "0",
                                 env={"DOCKER_CONFIG": str(tmp_path)})
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
     assert_one_line_naming(result.stderr, f"answered {served.repository}@{member}", signed_digest)
@@ -214,7 +214,8 @@ def test_catalog_check_names_a_key_file_whose_content_is_not_its_name(tmp_path):
     save(Catalog({}), tmp_path / "catalog", tmp_path / "images")
     path, first = tampered_key_file(tmp_path / "catalog")
     (path.parent / "deadbeefdeadbeef.pub").write_text("not a PEM key")
-    result = run_cli_in_process("--images", str(tmp_path / "images"), "catalog", "--check")
+    result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "--images", str(tmp_path / "images"), "catalog",
+                                "--check")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     tampered, garbage = (next(line for line in result.stderr.splitlines() if name in line)
                          for name in (path.name, "deadbeefdeadbeef.pub"))
@@ -222,5 +223,6 @@ def test_catalog_check_names_a_key_file_whose_content_is_not_its_name(tmp_path):
     assert "not a PEM public key" in garbage
     path.write_text(first.pem)
     (path.parent / "deadbeefdeadbeef.pub").unlink()
-    assert run_cli_in_process("--images", str(tmp_path / "images"), "catalog", "--check").returncode == 0
+    assert run_cli_in_process("--project", str(FIXTURE_PROJECT), "--images", str(tmp_path / "images"), "catalog",
+                              "--check").returncode == 0
     assert catalog.key_file_problems(tmp_path / "catalog") == []

@@ -25,9 +25,9 @@ from torchimages.peers.registry_address import image_registry
 from torchimages.redaction import Secrets
 
 from .conftest import CPU_SELECTOR, ROOT, run_cli
+from .publish_fixtures import DEVEL, RUNTIME, Workspace
+from .publish_fixtures import nightly as run_nightly
 from .registry_fixtures import USER, make_certificates, start_secure_registry
-from .test_publish import DEVEL, RUNTIME, Workspace
-from .test_publish import nightly as run_nightly
 
 pytestmark = pytest.mark.engine
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"

@@ -17,6 +17,7 @@ from torchimages.project import DEFAULT_TEMPLATES
 
 from .conftest import ROOT, run_cli_in_process
 from .index_fixtures import LocalIndex, make_release
+from .workflow_fixtures import workflow_step
 
 
 @pytest.fixture
@@ -103,11 +104,6 @@ def test_cpu_rows_the_index_cannot_move_are_named_in_the_proposal(project, tmp_p
     assert any(item.startswith(note) for item in report["notes"]), report["notes"]
     assert "download.pytorch.org/whl/cpu" in (project / "reports" / "release-watch.md").read_text()
     assert "note: the CPU rows stay at torch 2.13.0" in result.stdout
-
-
-def workflow_step(job: str, name: str) -> dict:
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
-    return next(step for step in workflow["jobs"][job]["steps"] if step.get("name") == name)
 
 
 @pytest.mark.parametrize("newer", [True, False])

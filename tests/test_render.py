@@ -101,11 +101,11 @@ def test_render_refuses_a_folder_it_did_not_make(cli, tmp_path):
     (images / "notes").mkdir()
     (images / "notes" / "plan.txt").write_text("keep me\n")
     before = sorted(str(p) for p in images.rglob("*"))
-    result = cli("--images", str(images), "render", check_exit=2)
+    result = cli("--project", str(FIXTURE_PROJECT), "--images", str(images), "render", check_exit=2)
     assert str(images) in result.stderr and "--images" in result.stderr and "Traceback" not in result.stderr
     assert sorted(str(p) for p in images.rglob("*")) == before
     (tmp_path / "a-file").write_text("x\n")
-    result = cli("--images", str(tmp_path / "a-file"), "render", check_exit=2)
+    result = cli("--project", str(FIXTURE_PROJECT), "--images", str(tmp_path / "a-file"), "render", check_exit=2)
     assert "a file where a folder belongs" in result.stderr
 
 
@@ -138,11 +138,12 @@ def test_a_line_break_in_the_matrix_file_name_is_refused(cli, tmp_path):
 def test_template_errors_name_the_template_line(cli, tmp_path):
     templates = tmp_path / "templates"
     shutil.copytree(TEMPLATES, templates)
+    project = ("--project", str(FIXTURE_PROJECT), "--templates", str(templates), "--images", str(tmp_path / "images"))
     (templates / "Dockerfile.j2").write_text("FROM {{ spec.base_image }}\nLABEL x={{ spec.no_such_field }}\n")
-    result = cli("--templates", str(templates), "--images", str(tmp_path / "images"), "render", check_exit=2)
+    result = cli(*project, "render", check_exit=2)
     assert "Dockerfile.j2:2" in result.stderr and "no_such_field" in result.stderr
     (templates / "Dockerfile.j2").write_text("FROM x\n{% if %}\n")
-    result = cli("--templates", str(templates), "--images", str(tmp_path / "images"), "render", check_exit=2)
+    result = cli(*project, "render", check_exit=2)
     assert "Dockerfile.j2:2" in result.stderr and "template syntax error" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -9,42 +9,35 @@ import shutil
 import pytest
 
 from torchimages.model import InputError
-from torchimages.project import DEFAULT_TEMPLATES
-from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
-from torchimages.publish.catalog_page import save
 from torchimages.security import freshness as security
 from torchimages.security.sbom import AllowedVulnerability, Allowlist, Inventory, ScanResult, cyclonedx, load_allowlist
 
 from .conftest import copy_fixture_project, run_cli_in_process
-from .security_fixtures import OPENSSL_CHANGELOG, SUITE, Package, make_key, serve, write_archive
+from .security_fixtures import (
+    INSTALLED,
+    OPENSSL_CHANGELOG,
+    SUITE,
+    Package,
+    check,
+    compat_for,
+    make_key,
+    nightly_for,
+    published_project,
+    serve,
+    write_archive,
+)
 
-INSTALLED = [security.Installed("libssl3", "3.0.19-1~deb12u1", "amd64"),
-             security.Installed("base-files", "12.4+deb12u5", "amd64"),
-             security.Installed("tzdata", "2025b-0+deb12u1", "all")]
 ARCHIVE_PACKAGES = [Package("libssl3", "3.0.22-1~deb12u2", changelog=OPENSSL_CHANGELOG),
                     Package("libssl3", "3.0.21-1~deb12u1"),  # an older fix still listed: the newest one counts
                     Package("base-files", "12.4+deb12u5"),  # the installed version: nothing to fix
                     Package("tzdata", "2025b-0+deb12u1", arch="all")]
 TODAY = dt.date(2026, 11, 25)
-ROOT_TEMPLATES = DEFAULT_TEMPLATES
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keys")
     return make_key(folder, "archive"), make_key(folder, "impostor")
-
-
-def compat_for(url: str, keyring: str = "") -> dict:
-    return {"os": {"debian12": {"family": "apt", "security": {"url": url, "suite": SUITE, "components": ["main"],
-                                                              "keyring": keyring}}},
-            "families": {"apt": {"security": {"index": "deb"}}}}
-
-
-def check(url: str, keyring: str = "", installed=INSTALLED, **fetcher) -> security.RowSecurity:
-    factory = (lambda root: security.Fetcher(root, **fetcher)) if fetcher else security.Fetcher
-    return security.Checker(compat_for(url, keyring), "compat.yaml", fetcher_factory=factory).check(
-        "2.13.0-cpu-runtime", "debian12", installed)
 
 
 # ------------------------------------------------------------------------------------------------- pure logic
@@ -86,16 +79,6 @@ def test_os_release_names_the_compat_os():
     assert security.os_for_release(compat, {"ID": "debian", "VERSION_ID": "12"}) == "debian12"
     assert security.os_for_release(compat, {"ID": "rocky", "VERSION_ID": "9.4"}) == "rocky9"
     assert security.os_for_release(compat, {"ID": "alpine", "VERSION_ID": "3.20"}) is None
-
-
-def test_every_os_of_the_live_compat_data_has_a_security_archive():
-    from torchimages.matrix.load import load_compat
-    from torchimages.project import ROOT
-
-    compat = load_compat(ROOT / "compat.yaml")
-    for name in compat["os"]:
-        archive = security.archive_for(compat, name)
-        assert archive is not None and archive.suite.endswith("-security") and archive.database == "dpkg", name
 
 
 def fixable(package="libssl3", cves=("CVE-2026-28387", "CVE-2026-7383")):
@@ -247,29 +230,6 @@ def test_a_release_file_listing_no_such_component_is_an_error(tmp_path, keys):
 
 # ------------------------------------------------------------------------------------------------- the command
 
-def published_project(tmp_path, url: str, keyring: str, debs) -> list[str]:
-    """The fixture project with a security archive for debian12 and its CPU row in the catalog; the CLI's options."""
-    matrix = copy_fixture_project(tmp_path / "project")
-    compat = matrix.with_name("compat.yaml")
-    text = compat.read_text()
-    old = '  debian12: {python: "3.11", image: "debian:bookworm", glibc: "2.36", family: apt}'
-    assert old in text
-    compat.write_text(text.replace(old, old[:-1] + f', security: {{url: "{url}", suite: {SUITE}, '
-                                                   f'components: [main], keyring: "{keyring}"}}}}')
-                      .replace("  apt:\n", "  apt:\n    security: {index: deb}\n", 1))
-    tag, catalog = "2.13.0-cpu-runtime", tmp_path / "catalog"
-    sbom = f"sbom/{tag}-20261120.cdx.json"
-    (catalog / "sbom").mkdir(parents=True)
-    digest = "sha256:" + "d" * 64
-    (catalog / sbom).write_text(json.dumps(cyclonedx(Inventory({"ID": "debian", "VERSION_ID": "12"}, debs, []),
-                                                     "registry.example.com/ml/pytorch", digest, "i", "t")))
-    entry = CatalogEntry(tag, "registry.example.com/ml/pytorch", digest, "sha256:" + "c" * 64,
-                         [PinnedTag(f"{tag}-20261120", digest, "2026-11-20", sbom)], [tag], {}, 1, 1, {}, {}, sbom,
-                         "2026-11-20T00:00:00Z", "2026-11-20T00:00:00Z")
-    save(Catalog({tag: entry}), catalog, tmp_path / "images")
-    return ["--matrix", str(matrix), "--images", str(tmp_path / "images"), "--reports", str(tmp_path / "reports"),
-            "security", tag, "--catalog", str(catalog)]
-
 
 def test_the_security_command_lists_each_published_rows_fixable_packages(tmp_path, keys):
     archive, _ = keys
@@ -331,30 +291,6 @@ def test_the_gate_skips_an_os_without_an_archive_and_blocks_an_image_without_pac
 
 # ------------------------------------------------------------------------------------------------- the nightly
 
-def nightly_for(tmp_path, url: str, keyring: str, debs):
-    """A nightly over the fixture project whose CPU row is published with an SBOM listing debs (no engine needed
-    for the decision: the catalog's SBOM against the security index)."""
-    from torchimages.build.builder import BuildOptions
-    from torchimages.matrix.load import load_compat
-    from torchimages.nightly.run import Nightly, NightlyOptions
-    from torchimages.peers.registry_access import registry_access
-    from torchimages.peers.registry_address import parse_registry
-    from torchimages.project import Project
-    from torchimages.publish.catalog import load_catalog
-    from torchimages.publish.publisher import PublishOptions
-
-    args = published_project(tmp_path, url, keyring, debs)
-    matrix, catalog = tmp_path / "project" / "matrix.yaml", tmp_path / "catalog"
-    project = Project(matrix, matrix.with_name("compat.yaml"), ROOT_TEMPLATES, tmp_path / "images", tmp_path / "reports")
-    registry = parse_registry("127.0.0.1:9/ml/pytorch")
-    checker = security.Checker(load_compat(project.compat), str(project.compat))
-    publishing = PublishOptions(registry, registry_access(registry, config_dir=tmp_path), project.reports, catalog,
-                                project.images, "20261125", security=checker)
-    options = NightlyOptions(BuildOptions(project.images, project.reports), publishing, retention=2)
-    loaded = project.load()
-    specs = [spec for spec in loaded.specs if spec.tag == args[7]]
-    return Nightly(project, loaded, specs, options, None, lambda line: None), specs, load_catalog(catalog / "catalog.json")
-
 
 def test_the_nightly_rebuilds_a_published_row_whose_os_has_fixes_and_lists_them(tmp_path, keys):
     archive, _ = keys
@@ -411,10 +347,11 @@ def test_a_security_rebuild_passes_its_token_as_a_build_arg_outside_the_input_ha
     assert context.input_hash == build_context(spec, refresh, "base", "").input_hash
 
 
-def test_every_rendered_image_ends_with_its_os_security_layer():
-    from torchimages.project import ROOT
-
-    for dockerfile in (ROOT / "images").glob("*/Dockerfile"):
+def test_every_rendered_image_ends_with_its_os_security_layer(fixture_project):
+    """Every Dockerfile the fixture project renders (each of its OSes, CPU and CUDA, runtime and devel)."""
+    dockerfiles = sorted((fixture_project / "images").glob("*/Dockerfile"))
+    assert dockerfiles
+    for dockerfile in dockerfiles:
         text = dockerfile.read_text()
         final = text[text.rindex("\nFROM "):]
         # The step begins by marking its start (issue 47: os_step_begin), then updates and upgrades.

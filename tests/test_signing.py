@@ -4,57 +4,48 @@ The CPU rows themselves are published signed and checked by cosign in test_publi
 """
 import base64
 import json
-import os
 import re
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 from asn1crypto import keys as asn1_keys
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from torchimages.matrix.load import load_matrix
-from torchimages.peers.registry import RegistryClient, RetryPolicy
-from torchimages.peers.registry_access import registry_access
-from torchimages.peers.registry_address import Registry
 from torchimages.trust import attestations, signing
 from torchimages.trust.signatures import (
     Layer,
-    SignatureStore,
-    artifact_files,
     attestation_tag,
     signature_layer,
     signature_tag,
     signed_by,
 )
-from torchimages.verify.reports import CheckVerdict, VerifyReport
 
-from .conftest import FIXTURE_COMPAT, FIXTURE_PROJECT, run_cli_in_process
+from .conftest import FIXTURE_COMPAT, run_cli_in_process
+from .publish_fixtures import DEVEL, RUNTIME, Workspace, clean_up
 from .registry_fixtures import start_refusing_proxy
 from .signing_fixtures import (
+    CPU_ROW,
+    DIGEST,
     FIRST,
     KEYS,
+    MATRIX,
     SECOND,
+    SIGNED,
     TEST_PASSWORD,
     accepted_everything,
     cosign_accepts,
+    environment,
     key,
+    pem_key,
+    publish_refusing_the_key,
+    scratch_folders,
+    store_of,
+    verification_report,
+    write_layers,
 )
-from .test_publish import DEVEL, RUNTIME, Workspace, clean_up
-
-DIGEST = "sha256:" + "ab" * 32
-# A frozen matrix of the tests' own (a new row in matrix.yaml changes no test here).
-MATRIX = FIXTURE_PROJECT / "golden-matrix.yaml"
-CPU_ROW = "2.13.0-cpu-devel"
-
-
-def pem_key(private, password: bytes | None = None) -> bytes:
-    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
-    return private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-
 
 # ------------------------------------------------------------------------------------------------------- keys
 
@@ -77,11 +68,6 @@ def test_a_pkcs8_key_plain_or_encrypted_and_an_env_key_load(tmp_path):
     assert signing.load_signing_key("env://CI_KEY", environment).public.fingerprint == fingerprint
 
 
-def scratch_folders(folder: Path) -> list[str]:
-    """Where a publish that is refused up front would have written: this test's own folders."""
-    return ["--reports", str(folder / "reports"), "--images", str(folder / "images")]
-
-
 def with_pbkdf2_iterations(pem: bytes, iterations: int) -> bytes:
     """An encrypted PKCS#8 key whose PBKDF2 asks for this many iterations (it no longer opens: only read up front)."""
     info = asn1_keys.EncryptedPrivateKeyInfo.load(pem_to_der(pem))
@@ -92,18 +78,6 @@ def with_pbkdf2_iterations(pem: bytes, iterations: int) -> bytes:
 
 def pem_to_der(pem: bytes) -> bytes:
     return base64.b64decode(b"".join(line for line in pem.splitlines() if not line.startswith(b"-----")))
-
-
-def publish_refusing_the_key(folder: Path, source: str, environment: dict, expected: str):
-    """A signed publish given a key it cannot use: exit 2 and one line saying expected, before anything is pushed.
-    Returns the run and its line."""
-    result = run_cli_in_process("--matrix", str(MATRIX), *scratch_folders(folder), "publish", CPU_ROW, "--registry",
-                                "127.0.0.1:1/x/pytorch", "--catalog", str(folder / "catalog"), "--signing-key",
-                                source, env=environment)
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.stderr, result.stderr
-    return result, lines[0]
 
 
 def bad_keys(folder: Path) -> dict[str, tuple[str, dict, str]]:
@@ -199,33 +173,20 @@ def test_signatures_and_envelopes_hold_for_their_key_and_digest_only():
         signing.open_envelope(first.public, json.dumps(sealed).encode(), DIGEST)
 
 
-def verification_report(gpu: bool) -> tuple[VerifyReport, dict]:
-    """A verification as `build.py test` records it: on a CPU-only host, or on an H100 host with driver 580.95.05
-    (the shape of tests/gpu_hosts' H100 record: nvidia-smi's driver_version, torch's device name and capability)."""
-    checks = {"identity": CheckVerdict("passed", "torch 2.14.1+cu130"),
-              "gpu": CheckVerdict("passed", "1 GPU") if gpu else CheckVerdict("skipped", "no GPU on this host")}
-    gpu_facts = {"driver_version": "580.95.05", "libcuda_driver_version": 13000,
-                 "devices": [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]}
-    return (VerifyReport("sha256:" + "12" * 32, True, checks, tag="t", finished_at="2026-11-25T00:00:00Z"),
-            {"main": {"gpu": gpu_facts if gpu else {}}})
-
-
 def test_the_verification_report_names_the_gpu_host_a_policy_can_require():
     spec = load_matrix(MATRIX).specs[0]
-    on_gpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=True))
+    on_gpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, verification_report(gpu=True))
     kept = {key: value for key, value in on_gpu["host"].items() if key not in ("health", "performance")}  # issue 44
     assert on_gpu["host"]["health"]["healthy"] is None  # these facts carry no nvidia-smi health fields
     assert kept == {"kind": "gpu", "gpu_models": ["NVIDIA H100 80GB HBM3"],
                               "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}], "driver": "580.95.05",
                               "driver_major": 580, "cuda_driver": "13000", "note": ""}
     assert on_gpu["checks"]["gpu"]["status"] == "passed" and on_gpu["result"] == "passed"
-    on_cpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, *verification_report(gpu=False))
+    on_cpu = attestations.verification_predicate(spec, "sha256:" + "12" * 32, verification_report(gpu=False))
     assert on_cpu["host"]["note"] == "no GPU: GPU checks skipped" and on_cpu["checks"]["gpu"]["status"] == "skipped"
 
 
 # ----------------------------------------------------------------------------------------- the real registry
-
-SIGNED = {"COSIGN_PASSWORD": TEST_PASSWORD}
 
 
 @pytest.fixture
@@ -235,17 +196,8 @@ def workspace(tmp_path, engine_env, docker_client):
     clean_up(docker_client, space)
 
 
-def store_of(space: Workspace) -> SignatureStore:
-    registry = Registry(space.registry_host, f"{space.namespace}/pytorch")
-    return SignatureStore(RegistryClient(registry, registry_access(registry), RetryPolicy(retries=1), lambda _: None))
-
-
 def verify_image(space: Workspace, reference: str, public: Path):
     return space.cli("verify-image", reference, "--key", str(public))
-
-
-def environment(**extra) -> dict:
-    return {**os.environ, **extra}
 
 
 def test_a_signed_publish_is_accepted_by_cosign_and_verify_image_and_each_tampering_is_rejected(
@@ -297,15 +249,6 @@ def test_a_signed_publish_is_accepted_by_cosign_and_verify_image_and_each_tamper
     assert cosign_accepts(cosign, reference, first_pub, attestations.VERIFICATION_PREDICATE)
     deleted = verify_image(workspace, reference, first_pub)
     assert deleted.returncode == 1 and "no signature by this key" in deleted.stdout
-
-
-def write_layers(store: SignatureStore, tag: str, layers: list[Layer]) -> None:
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "artifact"
-        folder.mkdir()
-        for name, content in artifact_files(layers).items():
-            (folder / name).write_bytes(content)
-        store.registry.write_artifact(folder, tag)
 
 
 def test_a_republish_adds_nothing_a_second_key_appends_and_prune_takes_only_pruned_digests_signatures(

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from torchimages.publish.catalog import public_key_path
-from torchimages.publish.publisher import facts_path
 from torchimages.trust import attestations, signing
 from torchimages.trust.signatures import (
     MAX_ARTIFACT_BYTES,
@@ -20,12 +19,22 @@ from torchimages.trust.signatures import (
     signature_layer,
     signature_tag,
 )
-from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
+from torchimages.verify.reports import CheckVerdict, VerifyReport, judged_host, verify_report_path
 
 from .policy_eval import shipped_policies_admit
-from .signing_fixtures import FIRST, KEYS, TEST_PASSWORD, accepted_everything, cosign_accepts, key
-from .test_publish import RUNTIME, Workspace, clean_up
-from .test_signing import SIGNED, environment, store_of, write_layers
+from .publish_fixtures import RUNTIME, Workspace, clean_up
+from .signing_fixtures import (
+    FIRST,
+    KEYS,
+    SIGNED,
+    TEST_PASSWORD,
+    accepted_everything,
+    cosign_accepts,
+    environment,
+    key,
+    store_of,
+    write_layers,
+)
 
 pytestmark = pytest.mark.engine
 PUBLIC = KEYS / "first.pub"
@@ -62,9 +71,9 @@ def policies(space, tag: str, digest: str) -> dict[str, bool]:
 def verified_on_gpu(space, tag: str, image_id: str) -> None:
     """What `build.py test` leaves after a verification on an H100 host: every check passed, gpu included."""
     checks = {"identity": CheckVerdict("passed", "torch 2.13.0+cpu"), "gpu": CheckVerdict("passed", "1 GPU")}
-    report = VerifyReport(image_id, True, checks, tag=tag, finished_at="2026-01-02T00:00:00Z")
+    host = judged_host({name: {"status": check.status} for name, check in checks.items()}, H100_FACTS["main"]["gpu"])
+    report = VerifyReport(image_id, True, checks, tag=tag, finished_at="2026-01-02T00:00:00Z", host=host)
     verify_report_path(space.reports, tag).write_text(json.dumps(report.to_json()))
-    facts_path(space.reports, tag).write_text(json.dumps(H100_FACTS))
 
 
 def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers_only_warn(

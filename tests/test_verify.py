@@ -19,17 +19,16 @@ import pytest
 
 from torchimages.checks import downstream
 from torchimages.checks.plugin import Outcome, aggregate
-from torchimages.checks.probe import (
+from torchimages.checks.probe import find_nvcc, wheel_module
+from torchimages.checks.probe_base import quiet_import
+from torchimages.checks.rules import (
     arch_covers,
     arch_flags_for,
     decode_cudnn_version,
-    find_nvcc,
     group_library_copies,
     last_error_line,
-    quiet_import,
     redacted_env,
     secret_env_names,
-    wheel_module,
 )
 from torchimages.checks.suite.helpers import (
     compile_fix,
@@ -45,7 +44,6 @@ from torchimages.peers import engine
 from torchimages.verify import (
     CHECKS,
     GPU_CHECKS,
-    VERIFY_LABEL,
     CheckSelection,
     VerifyOptions,
     VerifyResult,
@@ -57,7 +55,13 @@ from torchimages.verify import (
 )
 from torchimages.verify.suite import selected_verdicts
 
-from .conftest import ROOT, interruptible, run_cli, run_cli_side_by_side, wait_until
+from .conftest import FIXTURE_MATRIX, ROOT, interruptible, run_cli, run_cli_side_by_side, wait_until
+from .verify_fixtures import (
+    assert_only_check_failed,
+    containers_left,
+    report_of,
+    selection_for,
+)
 
 BROKEN = ROOT / "tests" / "data" / "broken"
 RUNTIME, DEVEL = "2.13.0-cpu-runtime", "2.13.0-cpu-devel"
@@ -349,7 +353,7 @@ def test_a_selective_verification_is_never_one_to_publish_or_reuse(tmp_path, mon
     from torchimages.publish.publisher import SPEC_HASH_LABEL, verification_refusal
     from torchimages.verify.reports import CheckVerdict, VerifyReport, verify_report_path
 
-    [spec] = select(load_matrix(ROOT / "matrix.yaml").specs, [RUNTIME])
+    [spec] = select(load_matrix(FIXTURE_MATRIX).specs, [RUNTIME])
     image = {"Id": "sha256:" + "a" * 64, "Config": {"Labels": {SPEC_HASH_LABEL: spec.spec_hash()}}}
     full = VerifyReport(image["Id"], True, {"smoke": CheckVerdict("passed")}, tag=RUNTIME)
     selective = dataclasses.replace(full, checks={"smoke": CheckVerdict("skipped", "not selected: --skip smoke")},
@@ -409,30 +413,6 @@ BROKEN_IMAGES = (
                                                       "COPY --chown")),
     Broken("broken-torchrun", RUNTIME, "distributed", ("torchrun", "exit code 1", "broken on purpose")),
 )
-
-
-def selection_for(check: str) -> tuple[str, ...]:
-    """The flags a broken image caught by `check` is verified with: --skip smoke, unless smoke is that check. The smoke
-    check's compiles are most of a verification's time, and every other check still runs, so the image is still
-    proven to fail exactly its check among them."""
-    return () if check == "smoke" else ("--skip", "smoke")
-
-
-def containers_left(docker_client, reports: Path) -> list[str]:
-    """Verification containers and derived images of the run writing to reports (others may verify on the same
-    engine meanwhile). Listed without inspecting each, as the SDK's containers.list() does: a derived image's build
-    container may be gone between the list and the inspect."""
-    labels = {"label": [VERIFY_LABEL, f"{VERIFY_LABEL}.reports={reports.resolve()}"]}
-    containers = [entry["Names"][0].lstrip("/") for entry in docker_client.api.containers(all=True, filters=labels)]
-    return containers + docker_client.api.images(all=True, filters=labels, quiet=True)
-
-
-def report_of(reports: Path, tag: str) -> dict:
-    return json.loads((reports / tag / "verify.json").read_text())
-
-
-def statuses(report: dict) -> dict[str, str]:
-    return {name: check["status"] for name, check in report["checks"].items()}
 
 
 def one_line(text: str) -> str:
@@ -521,21 +501,6 @@ def test_a_broken_image_fails_exactly_its_check(case, broken_images, broken_verd
     assert report["selection"] == ({"skip": ["smoke"]} if selection_for(case.check) else {})
     assert_only_check_failed(report, baseline.by_tag[case.row], case.check, case.says)
     assert not containers_left(docker_client, reports)
-
-
-def failed_checks(report: dict) -> set[str]:
-    return {name for name, status in statuses(report).items() if status == "failed"}
-
-
-def assert_only_check_failed(report: dict, good: dict, check: str, says: tuple[str, ...]) -> None:
-    """The check fails saying what was wrong and what to do; no other check fails that passes on the good image.
-
-    (Others may turn skipped: without torch, the checks that need it skip and point at identity.)"""
-    assert statuses(report)[check] == "failed", report["checks"][check]
-    assert failed_checks(report) - {check} == failed_checks(good) - {check}, report["checks"]
-    message = report["checks"][check]["message"]
-    for words in says:
-        assert words in message, f"{words!r} not in: {message}"
 
 
 @pytest.mark.engine

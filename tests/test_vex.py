@@ -160,8 +160,8 @@ def test_the_allowlist_keeps_a_justification_and_the_entry_line(tmp_path):
 
 
 def test_verify_image_takes_a_vex_document_failing_the_schema_as_explaining_nothing():
-    from torchimages.cli.verifying import Subject, explain_findings
     from torchimages.peers.registry import Manifest
+    from torchimages.publish.verify_image import Subject, explain_findings
     from torchimages.trust.admission import ReportVerdict
     from torchimages.trust.signatures import Evidence
 

@@ -16,12 +16,11 @@ from torchimages.security.vex import VEX_PREDICATE, image_purl
 from torchimages.trust import signing
 from torchimages.trust.signatures import attestation_tag
 
+from .multiarch_fixtures import MATRIX as MULTI_ARCH_MATRIX
+from .multiarch_fixtures import RUNTIME_ARM, build_stand_in
+from .publish_fixtures import RUNTIME, Workspace, clean_up
 from .security_fixtures import Package, make_key, write_archive
-from .signing_fixtures import FIRST, KEYS, run_cosign
-from .test_multiarch import MATRIX as MULTI_ARCH_MATRIX
-from .test_multiarch import RUNTIME_ARM, build_stand_in
-from .test_publish import RUNTIME, Workspace, clean_up
-from .test_signing import SIGNED, environment, store_of, write_layers
+from .signing_fixtures import FIRST, KEYS, SIGNED, environment, run_cosign, store_of, write_layers
 
 pytestmark = pytest.mark.engine
 PUBLIC = KEYS / "first.pub"
