@@ -98,6 +98,10 @@ def test_the_installed_command_makes_a_project_that_renders_and_lists_at_once(in
     (demo / "images" / "2.13.0-cpu-runtime" / "Dockerfile").unlink()
     assert user_run(installed, "render", cwd=demo).returncode == 0
     assert (demo / "images" / "2.13.0-cpu-runtime" / "Dockerfile").is_file()
+    # every command group imports from the wheel (the command table imports only the chosen one's)
+    for command in ("images", "publish", "verify-image", "rebuild", "nightly", "compat", "security", "test"):
+        helped = user_run(installed, command, "--help", cwd=demo)
+        assert helped.returncode == 0 and f"usage: torchimages {command}" in helped.stdout, helped.stderr
 
 
 def test_the_installed_command_renders_the_tests_project_as_a_checkout_does(installed, tmp_path):

@@ -172,6 +172,12 @@ def _found_kind(value) -> str:
     return "null" if value is None else json.dumps(value) if isinstance(value, bool) else brief(value)
 
 
+def as_object(value: object) -> dict:
+    """A JSON value that should be an object, as one: a document from a peer or a file (a signed predicate, the
+    probe's facts) may hold anything where an object belongs, and reading it then finds nothing rather than failing."""
+    return value if isinstance(value, dict) else {}
+
+
 def known_fields(cls: type, data: dict) -> dict:
     """The fields of the dataclass cls that data has: documents may carry more (newer fields, derived ones such as a
     summary's exit_code), which the type leaves out."""

@@ -1,4 +1,4 @@
-"""The OS packages as inputs (issue 47): which `.deb` files each apt step of an image installed, by sha256; keeping
+"""The OS packages as inputs: which `.deb` files each apt step of an image installed, by sha256; keeping
 them (`build.py debs`); and building from them offline (`build --debs DIR`, `rebuild --debs DIR`).
 
 Each apt step (templates/os/apt.j2) downloads first, writes `<RECORD_DIR>/<step>.sha256` (`sha256sum` lines of the

@@ -1,4 +1,4 @@
-"""Same inputs, same image (issue 47): the date a build carries comes from its inputs, and what the classic builder
+"""Same inputs, same image: the date a build carries comes from its inputs, and what the classic builder
 writes into an image's config that depends on the run is rewritten after the build.
 
 The layers are made reproducible where they are written (templates/macros.j2: the venv's file time, the OS steps'

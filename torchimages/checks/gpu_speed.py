@@ -5,7 +5,7 @@ nothing does (a failure charged to the image).
 
 The measuring half runs in the container with the image's torch (the probe imports it beside its own copy); the
 judging half runs on the host side. Standard library only. Each measurement is a few hundred milliseconds on a GPU
-(issue 44: at most 60 s of added GPU work per image): a handful of repeats of one size, after a warm-up.
+(at most 60 s of added GPU work per image): a handful of repeats of one size, after a warm-up.
 """
 from __future__ import annotations
 

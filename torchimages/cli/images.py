@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from .. import verify
 from ..build import builder, debs, doctor, render, wheels
 from ..build.context import wheel_dir
 from ..checks import checklist
-from ..files import atomic_write, read_json_document
+from ..files import atomic_write
 from ..model import ImageSpec, InputError, Problem
 from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
@@ -176,7 +175,7 @@ def cmd_doctor(project: Project, args) -> int:
 
 def cmd_gpu_record(project: Project, args) -> int:
     """The GPU side on this host, judged by the real checks, as docs/gpu-validation.md's record line; every raw fact
-    kept in one file, a simulation-lane host (tests/gpu_hosts) that replays the run."""
+    kept in one file, a simulation-lane host (tests/gpu_hosts) that replays the run (verify/record.py decides)."""
     from datetime import date
 
     import yaml
@@ -188,22 +187,18 @@ def cmd_gpu_record(project: Project, args) -> int:
         raise InputError([Problem(args.tag, 0, f"{args.tag} names {len(specs)} rows: name one tag")])
     [spec] = specs
     if args.facts:
-        facts, source, where = read_gpu_facts(args.facts), f"facts {args.facts.name}", str(args.facts)
+        facts, source, where = record.read_gpu_facts(args.facts), f"facts {args.facts.name}", str(args.facts)
     elif args.image:
         facts, source = record.image_gpu_facts(engine.client(), spec, args.image), args.image
         where = args.image
     else:
         facts, source, where = record.host_gpu_facts(), "host Python (no Docker)", sys.executable
-    record.vouch_for(spec, facts, where)
-    checks = record.judge(spec, "all", facts["torch"], facts["gpu"], project.load().specs)
     today = date.today().isoformat()
-    result = record.record(today, spec, source, facts, checks)
+    result, scenario = record.gpu_record(today, spec, source, where, facts, project.load().specs)
     for name, check in result.checks.items():
         print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
-    if facts.get("host"):
-        host = re.sub(r"[^A-Za-z0-9._-]+", "-", facts["host"].get("hostname") or "")[:60] or "host"
-        path = project.reports / "gpu-record" / f"{today}-{host}-{spec.tag}.yaml"
-        scenario = record.lane_host(today, spec, source, facts, checks, result.line)
+    if scenario is not None:
+        path = project.reports / "gpu-record" / f"{today}-{record.host_name(facts)}-{spec.tag}.yaml"
         atomic_write(path, yaml.safe_dump(scenario, sort_keys=False, width=120), root=project.reports)
         print(f"every raw fact, as a simulation-lane host: {path} (copy it to tests/gpu_hosts/ to replay this run)",
               file=sys.stderr)
@@ -212,48 +207,6 @@ def cmd_gpu_record(project: Project, args) -> int:
               "with `probe.py --gpu-only`", file=sys.stderr)
     print(result.line)
     return EXIT_OK if result.passed else EXIT_FAILED
-
-
-GPU_FACTS_FIX = "save it again with `probe.py --gpu-only > FILE` on the GPU host"
-
-
-def read_gpu_facts(path: Path) -> dict:
-    """Saved `probe.py --gpu-only` facts: a bounded regular file (a FIFO would hang, /dev/zero never end) holding
-    the fields the record line reads, of their types."""
-    facts = read_json_document(path, GPU_FACTS_FIX)
-    gpu = facts.get("gpu") if isinstance(facts, dict) else None
-    devices = gpu.get("devices") if isinstance(gpu, dict) else None
-    matmul = gpu.get("bf16_matmul") if isinstance(gpu, dict) else None
-    expected = {
-        "an object with `torch` and `gpu` objects": isinstance(facts, dict) and isinstance(facts.get("torch"), dict)
-                                                     and isinstance(gpu, dict),
-        "`gpu.devices` a list of objects with a text `name`": devices is None or (
-            isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
-        "`gpu.bf16_matmul.tflops` a number": matmul is None or (
-            isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
-        "`torch.arch_flags` a list of text": not isinstance(facts, dict) or not isinstance(facts.get("torch"), dict)
-                                             or _texts(facts["torch"].get("arch_flags", [])),
-        "`host` an object of nvidia-smi answers with text outputs": not isinstance(facts, dict)
-                                                                   or _raw_host_answers(facts.get("host")),
-    }
-    wrong = [what for what, holds in expected.items() if not holds]
-    if wrong:
-        raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
-    return facts
-
-
-def _texts(value) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-def _raw_host_answers(host) -> bool:
-    """The probe's raw host answers (record_host_facts): absent, or an object whose text fields are text."""
-    if host is None:
-        return True
-    answers = [host.get(name) for name in ("nvidia_smi_list", "nvidia_smi_query")] if isinstance(host, dict) else [0]
-    texts = [host.get(name) for name in ("hostname", "machine", "proc_driver_version")] if isinstance(host, dict) else []
-    return (all(answer is None or (isinstance(answer, dict) and isinstance(answer.get("output", ""), str))
-                for answer in answers) and all(text is None or isinstance(text, str) for text in texts))
 
 
 def default_selection(project: Project, docker_client) -> list[ImageSpec]:

@@ -281,7 +281,7 @@ class Nightly:
                     self.summary.notes.append(result.message)
             elif result.status == "unchanged":
                 self.summary.unchanged.append(result.tag)
-                if result.tag in self.summary.built:  # same inputs, same image (issue 47): nothing was pushed
+                if result.tag in self.summary.built:  # same inputs, same image: nothing was pushed
                     self.summary.notes.append(f"{result.tag}: rebuilt, same digest {result.digest}: nothing published")
             else:
                 self.summary.fail(result.tag, "publish", f"{result.status}: {result.message}")

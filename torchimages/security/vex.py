@@ -22,6 +22,7 @@ import jsonschema
 from debian.debian_support import version_compare
 
 from ..model import InputError, Problem
+from ..reporting import as_object
 from ..trust.attestations import VEX_PREDICATE
 from .freshness import Checker, Fixable, Installed, RowSecurity, fix_record, sbom_packages
 from .sbom import AllowedVulnerability, Allowlist
@@ -242,20 +243,16 @@ def validated(vex: dict, where: str) -> dict:
 def findings_of(reports: list[dict]) -> list[Finding]:
     """The fixable OS packages the verification reports record (publish's security index check), each once."""
     found = {Finding(str(item.get("package")), tuple(sorted(map(str, _list(item.get("cves"))))))
-             for report in _with_members(reports) for item in _list(_mapping(report.get("security")).get("fixable"))
+             for report in _with_members(reports) for item in _list(as_object(report.get("security")).get("fixable"))
              if isinstance(item, dict)}
     return sorted(found, key=lambda finding: finding.package)
 
 
 def _with_members(reports: list[dict]) -> list[dict]:
     """The reports and, of an index's, each platform's whole report (where its findings are)."""
-    members = [_mapping(member).get("report") for report in reports
-               for member in _mapping(report.get("platforms")).values()]
+    members = [as_object(member).get("report") for report in reports
+               for member in as_object(report.get("platforms")).values()]
     return [report for report in [*reports, *members] if isinstance(report, dict)]
-
-
-def _mapping(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
 
 
 def _list(value: object) -> list:

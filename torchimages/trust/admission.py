@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..model import InputError, Problem
+from ..reporting import as_object
 
 REPORT_RULE = "every verification report by the key must say passed and meet every requirement"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -48,14 +49,10 @@ class Requirement:
 
     def _found(self, report: dict):
         if self.subject == "check":
-            check = _mapping(_mapping(report.get("checks")).get(self.name))
+            check = as_object(as_object(report.get("checks")).get(self.name))
             return check.get("status", "absent")
-        host = _mapping(report.get("host"))
+        host = as_object(report.get("host"))
         return host.get("gpu_models", []) if self.name == "gpu_model" else host.get(self.name, "")
-
-
-def _mapping(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
 
 
 def _number(value: object) -> float | None:

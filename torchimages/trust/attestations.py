@@ -14,6 +14,7 @@ from ..build.bases_lock import LockedBase
 from ..build.builder import INPUT_HASH_LABEL
 from ..build.debs import PinnedDeb
 from ..model import ImageSpec
+from ..reporting import as_object
 
 SBOM_PREDICATE = "https://cyclonedx.org/bom"  # cosign's `--type cyclonedx`
 PROVENANCE_PREDICATE = "https://slsa.dev/provenance/v1"  # cosign's `--type slsaprovenance1`
@@ -60,10 +61,6 @@ def verification_predicate(spec: ImageSpec, image_id: str, report, security: dic
                    for name, verdict in sorted(report.checks.items())},
         **({"security": security} if security else {}),
     }
-
-
-def _mapping(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
 
 
 def check_counts(report) -> dict:
@@ -234,6 +231,6 @@ def summary(predicate_type: str, predicate: dict) -> str:
     checks = ", ".join(f"{name} {check.get('status')}" for name, check in (predicate.get("checks") or {}).items()
                        if isinstance(check, dict))
     platforms = predicate.get("platforms") if isinstance(predicate.get("platforms"), dict) else {}
-    over = "; index over " + ", ".join(f"{name} {_mapping(member).get('result')}" for name, member in platforms.items()) \
+    over = "; index over " + ", ".join(f"{name} {as_object(member).get('result')}" for name, member in platforms.items()) \
         if platforms else ""
     return f"{predicate.get('result')} on {host.get('kind')} ({where}): {checks}{over}"

@@ -8,11 +8,14 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..checks import checklist
 from ..checks.gpu_speed import host_report, peak_tflops
 from ..checks.rules import arch_flags_for
+from ..files import read_json_document
 from ..model import ImageSpec, InputError, PeerError, Problem
+from ..reporting import as_object
 from .plan import SUITE, parse_gpus
 from .suite import arch_rows, run_suite_on_facts
 
@@ -268,13 +271,9 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     return scenario
 
 
-def _object(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 def with_health_fields(gpus: list[dict], health: object) -> None:
     """Each lane GPU gets the health fields nvidia-smi printed for its UUID (checks/gpu_health.py), as printed."""
-    rows = _object(health).get("rows")
+    rows = as_object(health).get("rows")
     by_uuid = {str(row.get("uuid")): row for row in rows if isinstance(row, dict)} if isinstance(rows, list) else {}
     for entry in gpus:
         row = by_uuid.get(str(entry.get("uuid")))
@@ -284,8 +283,67 @@ def with_health_fields(gpus: list[dict], health: object) -> None:
 
 def recorded_speed(gpu: dict) -> dict:
     """The speed figures the host measured, as a lane host replays them (tests/gpu_hosts, `speed`)."""
-    copies = _object(gpu.get("copy_bandwidth"))
-    figures = {"bf16_tflops": _object(gpu.get("bf16_matmul")).get("tflops"), "h2d_gbps": copies.get("h2d_gbps"),
+    copies = as_object(gpu.get("copy_bandwidth"))
+    figures = {"bf16_tflops": as_object(gpu.get("bf16_matmul")).get("tflops"), "h2d_gbps": copies.get("h2d_gbps"),
                "d2h_gbps": copies.get("d2h_gbps"),
-               "busbw_gbps": _object(_object(gpu.get("multi_gpu")).get("bandwidth")).get("busbw_gbps")}
+               "busbw_gbps": as_object(as_object(gpu.get("multi_gpu")).get("bandwidth")).get("busbw_gbps")}
     return {name: value for name, value in figures.items() if isinstance(value, (int, float))}
+
+
+def gpu_record(date: str, spec: ImageSpec, source: str, where: str, facts: dict,
+               matrix: list[ImageSpec]) -> tuple[Record, dict | None]:
+    """`gpu-record`: the facts vouched for as spec's torch build (an InputError naming where otherwise), judged by the
+    real GPU checks, as the record line; with the lane host that replays them where the facts hold the raw host
+    answers (None for an older probe's)."""
+    vouch_for(spec, facts, where)
+    checks = judge(spec, "all", facts["torch"], facts["gpu"], matrix)
+    result = record(date, spec, source, facts, checks)
+    scenario = lane_host(date, spec, source, facts, checks, result.line) if facts.get("host") else None
+    return result, scenario
+
+
+def host_name(facts: dict) -> str:
+    """The recorded host's name as a file name may hold it."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", (facts.get("host") or {}).get("hostname") or "")[:60] or "host"
+
+
+GPU_FACTS_FIX = "save it again with `probe.py --gpu-only > FILE` on the GPU host"
+
+
+def read_gpu_facts(path: Path) -> dict:
+    """Saved `probe.py --gpu-only` facts: a bounded regular file (a FIFO would hang, /dev/zero never end) holding
+    the fields the record line reads, of their types."""
+    facts = read_json_document(path, GPU_FACTS_FIX)
+    gpu = facts.get("gpu") if isinstance(facts, dict) else None
+    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    matmul = gpu.get("bf16_matmul") if isinstance(gpu, dict) else None
+    expected = {
+        "an object with `torch` and `gpu` objects": isinstance(facts, dict) and isinstance(facts.get("torch"), dict)
+                                                     and isinstance(gpu, dict),
+        "`gpu.devices` a list of objects with a text `name`": devices is None or (
+            isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
+        "`gpu.bf16_matmul.tflops` a number": matmul is None or (
+            isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
+        "`torch.arch_flags` a list of text": not isinstance(facts, dict) or not isinstance(facts.get("torch"), dict)
+                                             or _texts(facts["torch"].get("arch_flags", [])),
+        "`host` an object of nvidia-smi answers with text outputs": not isinstance(facts, dict)
+                                                                   or _raw_host_answers(facts.get("host")),
+    }
+    wrong = [what for what, holds in expected.items() if not holds]
+    if wrong:
+        raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
+    return facts
+
+
+def _texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _raw_host_answers(host) -> bool:
+    """The probe's raw host answers (record_host_facts): absent, or an object whose text fields are text."""
+    if host is None:
+        return True
+    answers = [host.get(name) for name in ("nvidia_smi_list", "nvidia_smi_query")] if isinstance(host, dict) else [0]
+    texts = [host.get(name) for name in ("hostname", "machine", "proc_driver_version")] if isinstance(host, dict) else []
+    return (all(answer is None or (isinstance(answer, dict) and isinstance(answer.get("output", ""), str))
+                for answer in answers) and all(text is None or isinstance(text, str) for text in texts))

@@ -48,8 +48,8 @@ class VerifyReport:
     junit: str = "junit.xml"
     facts: str = FACTS_NAME
     # The host as this verification judged it (judged_host): what the signed report names, so publish never reads
-    # the probe's raw facts.
-    host: dict = field(default_factory=dict)
+    # the probe's raw facts. A report made without GPU facts ran on no GPU the checks judged.
+    host: dict = field(default_factory=lambda: judged_host({}, {}))
 
     def to_json(self) -> dict:
         return {"schema": REPORT_SCHEMA, **asdict(self)}
