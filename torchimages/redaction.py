@@ -24,6 +24,30 @@ AUTH_HEADER = re.compile(r"\b(basic|bearer)\s+[A-Za-z0-9+/=._~-]{8,}", re.IGNORE
 # How files.brief ends a value it cut short: what precedes it may be the start of a secret, cut mid-way.
 CUT_QUOTE = re.compile(r"\.\.\. \([0-9]+ characters\)", re.ASCII)
 SECRET_PARAMETER = re.compile(r"\b(password|passwd|token|access_token|secret)=[^\s&'\"]+", re.IGNORECASE | re.ASCII)
+# An image reference's scheme (`https://`), which Docker does not take but a user may paste with a login after it.
+REFERENCE_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://", re.ASCII)
+# What follows a reference's '@' when it ends with a digest: an algorithm and its encoded value, never a '/'. The
+# algorithm holds no dot, so that a host (registry.example.com:5000) after a login is never taken for one.
+DIGEST_SHAPE = re.compile(r"[a-z0-9]+(?:[+_-][a-z0-9]+)*:[A-Za-z0-9=_-]+", re.ASCII)
+# The first part of a name a digest may follow: a host (with its port) or a Docker Hub namespace; never 'user:pass'.
+NAME_START = re.compile(r"[A-Za-z0-9._-]+(?::[0-9]+)?", re.ASCII)
+
+
+def reference_login(text: str) -> tuple[str, str, str]:
+    """An image reference split as (scheme, login, the rest): 'https://ci:pa/ss@host/repo:tag' -> ('https://',
+    'ci:pa/ss', 'host/repo:tag'); the login is '' when there is none. A password typed unencoded may hold '/', ':',
+    '@', '+', '=' or '%', so the login ends at the last '@' no digest could start: one with a '/' after it (a digest
+    holds none), or one that neither a digest follows nor an image name (after the login before it) precedes. Reading
+    too much as the login only hides more of the reference."""
+    scheme = REFERENCE_SCHEME.match(text)
+    body = text[scheme.end():] if scheme else text
+    end = -1  # where the login read so far ends
+    for at in (at for at, character in enumerate(body) if character == "@"):
+        name = body[end + 1:at]
+        if ("/" in body[at + 1:] or not DIGEST_SHAPE.fullmatch(body[at + 1:])
+                or not NAME_START.fullmatch(name.partition("/")[0])):
+            end = at
+    return scheme[0] if scheme else "", body[:max(end, 0)], body[end + 1:]
 
 
 def _spellings(secret: str) -> set[str]:
@@ -69,10 +93,13 @@ class Secrets:
     @classmethod
     def in_arguments(cls, arguments: list[str]) -> Secrets:
         """The logins a command line holds anywhere, positional arguments (an image REF) included: in a URL
-        (scheme://user:password@host), or before a registry's host (user:password@host/repo; a digest's '@' comes
-        after the first '/'). `--flag=value` is read as its value."""
+        (scheme://user:password@host), or before a registry's host (user:password@host/repo, the password perhaps
+        holding '/'; see reference_login). `--flag=value` is read as its value."""
         values = [argument.partition("=")[2] if argument.startswith("--") else argument for argument in arguments]
         logins = [value.split("/", 1)[0].rpartition("@")[0] for value in values if "://" not in value]
+        # A password holding '/' puts the login's end after the first '/': read as an image reference reads it. Only
+        # a login with a password is taken so, lest a path holding an '@' ('/tmp/a@b/c') redact its own folders.
+        logins += [login for login in (reference_login(value)[1] for value in values) if ":" in login]
         return cls.in_urls(*values) | cls.of(*logins, *(login.partition(":")[2] for login in logins))
 
     def redact(self, text: str) -> str:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import PROXY_ARGS, InputError, PeerError, Problem, TorchImagesError, parse_size
-from ..peers.registry_address import parse_registry
+from ..peers.registry_address import parse_image_name, parse_registry
 from ..project import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, Project, locate
 from ..redaction import Secrets
 from . import commands as command_table
@@ -86,6 +86,8 @@ FLAG_CHECKS = {
     "shards": ("--shards", _at_least(1)),
     "shard": ("--shard", "torchimages.nightly.plan:parse_shard"),
     "registry": ("--registry", parse_registry),
+    "reference": ("REF", "torchimages.publish.verify_image:image_reference"),  # verify-image, rebuild
+    "image": ("--image", parse_image_name),  # test, gpu-record, security: a login is refused before any engine call
     "date": ("--date", "torchimages.cli.options:parse_date"),
 }
 

@@ -21,6 +21,7 @@ from ..publish import catalog
 from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
 from ..security import freshness, sbom
 from ..trust import keys, signing
+from ..trust.referrers import SIGNATURE_FORMATS
 from .console import log
 
 
@@ -169,6 +170,10 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                              f"password in {signing.PASSWORD_VARIABLE}, or a key on a PKCS#11 token "
                              f"(pkcs11:token=NAME;object=LABEL?module-path=MODULE, PIN in COSIGN_PKCS11_PIN) "
                              f"(default: ${signing.KEY_VARIABLE})")
+    parser.add_argument("--signature-format", choices=SIGNATURE_FORMATS, default="both",
+                        help="how each digest is signed and attested: classic (cosign's .sig/.att tags: cosign 2.x, "
+                             "podman, CRI-O), bundle (Sigstore bundles in OCI referrers: cosign v3, Kyverno's "
+                             "ImageValidatingPolicy, Trivy), or both, the same statements in each (default)")
     parser.add_argument("--require-signing", action="store_true",
                         help="refuse to publish without a signing key (as `signing: required` in the matrix does)")
     parser.add_argument("--security-mirror", metavar="URL|DIR",
@@ -188,6 +193,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
         retry=RetryPolicy(retries=args.retries), allowlist=sbom.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
+        signature_format=args.signature_format,
         security=freshness.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
         push_cache=publish_cache_folder(os.environ), base_pins=read_lock(project.lock_file),
     )

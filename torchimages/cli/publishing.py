@@ -24,6 +24,7 @@ from ..publish.catalog import (
     require_folder,
 )
 from ..security import sbom, vex
+from ..trust import referrers
 from .commands import add_command
 from .console import log
 from .options import (
@@ -85,17 +86,11 @@ def print_results(results: list[publisher.PublishResult], repository: str) -> No
         if result.status in ("published", "unchanged"):
             written = result.created + result.moved
             tags = f"; tags written: {', '.join(written)}" if written else ""
-            signed = f"; signed by {result.signing['key'][:19]}... ({signing_statuses(result.signing)})" \
+            signed = f"; signed by {result.signing['key'][:19]}... ({referrers.signing_statuses(result.signing)})" \
                 if result.signing else ""
             print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}")
         else:
             print(f"{result.status:9} {result.tag}: {result.message}")
-
-
-def signing_statuses(signing: dict) -> str:
-    """'signature present, attestations added' (or replaced: a new verification report took the key's older one's place)."""
-    statuses = {"signature": signing["signature_status"], "attestations": signing.get("attestation_status")}
-    return ", ".join(f"{name} {status}" for name, status in statuses.items() if status)
 
 
 def cmd_prune(project: Project, args) -> int:

@@ -47,6 +47,7 @@ import tenacity
 
 from ..files import brief
 from ..model import PeerError
+from . import referrers_api
 from .registry_access import RegistryAccess, docker_config_dir
 from .registry_address import Registry
 
@@ -229,6 +230,7 @@ class RegistryClient:
         self.log = log
         self.access = access
         self._push_cache: Path | None = None  # see pushes_share_a_cache
+        self._requests: referrers_api.RegistryHTTP | None = None  # what skopeo cannot ask (referrers_api.py)
 
     def ping(self) -> None:
         """Reach the registry and log in: a wrong password or an untrusted certificate fails here."""
@@ -371,6 +373,27 @@ class RegistryClient:
             raise RegistryError(f"{self.registry.name}:{tag}: the index written is {expected}, the registry has "
                                 f"{stored.digest if stored else 'nothing'}", transient=False)
         return expected
+
+    def referrers(self, digest: str) -> bytes | None:
+        """The index the registry's referrers API lists for digest; None when it has no such API (referrers_api.py)."""
+        return self._http().referrers(digest)
+
+    def write_referrers_index(self, body: bytes, tag: str) -> None:
+        """Put the referrers tag schema's index under tag byte for byte (by HTTP: skopeo 1.9 rewrites its
+        artifactType away) and check that the registry holds exactly it."""
+        refused = self._http().put_index(body, tag)
+        if refused is not None:
+            raise RegistryError(f"registry {self.registry.host} did not take the referrers index {tag}: "
+                                f"{self.access.redact(brief(refused))}", transient=False)
+        stored, expected = self.manifest_or_none(tag), "sha256:" + hashlib.sha256(body).hexdigest()
+        if stored is None or stored.digest != expected:
+            raise RegistryError(f"{self.registry.name}:{tag}: the index written is {expected}, the registry has "
+                                f"{stored.digest if stored else 'nothing'}", transient=False)
+
+    def _http(self) -> referrers_api.RegistryHTTP:
+        if self._requests is None:
+            self._requests = referrers_api.RegistryHTTP(self.registry, self.access)
+        return self._requests
 
     def delete(self, digest: str) -> None:
         """Delete a manifest; the registry drops every tag naming it."""

@@ -43,6 +43,7 @@ SBOM_PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
 PREDICATE_TYPE = re.compile(r"https://[A-Za-z0-9._/-]+", re.ASCII)
 SBOM_RULE = "must be a relative path inside the catalog folder, like sbom/<pinned tag>.cdx.json"
 SIGNATURE_TAG = re.compile(r"sha256-[0-9a-f]{64}\.(?:sig|att)", re.ASCII)
+REFERRERS_TAG = re.compile(r"sha256-[0-9a-f]{64}", re.ASCII)  # the referrers tag schema's index of the bundles
 
 
 @dataclass
@@ -237,7 +238,12 @@ def check_signing(shape: Shape, keys: tuple, signing: dict) -> None:
     """What goes from an image entry's signing record into images/README.md's commands: fingerprints and tags."""
     if not signing:
         return
-    check_signed_by(shape, keys, signing, ("signature", "attestation"))
+    # Classic tags, bundle referrers, or both (publish --signature-format): a record names what was written.
+    check_signed_by(shape, keys, signing, ("signature", "attestation") if "referrers" not in signing or
+                    "signature" in signing else ())
+    if "referrers" in signing and not (isinstance(signing["referrers"], str)
+                                       and REFERRERS_TAG.fullmatch(signing["referrers"])):
+        shape.wrong((*keys, "signing", "referrers"), f"must be a tag sha256-<hex>, not {brief(signing['referrers'])}")
     types = signing.get("predicate_types")
     if not isinstance(types, list) or not all(isinstance(kind, str) and PREDICATE_TYPE.fullmatch(kind) for kind in types):
         shape.wrong((*keys, "signing", "predicate_types"), "must list predicate type URLs")
@@ -326,7 +332,7 @@ def signing_record(signed: dict, before: dict) -> dict:
     if not signed:
         return before
     keys = sorted(set(before.get("keys", [])) | {signed["key"]})
-    return {"keys": keys, **{name: signed[name] for name in ("signature", "attestation", "predicate_types")
+    return {"keys": keys, **{name: signed[name] for name in ("signature", "attestation", "referrers", "predicate_types")
                              if name in signed}}
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..model import ImageSpec
 from ..peers.registry import Manifest, RegistryClient
+from ..trust.referrers import ReferrerStore
 from ..trust.signatures import SignatureStore
 from . import catalog_page, multiarch
 from .catalog import (
@@ -114,11 +115,12 @@ def prune(registry: RegistryClient, rows: list[ImageSpec], matrix: list[ImageSpe
     for name, index in sorted(plan.kept_in_index.items()):
         log(f"keeping {name}: the manifest list {index}, which stays, names its digest")
     result = PruneResult(kept_shared=plan.kept_shared)
-    signatures = SignatureStore(registry)
+    signatures, bundles = SignatureStore(registry), ReferrerStore(registry)
     try:
         for digest, names in plan.delete.items():
-            # Its signature and attestations first: a failure part-way leaves a signed image, never an orphan.
-            for artifact in signatures.remove(digest):
+            # Its signatures and attestations first, in both formats: a failure part-way leaves a signed image, never
+            # an orphan.
+            for artifact in [*signatures.remove(digest), *bundles.remove(digest)]:
                 log(f"deleted {artifact}")
             registry.delete(digest)
             log(f"deleted {', '.join(names)} ({digest})")

@@ -43,9 +43,10 @@ from ..security.sbom import (
     scan_image,
     write_sbom,
 )
-from ..trust import attestations
+from ..trust import attestations, bundles
 from ..trust.attestations import check_counts, verified_on
 from ..trust.keys import SigningKey
+from ..trust.referrers import BUNDLE, CLASSIC, ReferrerStore, signing_statuses
 from ..trust.signatures import SignatureStore, attestation_tag, signature_tag
 from ..verify.reports import VerifyReport, read_verify_report, verify_report_path
 from . import catalog_page, multiarch
@@ -159,6 +160,9 @@ class PublishOptions:
     push_cache: Path | None = None
     # bases.lock.json's pins, by base image: the provenance names a base by its registry manifest digest.
     base_pins: dict[str, LockedBase] = field(default_factory=dict)
+    # Which signature formats each signed digest gets: classic (.sig/.att tags), bundle (Sigstore bundles in OCI
+    # referrers), or both (trust/referrers.SIGNATURE_FORMATS).
+    signature_format: str = "both"
 
 
 @dataclass
@@ -284,22 +288,32 @@ class Publisher:
             **vex.index_predicate(repository, digest, members),
         }
         signed = self._sign_and_attest(key, digest, predicates)
-        self.log(f"{tag} (manifest list): signature {signed['signature_status']}, attestations "
-                 f"{signed['attestation_status']} ({key.public.fingerprint})")
+        self.log(f"{tag} (manifest list): {signing_statuses(signed)} ({key.public.fingerprint})")
         return signed
 
     def _sign_and_attest(self, key: SigningKey, digest: str, predicates: dict[str, dict]) -> dict:
-        """key's signature and attestations of digest on the registry (what is there by this key stays; its older
-        verification report gives way to a new one); the signing record publish returns and the catalog keeps."""
-        store = SignatureStore(self.registry)
-        with ThreadPoolExecutor(max_workers=2) as pool:  # two tags of their own: written side by side
-            signing = pool.submit(store.sign, key, digest)
-            attesting = pool.submit(store.attest, key, digest, predicates,
-                                    frozenset({attestations.VERIFICATION_PREDICATE, vex.VEX_PREDICATE}))
-            signature, attested = signing.result(), attesting.result()
-        return {"key": key.public.fingerprint, "signature": signature_tag(digest),
-                "attestation": attestation_tag(digest), "predicate_types": sorted(predicates),
-                "signature_status": signature, "attestation_status": attested}
+        """key's signature and attestations of digest on the registry, in the formats asked (classic tags, bundle
+        referrers, or both: cosign 2.x and podman read the one, cosign v3, Kyverno's ImageValidatingPolicy and Trivy
+        the other); what is there by this key stays, its older verification report and VEX give way to new ones. The
+        signing record publish returns and the catalog keeps."""
+        formats = self.options.signature_format
+        replace = frozenset({attestations.VERIFICATION_PREDICATE, vex.VEX_PREDICATE})
+        record = {"key": key.public.fingerprint, "predicate_types": sorted(predicates), "signature_format": formats}
+        jobs = {}
+        with ThreadPoolExecutor(max_workers=3) as pool:  # tags and referrers of their own: written side by side
+            if formats in (CLASSIC, "both"):
+                store = SignatureStore(self.registry)
+                record.update(signature=signature_tag(digest), attestation=attestation_tag(digest))
+                jobs["signature_status"] = pool.submit(store.sign, key, digest)
+                jobs["attestation_status"] = pool.submit(store.attest, key, digest, predicates, replace)
+            if formats in (BUNDLE, "both"):
+                manifest = self.registry.manifest(digest)
+                subject = {"mediaType": manifest.media_type, "digest": digest, "size": len(manifest.body)}
+                record["referrers"] = bundles.referrers_tag(digest)
+                jobs["bundle_status"] = pool.submit(ReferrerStore(self.registry).attest, key, digest, subject,
+                                                    {bundles.SIGN_PREDICATE: {}, **predicates}, replace)
+            record.update({name: job.result() for name, job in jobs.items()})
+        return record
 
     def _publish_guarded(self, spec: ImageSpec, catalog: Catalog, all_tags: list[str],
                          report: VerifyReport | None, targets: list[str]) -> PublishResult:
@@ -392,8 +406,7 @@ class Publisher:
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
                                    "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}
         signed = self._sign_and_attest(key, result.digest, predicates)
-        self.log(f"{spec.tag}: signature {signed['signature_status']}, attestations {signed['attestation_status']} "
-                 f"({key.public.fingerprint})")
+        self.log(f"{spec.tag}: {signing_statuses(signed)} ({key.public.fingerprint})")
         return signed
 
     def _sbom(self, result: PublishResult, image: dict, inventory: Inventory | None) -> dict:

@@ -1,7 +1,7 @@
 """A published image checked the way a consumer checks it (`verify-image`), as a library call: REF resolved to the
 digest the registry serves now (every manifest fetched by digest is checked to be that digest); a multi-arch tag's
 index checked, then the image it names for a platform (or all). Each digest needs the key's signature, its three
-attestations, and verification reports that meet the report rule (trust/admission.py). The fixable OS packages the
+attestations (in cosign's classic tags, in Sigstore bundle referrers, or in both saying the same: trust/referrers.py), and verification reports that meet the report rule (trust/admission.py). The fixable OS packages the
 reports record are matched with the VEX statements the keys signed (security/vex.py): counted as explained or not,
 and with `no_fixable` an unexplained one refuses the digest. Nothing here prints: cli/verifying.py does."""
 from __future__ import annotations
@@ -17,7 +17,8 @@ from ..reporting import DIGEST
 from ..security import vex
 from ..trust import admission, attestations
 from ..trust.keys import PublicKey
-from ..trust.signatures import Evidence, SignatureStore, gather_evidence
+from ..trust.referrers import gather_both
+from ..trust.signatures import Evidence
 from . import multiarch
 
 MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -48,7 +49,7 @@ class Subject:
                              "host": v.report.get("host"), "admits": v.admits, "failures": v.failures,
                              "notes": v.notes} for v in self.reports],
                 "findings": {"explained": list(map(str, self.explained)), "unexplained": list(map(str, self.unexplained))},
-                "problems": self.evidence.problems, "warnings": self.evidence.warnings, "verified": self.verified}
+                "formats": self.evidence.formats, "problems": self.evidence.problems, "warnings": self.evidence.warnings, "verified": self.verified}
 
 
 def host_platform() -> str:
@@ -66,7 +67,7 @@ def verify_image(client: RegistryClient, keys: list[PublicKey], reference: str,
         return None
     subjects = subjects_of(client, manifest, platform)
     for subject in subjects:
-        check_subject(SignatureStore(client), keys, subject, requirements)
+        check_subject(client, keys, subject, requirements)
         explain_findings(subject, no_fixable, today or dt.date.today())
     return subjects
 
@@ -85,10 +86,11 @@ def subjects_of(client: RegistryClient, manifest: Manifest, wanted: str) -> list
                      if name in members)]
 
 
-def check_subject(store: SignatureStore, keys: list[PublicKey], subject: Subject, requirements) -> None:
-    """Gather what the keys vouch for about the subject's digest and judge its verification reports."""
+def check_subject(client: RegistryClient, keys: list[PublicKey], subject: Subject, requirements) -> None:
+    """Gather what the keys vouch for about the subject's digest, in both formats, and judge its verification reports
+    (every one either format holds: a failed one in either refuses)."""
     problems = subject.evidence.problems
-    subject.evidence = gather_evidence(store, keys, subject.digest, attestations.PREDICATE_TYPES)
+    subject.evidence = gather_both(client, keys, subject.digest, attestations.PREDICATE_TYPES)
     subject.evidence.problems[:0] = problems
     reports = subject.evidence.statements.get(attestations.VERIFICATION_PREDICATE, [])
     subject.reports, failures = admission.judge_reports(reports, requirements, subject.manifest.media_type,
@@ -110,9 +112,21 @@ def explain_findings(subject: Subject, no_fixable: bool, today: dt.date) -> None
 
 
 def image_reference(text: str) -> tuple[Registry, str]:
-    """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise."""
+    """'HOST[:PORT]/REPO:TAG' or 'HOST[:PORT]/REPO@sha256:<hex>' -> (registry, tag or digest); exit 2 otherwise.
+    A login in text is refused first, with text shown without it, so no later message can quote it."""
+    from ..files import brief
+    from ..peers.registry_address import TAG_PATTERN, refuse_login
+    form = "HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex> alone"
+    refuse_login(text, "REF", form)
+    if "://" in (text or ""):
+        raise InputError([Problem("REF", 0, f"REF {brief(text)} is a URL: give {form}, without a scheme")])
     registry, reference = image_registry(text or "")
     parse_registry(registry.name, flag="REF")
     if "@" in text and not DIGEST.fullmatch(reference):
-        raise InputError([Problem("REF", 0, f"{text!r}: a digest is sha256: and 64 lower-case hex digits")])
+        # Only the digest is quoted: were what precedes the '@' a login after all, it stays unshown.
+        raise InputError([Problem("REF", 0, f"REF digest {brief(reference)}: a digest is sha256: and 64 lower-case hex "
+                                            "digits")])
+    if "@" not in text and not TAG_PATTERN.fullmatch(reference):
+        raise InputError([Problem("REF", 0, f"REF {brief(text)}: a tag is up to 128 letters, digits, '_', '.' or '-' "
+                                            f"({form})")])
     return registry, reference

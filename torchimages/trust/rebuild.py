@@ -1,6 +1,6 @@
 """`build.py rebuild REF`: build a published digest again from what its signed provenance claims, and compare.
 
-The provenance is read only once a key verified it (signatures.gather_evidence, as verify-image does). It names the
+The provenance is read only once a key verified it (referrers.gather_both, as verify-image does). It names the
 row, the commit of the row's Dockerfile (the image's revision label, reproducible.py) and every wheel by sha256. The
 rebuild takes that commit's files from a worktree of this checkout, serves exactly the recorded wheels (found by
 name, checked by hash), builds without the cache and offline (the wheels are served, pip reads no index), and
@@ -35,7 +35,7 @@ from ..peers.registry import Manifest, RegistryClient
 from .attestations import PROVENANCE_PREDICATE
 from .keys import PublicKey
 from .layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
-from .signatures import SignatureStore, gather_evidence
+from .referrers import gather_both
 
 REBUILT_SUFFIX = "-rebuilt"  # the rebuilt image's repository: the row's, so that no local image of the row is replaced
 
@@ -84,7 +84,7 @@ def claim_of(provenance: dict, reference: str) -> Claim:
 
 
 def verified_claim(client: RegistryClient, keys: list[PublicKey], manifest: Manifest, reference: str) -> Claim:
-    evidence = gather_evidence(SignatureStore(client), keys, manifest.digest, [PROVENANCE_PREDICATE])
+    evidence = gather_both(client, keys, manifest.digest, [PROVENANCE_PREDICATE])
     provenance = evidence.latest(PROVENANCE_PREDICATE)
     if evidence.problems or provenance is None:
         raise _refused(reference, f"{(evidence.problems or ['no provenance'])[0]}: rebuild reads only a provenance "

@@ -300,6 +300,8 @@ class Evidence:
     statements: dict[str, list[dict]] = field(default_factory=dict)  # predicate type -> predicates of verified ones
     problems: list[str] = field(default_factory=list)  # what keeps it from being verified
     warnings: list[str] = field(default_factory=list)  # what a reader should know, that does not
+    # "signature" and each predicate type -> the formats ("classic", "bundle") it was verified in (referrers.py)
+    formats: dict[str, list[str]] = field(default_factory=dict)
 
     def latest(self, predicate_type: str) -> dict | None:
         """The last verified predicate of a type (the newest a publisher appended), None when there is none."""
