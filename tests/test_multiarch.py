@@ -26,9 +26,10 @@ from torchimages.publish.catalog import (
 from torchimages.publish.catalog_page import readme
 from torchimages.publish.prune import index_members, pinned_stems, prune_plan
 from torchimages.publish.publisher import DATED_TAG, dated_tags, new_pinned_tag
-from torchimages.trust import attestations
+from torchimages.trust import attestations, bundles
 from torchimages.trust.signatures import attestation_tag, gather_evidence, signature_tag
 
+from .bundle_verifiers import cosign_trusted_root, cosign_verify_bundle_attestation
 from .catalog_fixtures import entry as image_entry
 from .conftest import FIXTURE_PROJECT
 from .multiarch_fixtures import MATRIX, RUNTIME, RUNTIME_ARM, build_stand_in
@@ -212,7 +213,13 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
     assert not cosign_accepts(cosign, f"{space.repository}@{index['digest']}", KEYS / "second.pub")
     assert index["signing"] == {"keys": [key().public.fingerprint], "signature": signature_tag(index["digest"]),
                                 "attestation": attestation_tag(index["digest"]),
+                                "referrers": bundles.referrers_tag(index["digest"]),
                                 "predicate_types": sorted(attestations.PREDICATE_TYPES)}
+    # Both formats on the index digest: the real cosign verifies its bundles (the signature statement too).
+    root = cosign_trusted_root(space.root)
+    for kind in (bundles.SIGN_PREDICATE, *attestations.PREDICATE_TYPES):
+        verified = cosign_verify_bundle_attestation(cosign, f"{space.repository}@{index['digest']}", public, kind, root)
+        assert verified.returncode == 0, verified.stderr
     # The index is attested too (signing-interop.md finding 1): cosign's `verify-attestation REPO:TAG`, which resolves
     # the tag to the index digest as Kyverno and policy-controller do, accepts all three; so does verify-image, which
     # then checks each platform's image.
@@ -222,6 +229,7 @@ def test_a_signed_publish_signs_the_index_so_cosign_accepts_the_multi_arch_tag(g
                         "--format", "json", check_exit=0)
     verdict = json.loads(checked.stdout)
     assert verdict["verified"] and verdict["digest"] == index["digest"]
+    assert verdict["formats"]["signature"] == ["classic", "bundle"]
     assert {platform: found["digest"] for platform, found in verdict["platforms"].items()} == {
         platform: member["digest"] for platform, member in index["platforms"].items()}
     report = verdict["predicates"][attestations.VERIFICATION_PREDICATE]

@@ -14,7 +14,7 @@ from asn1crypto import keys as asn1_keys
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from torchimages.matrix.load import load_matrix
-from torchimages.trust import attestations, signing
+from torchimages.trust import attestations, bundles, signing
 from torchimages.trust.signatures import (
     Layer,
     attestation_tag,
@@ -258,7 +258,7 @@ def test_a_republish_adds_nothing_a_second_key_appends_and_prune_takes_only_prun
     old = workspace.catalog_json()["images"][RUNTIME]["digest"]
     store = store_of(workspace)
     again = workspace.publish(RUNTIME, date="20260101", extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
-    assert "unchanged" in again.stdout and "signature present, attestations present" in again.stdout
+    assert "unchanged" in again.stdout and "signature present, attestations present, bundles present" in again.stdout
     assert len(store.layers(signature_tag(old), signing.SIGNATURE_MEDIA_TYPE)) == 1
     assert len(store.layers(attestation_tag(old), signing.ATTESTATION_MEDIA_TYPE)) == 3
 
@@ -281,8 +281,8 @@ def test_a_republish_adds_nothing_a_second_key_appends_and_prune_takes_only_prun
                            "--catalog", str(workspace.catalog), check_exit=0)
     assert f"deleted {signature_tag(old)}" in pruned.stderr + pruned.stdout
     tags = set(workspace.tags())
-    assert {signature_tag(new), attestation_tag(new)} <= tags
-    assert not {signature_tag(old), attestation_tag(old)} & tags
+    assert {signature_tag(new), attestation_tag(new), bundles.referrers_tag(new)} <= tags
+    assert not {signature_tag(old), attestation_tag(old), bundles.referrers_tag(old)} & tags
     assert accepted_everything(cosign, f"{workspace.repository}@{new}", KEYS / "first.pub")
 
 

@@ -13,6 +13,8 @@ from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..publish.verify_image import NO_FIXABLE, Subject, host_platform, image_reference, verify_image
 from ..security import vex
 from ..trust import admission, attestations
+from ..trust.referrers import SIGNATURE
+from ..trust.signatures import Evidence
 from ..trust.signing import load_public_key
 from .commands import add_command
 from .console import log
@@ -59,14 +61,16 @@ def print_subject(repository: str, fingerprint: str, subject: Subject) -> None:
     evidence = subject.evidence
     print(f"{repository}@{subject.digest}" + ("" if subject.label == "image" else f" ({subject.label})"))
     print(f"  signature: {'verified, signs ' + ', '.join(evidence.signed_as) if evidence.signed_as else 'NOT VERIFIED'}"
-          f" (key {fingerprint})")
+          f" (key {fingerprint}){formats_of(evidence, SIGNATURE)}")
     for kind in attestations.PREDICATE_TYPES:
         found = evidence.statements.get(kind, [])
         if kind == attestations.VERIFICATION_PREDICATE and found:
+            print(f"  {kind}: {len(subject.reports)} signed report(s){formats_of(evidence, kind)}")
             for number, verdict in enumerate(subject.reports, start=1):
                 print_report(kind, number, len(subject.reports), verdict)
             continue
-        print(f"  {kind}: " + (f"verified: {attestations.summary(kind, found[-1])}" if found else "NOT VERIFIED"))
+        print(f"  {kind}: " + (f"verified: {attestations.summary(kind, found[-1])}{formats_of(evidence, kind)}"
+                               if found else "NOT VERIFIED"))
     found = evidence.statements.get(vex.VEX_PREDICATE, [])
     print(f"  {vex.VEX_PREDICATE}: " + (f"verified: {sum(len(d.get('statements') or []) for d in found)} statements"
                                          if found else "none by this key (publish attests one where a finding is accepted or a fix carried)"))
@@ -75,6 +79,12 @@ def print_subject(repository: str, fingerprint: str, subject: Subject) -> None:
         print(f"  warning: {warning}")
     for problem in evidence.problems:
         print(f"  problem: {problem}")
+
+
+def formats_of(evidence: Evidence, kind: str) -> str:
+    """' [classic, bundle]': the formats a statement was verified in (cosign's .sig/.att tags, Sigstore bundles)."""
+    found = evidence.formats.get(kind)
+    return f" [{', '.join(found)}]" if found else ""
 
 
 def print_report(kind: str, number: int, count: int, verdict: admission.ReportVerdict) -> None:
