@@ -34,6 +34,7 @@ engine-down:
 # The real cosign CLI, which the signing tests verify published images with (unpacked under .tools/).
 cosign: setup
 	$(PYTHON) -m devtools.cosign
+	$(PYTHON) -m devtools.sigstore_js --optional
 
 # SoftHSM2, the software PKCS#11 token the hardware-key tests sign with (Debian's softhsm2: a file check once there).
 softhsm: setup

@@ -21,7 +21,6 @@ from .bundle_verifiers import (
     bundle_schema_errors,
     cosign_trusted_root,
     cosign_verify_bundle_attestation,
-    sigstore_js_script,
     sigstore_js_verify,
 )
 from .publish_fixtures import RUNTIME, Workspace, clean_up
@@ -170,11 +169,10 @@ def test_a_signed_publish_carries_both_formats_each_verified_by_cosign_and_sigst
         assert cosign_verify_bundle_attestation(cosign, reference, KEYS / "second.pub", kind, root).returncode != 0
     assert accepted_everything(cosign, reference, public)
     # An independent verifier (@sigstore/verify) and the protobuf-specs schema, each bundle.
-    if sigstore_js_script() is not None:
-        for referrer in referrers:
-            assert bundle_schema_errors(referrer.bundle) == []
-            assert sigstore_js_verify(referrer.bundle, public.read_text(), digest)[0]
-            assert not sigstore_js_verify(referrer.bundle, (KEYS / "second.pub").read_text(), digest)[0]
+    for referrer in referrers:
+        assert bundle_schema_errors(referrer.bundle) == []
+        assert sigstore_js_verify(referrer.bundle, public.read_text(), digest)[0]
+        assert not sigstore_js_verify(referrer.bundle, (KEYS / "second.pub").read_text(), digest)[0]
 
     both = verify_image(workspace, reference)
     assert both.returncode == 0, both.stdout + both.stderr
