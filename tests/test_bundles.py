@@ -5,17 +5,35 @@ empty trusted root, classic with its defaults) and by an independent bundle veri
 Debian's docker-registry 2.8, which has no referrers API (the referrers tag schema's index is written there).
 """
 import datetime as dt
+import hashlib
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
+from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry_access import registry_access
+from torchimages.peers.registry_address import Registry
 from torchimages.trust import attestations, bundles, keys
-from torchimages.trust.referrers import ReferrerStore, disagreements, reconcile
-from torchimages.trust.signatures import Evidence, attestation_tag, signature_tag
+from torchimages.trust.referrers import (
+    ReferrerStore,
+    disagreements,
+    gather_both,
+    gather_bundle_evidence,
+    reconcile,
+)
+from torchimages.trust.signatures import (
+    Evidence,
+    SignatureStore,
+    UnreadableArtifact,
+    attestation_tag,
+    signature_tag,
+)
 
 from .bundle_verifiers import (
     bundle_schema_errors,
@@ -261,3 +279,64 @@ def test_two_concurrent_writers_of_one_digests_referrers_index_keep_every_referr
     listed = [entry["annotations"][bundles.PREDICATE_ANNOTATION] for entry in entries]
     assert sorted(listed) == sorted([bundles.SIGN_PREDICATE, bundles.SIGN_PREDICATE,
                                      "https://example.org/first/v1", "https://example.org/second/v1"])
+
+
+# -------------------------------------------------------------------------------- hostile referrers, a registry of its own
+
+def tiny_image(client: RegistryClient) -> tuple[str, dict]:
+    """A small image of its own pushed as :latest (no engine): its digest and descriptor."""
+    layer, config = uuid.uuid4().hex.encode(), b"{}"
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": bundles.OCI_MANIFEST,
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
+                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "size": len(layer),
+                                       "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}]}).encode()
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "image"
+        folder.mkdir()
+        for name, content in {"version": b"Directory Transport Version: 1.1\n", "manifest.json": manifest,
+                              hashlib.sha256(config).hexdigest(): config,
+                              hashlib.sha256(layer).hexdigest(): layer}.items():
+            (folder / name).write_bytes(content)
+        client.write_artifact(folder, "latest")
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    return digest, {"mediaType": bundles.OCI_MANIFEST, "digest": digest, "size": len(manifest)}
+
+
+@pytest.fixture
+def own_client(own_registry) -> RegistryClient:
+    registry = Registry(own_registry[1], "hostile/pytorch")
+    return RegistryClient(registry, registry_access(registry), RetryPolicy(retries=0), lambda _: None)
+
+
+PREDICATES = {bundles.SIGN_PREDICATE: {}, **{kind: {"result": "passed"} for kind in attestations.PREDICATE_TYPES}}
+
+
+def test_foreign_content_at_the_referrers_tag_vouches_for_nothing_and_is_never_rewritten(own_client):
+    digest, subject = tiny_image(own_client)
+    SignatureStore(own_client).sign(key(), digest)
+    SignatureStore(own_client).attest(key(), digest, {kind: {"result": "passed"} for kind in attestations.PREDICATE_TYPES})
+    own_client.copy_tag(digest, bundles.referrers_tag(digest))  # an image, not an index, at sha256-<hex>
+    with pytest.raises(UnreadableArtifact, match="not ours to rewrite"):
+        ReferrerStore(own_client).attest(key(), digest, subject, PREDICATES)
+    assert own_client.digest_of(bundles.referrers_tag(digest)) == digest
+    found = gather_both(own_client, [key().public], digest, attestations.PREDICATE_TYPES)
+    assert found.problems == [] and found.formats["signature"] == ["classic"]
+    assert any("bundle format" in warning and "nothing in it was read" in warning for warning in found.warnings)
+
+
+def test_referrers_that_are_no_bundle_of_the_key_about_the_digest_are_skipped_with_a_warning(own_client):
+    digest, subject = tiny_image(own_client)
+    other, other_subject = tiny_image(own_client)
+    store = ReferrerStore(own_client)
+    store.attest(key(), digest, subject, PREDICATES)
+    store.attest(key(SECOND), other, other_subject, {bundles.SIGN_PREDICATE: {}})
+    # Another digest's bundle, and another key's bundle about this digest, listed in this digest's index.
+    foreign_entries, _ = store.entries(other)
+    entries, _ = store.entries(digest)
+    own_client.write_referrers_index(bundles.referrers_index([*entries, *foreign_entries]),
+                                     bundles.referrers_tag(digest))
+    store.attest(key(SECOND), digest, subject, {REPORT: {"result": "failed"}})
+    found = gather_bundle_evidence(store, [key().public], digest, attestations.PREDICATE_TYPES)
+    assert found.problems == [] and found.statements[REPORT] == [{"result": "passed"}]
+    assert sum("is no bundle these keys signed" in warning for warning in found.warnings) == 2
