@@ -340,3 +340,24 @@ def test_referrers_that_are_no_bundle_of_the_key_about_the_digest_are_skipped_wi
     found = gather_bundle_evidence(store, [key().public], digest, attestations.PREDICATE_TYPES)
     assert found.problems == [] and found.statements[REPORT] == [{"result": "passed"}]
     assert sum("is no bundle these keys signed" in warning for warning in found.warnings) == 2
+
+
+def test_a_new_report_replaces_the_keys_older_one_in_both_formats_so_they_still_agree(own_client):
+    digest, subject = tiny_image(own_client)
+    classic, bundled = SignatureStore(own_client), ReferrerStore(own_client)
+    first = {kind: {"result": "passed", "host": "cpu-only"} for kind in attestations.PREDICATE_TYPES}
+    classic.sign(key(), digest)
+    classic.attest(key(), digest, first)
+    assert bundled.attest(key(), digest, subject, {bundles.SIGN_PREDICATE: {}, **first}) == "added"
+    older, _ = bundled.entries(digest)
+    again = {**first, REPORT: {"result": "passed", "host": "gpu"}}  # verified again, on a GPU host
+    assert classic.attest(key(), digest, again, frozenset({REPORT})) == "replaced"
+    assert bundled.attest(key(), digest, subject, {bundles.SIGN_PREDICATE: {}, **again}, frozenset({REPORT})) == \
+        "replaced"
+    newer, _ = bundled.entries(digest)
+    assert len(newer) == len(older) == 4
+    gone = {entry["digest"] for entry in older} - {entry["digest"] for entry in newer}
+    assert len(gone) == 1 and own_client.digest_of(gone.pop()) is None  # the superseded referrer is deleted
+    found = gather_both(own_client, [key().public], digest, attestations.PREDICATE_TYPES)
+    assert found.problems == [] and found.statements[REPORT] == [{"result": "passed", "host": "gpu"}]
+    assert found.formats[REPORT] == ["classic", "bundle"]

@@ -114,8 +114,12 @@ def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList],
              "attested too, since cosign and admission controllers resolve the tag to it: its report passes only if "
              "every platform's image passed, and holds each one's report. "
              f"The public keys are in {markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use "
-             "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).", "",
-             "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
+             "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).",
+             *([] if not any("referrers" in entry.signing for entry in signed) else [
+                 "", "Digests signed in both formats also carry the same statements as Sigstore bundles in OCI "
+                 "referrers, cosign v3's format, which it reads first (cosign 2.5: `verify-attestation "
+                 "--new-bundle-format --trusted-root ROOT`, ROOT a trusted root without logs; docs/trust.md).", ]),
+             "", "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
     for entry in signed:
         lines.append(signed_row(entry.tag, entry.signing, check_commands(catalog_link, entry.signing,
                                                                          entry.pull_digest())))
