@@ -44,6 +44,7 @@ from torchimages.peers.registry_address import image_registry, parse_registry
 from torchimages.publish.catalog import Catalog, CatalogEntry, PinnedTag
 from torchimages.publish.prune import prune_lookups
 from torchimages.redaction import Secrets
+from torchimages.trust.bundles import referrers_tag
 from torchimages.trust.signatures import attestation_tag, signature_tag
 
 from .conftest import FIXTURE_MATRIX, ROOT
@@ -689,10 +690,11 @@ def test_prune_of_one_row_asks_the_registry_for_its_tags_only(scratch, fake_regi
     result = run_in(scratch, "prune", CPU_RUNTIME, "--retention", "1", "--registry", f"{fake_registry.host}/ml/pytorch")
     assert_contract(result, 0)
     pruned = "sha256:" + hashlib.sha256(manifest_body(f"{CPU_RUNTIME}-20260101")).hexdigest()
-    # The row's tags, and the signature and attestation tags of the digest it prunes (removed with it): no other row's.
+    # The row's tags, and the signature and attestation tags and the referrers index of the digest it prunes (removed
+    # with it): no other row's.
     assert {request for request in fake_registry.manifest_requests if not request.startswith("sha256:")} <= {
         CPU_RUNTIME, f"{CPU_RUNTIME}-20260101", f"{CPU_RUNTIME}-20260102", signature_tag(pruned),
-        attestation_tag(pruned)}
+        attestation_tag(pruned), referrers_tag(pruned)}
     assert fake_registry.deleted == [pruned]
 
 

@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 from ..files import brief
 from ..model import InputError, Problem
-from ..redaction import DIGEST_SHAPE, reference_login
+from ..redaction import DIGEST_SHAPE, REDACTED, reference_login
 
 HOST_PATTERN = re.compile(r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::[0-9]{1,5})?", re.ASCII)
 REPOSITORY_PATTERN = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
                                 re.ASCII)
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)  # Docker's grammar for a tag
 MAX_NAME_LENGTH = 255  # Docker's limit on a repository name
-LOGIN_SHOWN = "***"  # what a refusal shows in place of a login: neither its user nor its password, however short
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def refuse_login(text: str, flag: str, form: str) -> None:
         return
     host = address.partition("/")[0]
     host = host if HOST_PATTERN.fullmatch(host) else "HOST"  # a hostile host is never made part of a command to copy
-    raise InputError([Problem(flag, 0, f"{flag} {brief(f'{scheme}{LOGIN_SHOWN}@{address}')} holds a login before "
+    raise InputError([Problem(flag, 0, f"{flag} {brief(f'{scheme}{REDACTED}@{address}')} holds a login before "
                                        f"the host: give it to `docker login {host}` (the Docker config keeps it) and "
                                        f"{flag} {form}")])
 
