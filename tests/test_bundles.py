@@ -361,3 +361,22 @@ def test_a_new_report_replaces_the_keys_older_one_in_both_formats_so_they_still_
     found = gather_both(own_client, [key().public], digest, attestations.PREDICATE_TYPES)
     assert found.problems == [] and found.statements[REPORT] == [{"result": "passed", "host": "gpu"}]
     assert found.formats[REPORT] == ["classic", "bundle"]
+
+
+def test_what_cosign_itself_writes_in_the_bundle_format_verifies_here(own_client, cosign, tmp_path):
+    """cosign 2.5's `attest --new-bundle-format` for each statement, the cosign/sign/v1 signature statement included
+    (cosign v3's `sign` writes that very statement; 2.5's `sign` has no bundle format)."""
+    digest, _ = tiny_image(own_client)
+    reference = f"{own_client.registry.name}@{digest}"
+    for kind, predicate in PREDICATES.items():
+        path = tmp_path / "predicate.json"
+        path.write_text(json.dumps(predicate))
+        written = subprocess.run(
+            [str(cosign), "attest", "--yes", "--new-bundle-format", "--key", str(FIRST), "--tlog-upload=false",
+             "--allow-insecure-registry", "--allow-http-registry", "--type", kind, "--predicate", str(path), reference],
+            capture_output=True, text=True, timeout=120, env=environment(**SIGNED), check=False)
+        assert written.returncode == 0, written.stderr
+    found = gather_both(own_client, [key().public], digest, attestations.PREDICATE_TYPES)
+    assert found.problems == [] and found.signed_as == [own_client.registry.name]
+    assert found.formats == {kind if kind != bundles.SIGN_PREDICATE else "signature": ["bundle"] for kind in PREDICATES}
+    assert gather_both(own_client, [key(SECOND).public], digest, attestations.PREDICATE_TYPES).problems
