@@ -1,16 +1,25 @@
-"""The shipped admission policies (docs/policies/) judged without a cluster: their shape against the projects' own CRD
-schemas (tests/data/crds/), and their conditions evaluated for real on in-toto statements that a test has already
-verified the signatures of (JMESPath for Kyverno's ClusterPolicy, CEL for its ImageValidatingPolicy).
+"""The shipped admission policies (docs/policies/) judged without a cluster, each engine release as its source behaves:
+their shape against the projects' own CRD schemas (tests/data/crds/); which of a digest's signatures and
+attestations the engine finds and verifies (cosign's classic `.sig`/`.att` tags, Sigstore bundle v0.3 referrers
+through the referrers API or the referrers tag); and the policy's conditions evaluated for real on what it verified
+(JMESPath for Kyverno's ClusterPolicy, CEL for its ImageValidatingPolicy).
 
-Each `*_admits(policy_path, image_ref, statements)` answers (admitted, why) the way the admission controller decides,
-as read in its source: which policy entries match the image reference (so CUDA tags meet the GPU rule), which
-statements each judges, what makes it refuse. The statements are taken as signed by the policy's first key.
+A `Published` says what the registry holds for one digest; each `*_admits(policy_path, image_ref, published, ...)`
+answers (admitted, why) the way that engine decides. Every behaviour modelled names the source it was read from,
+as `file:line` at a tag or branch and commit of the mirrors read on 2026-11-29, or the issue that reports it:
+  Kyverno        v1.18.1@ec14520a5531, v1.19.0@ee97ce09538b, release-1.19@c53e5bd8f7c6, main@111e07bbecc6
+  cosign         v3.0.6@f1ad3ee95231 (Kyverno 1.18.1's), v3.1.2@193d2153431f (Kyverno 1.19.0's)
+  go-containerregistry v0.21.8@2ea098f4b134 (Kyverno 1.19.0's)
+  policy-controller v0.13.1@ccbb37f30097, main@f925c0c1a412
+  container-libs (containers/image) main@f0ddf1a745bb
 """
 from __future__ import annotations
 
 import fnmatch
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import celpy
@@ -43,7 +52,8 @@ def _walk(document, schema: dict, path: str) -> Iterator[tuple[str, object, dict
     if isinstance(document, dict):
         properties = schema.get("properties")
         # An object without declared properties (metadata, a preserved or free-form map) is not the CRD's to close.
-        if properties is None or schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("additionalProperties"):
+        closed = not (schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("additionalProperties"))
+        if properties is None or not closed:
             return
         for name, value in document.items():
             child = properties.get(name)
@@ -75,6 +85,87 @@ def deprecated_fields(document: dict, schema: dict) -> list[str]:
 def policy_documents(policy_path: Path) -> list[dict]:
     return [document for document in yaml.safe_load_all(policy_path.read_text()) if document]
 
+
+
+# ------------------------------------------------------------------------------------ what the registry holds
+
+# cosign v3 signs an image by attesting a statement of this type with an empty predicate (`cosign tree` lists it,
+# policy-controller#1958); publish writes it beside the attestations' bundles.
+SIGN_PREDICATE = "https://sigstore.dev/cosign/sign/v1"
+# The policies' keys in the order each file lists them: a Kyverno attestor, a ClusterPolicy attestor entry, a
+# policy-controller authority's name prefix, a containers-policy.json keyPaths item.
+KEY_NAMES = ("current", "next")
+
+
+class Referrers(Enum):
+    """How a digest's bundle v0.3 referrers can be found."""
+    NONE = "no bundle referrers"
+    API = "the referrers API"  # GET /v2/<name>/referrers/<digest>
+    TAG = "the referrers tag"  # an OCI index tagged sha256-<hex>, on a registry without the API (docker-registry 2.8)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a registry holds for one digest: the in-toto statements attested (both formats carry the same ones), the
+    key that signed everything (a name of KEY_NAMES, or another), whether the classic `.sig`/`.att` tags are there, how
+    the bundle referrers are found, and the docker-reference the classic signature's simple-signing payload names
+    ("" for the image's own)."""
+    statements: tuple[dict, ...]
+    signer: str = "current"
+    classic: bool = True
+    bundles: Referrers = Referrers.TAG
+    signed_reference: str = ""
+
+    def bundled(self) -> list[dict]:
+        """The statements of the bundle referrers, the signature's first."""
+        if self.bundles is Referrers.NONE:
+            return []
+        return [{"predicateType": SIGN_PREDICATE, "predicate": {}}, *self.statements]
+
+
+def published(statements: list[dict], **where) -> Published:
+    """What publish writes (both formats, the bundles under the referrers tag) unless where says otherwise."""
+    return Published(tuple(statements), **where)
+
+
+def _of_type(statements: list[dict], predicate_type: str) -> list[dict]:
+    return [statement for statement in statements if statement["predicateType"] == predicate_type]
+
+
+# ------------------------------------------------------------------------------------------- Kyverno releases
+
+@dataclass(frozen=True)
+class KyvernoRelease:
+    """One Kyverno release line's cosign verification. in_source False: the release is newer than the source read,
+    and verifies_key_bundles is what the issue's fix is expected to give, not what was read."""
+    name: str
+    source: str
+    verifies_key_bundles: bool  # whether a key-signed bundle v0.3 without a transparency log entry verifies
+    basis: str
+    in_source: bool = True
+    serves_cluster_policy: bool = True
+
+
+KYVERNO = {release.name: release for release in (
+    KyvernoRelease("1.18", "v1.18.1@ec14520a5531", True,
+                   "kyverno#17363 (key-signed bundle-only referrers verify on v1.18.1) and #16678 (v1.18.1 reads "
+                   "bundle attestations under the referrers tag)"),
+    # The mechanism is the PR's, not confirmed in the source read: v1.18.1's key path also leaves TrustedMaterial nil
+    # (opts.go checkOptions), and cosign v3.0.6 -> v3.1.2 and sigstore-go v1.1.4 -> v1.3.0 changed too (go.mod).
+    KyvernoRelease("1.19.0", "v1.19.0@ee97ce09538b", False,
+                   "kyverno#17363: every key-signed bundle fails `accepted signatures do not match threshold, "
+                   "Found: 0, Expected 1`; #16678: 0 verified under the referrers tag; PR #17380 traces it to "
+                   "opts.go:87 skipSigstoreInfra (key + insecureIgnoreTlog skips the Sigstore trust material)"),
+    KyvernoRelease("1.19.1", "release-1.19@c53e5bd8f7c6", True,
+                   "expected from the release-critical kyverno#17363 being fixed; release-1.19@c53e5bd8f7c6, the "
+                   "newest 1.19 source read (before 1.19.1), still has v1.19.0's verifier.go and opts.go",
+                   in_source=False),
+    KyvernoRelease("1.20", "main@111e07bbecc6", True,
+                   "as 1.19.1: main@111e07bbecc6 still has v1.19.0's verifier.go and opts.go", in_source=False,
+                   # ClusterPolicy is deprecated since 1.17, its removal planned for 1.20
+                   serves_cluster_policy=False),
+)}
+CLUSTER_POLICY_RELEASES = tuple(name for name, release in KYVERNO.items() if release.serves_cluster_policy)
 
 # ---------------------------------------------------------------------------------------- Kyverno's ClusterPolicy
 
@@ -129,20 +220,51 @@ def _conditions_hold(blocks: list[dict], predicate: dict) -> tuple[bool, str]:
     return True, ""
 
 
-def kyverno_admits(policy_path: Path, image_ref: str, statements: list[dict]) -> tuple[bool, str]:
-    """Whether Kyverno's ClusterPolicy admits image_ref with these statements: every verifyImages entry whose
-    imageReferences match (wildcards, ext/wildcard) needs, for each attestation type, at least one statement of it,
-    and every statement of it must meet the conditions (imageverifier.go verifyAttestation loops over all)."""
+def _cluster_policy_verifies(attestor_sets: list[dict], found: Published, predicate_type: str | None
+                             ) -> tuple[list[dict], str]:
+    """What a ClusterPolicy's attestors verify: the signature (predicate_type None) or the statements of one type.
+    Its cosign verifier reads only the classic tags: pkg/image/verifiers/cpol/cosign/ sets no NewBundleFormat (at
+    v1.18.1, v1.19.0, main), so a bundle referrer is never seen. Without `rekor.ignoreTlog` it makes a Rekor client
+    and cosign asks for the entry our signatures lack (cpol/cosign/cosign.go:148-149 at main); with it, cosign's
+    bundleVerified false is only logged (cpol/cosign/verifier.go:68 and :165 at main, :67 and :164 at v1.18.1), so
+    a key-signed attestation in no transparency log verifies. An attestor set needs `count` of its entries (all
+    where absent); each entry is one of KEY_NAMES in order."""
+    for attestor_set in attestor_sets:
+        entries = attestor_set["entries"]
+        verified = [name for name, entry in zip(KEY_NAMES, entries, strict=False)
+                    if name == found.signer and (entry["keys"].get("rekor") or {}).get("ignoreTlog")]
+        if len(verified) < attestor_set.get("count", len(entries)):
+            if not found.classic:
+                return [], "no signatures found (it reads no bundle referrer)"
+            return [], "no matching signatures"
+    if not found.classic:
+        return [], "no signatures found (it reads no bundle referrer)"
+    if predicate_type is None:
+        return [{"predicateType": "simple-signing", "predicate": {}}], ""
+    return _of_type(list(found.statements), predicate_type), ""
+
+
+def kyverno_admits(policy_path: Path, image_ref: str, found: Published, release: str = "1.19.1") -> tuple[bool, str]:
+    """Whether Kyverno's ClusterPolicy admits image_ref on the release: every verifyImages entry whose
+    imageReferences match (wildcards) needs its signature attestors verified and, for each attestation type, at
+    least one statement of it from the classic `.att`, every one of which must meet the conditions (imageverifier.go
+    verifyAttestation loops over all)."""
+    if not KYVERNO[release].serves_cluster_policy:
+        return False, f"Kyverno {release} serves no ClusterPolicy (deprecated since 1.17, removal planned for 1.20)"
     for document in policy_documents(policy_path):
         for rule in document["spec"]["rules"]:
             for entry in rule.get("verifyImages", []):
                 if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in entry.get("imageReferences", [])):
                     continue
+                if entry.get("attestors"):
+                    _, why = _cluster_policy_verifies(entry["attestors"], found, None)
+                    if why:
+                        return False, f"{rule['name']}: {why}"
                 for attestation in entry.get("attestations", []):
                     kind = attestation["type"]
-                    of_kind = [statement for statement in statements if statement["predicateType"] == kind]
-                    if not of_kind:
-                        return False, f"{rule['name']}: no {kind} attestation"
+                    of_kind, why = _cluster_policy_verifies(attestation.get("attestors", []), found, kind)
+                    if why or not of_kind:
+                        return False, f"{rule['name']}: no {kind} attestation{': ' + why if why else ''}"
                     for statement in of_kind:
                         holds, why = _conditions_hold(attestation.get("conditions", []), statement["predicate"])
                         if not holds:
@@ -152,36 +274,95 @@ def kyverno_admits(policy_path: Path, image_ref: str, statements: list[dict]) ->
 
 # ---------------------------------------------------------------------------- Kyverno's ImageValidatingPolicy (CEL)
 
-class _ImageVerification:
-    """Kyverno's image verification CEL functions (pkg/cel/libs/imageverify/impl.go) over statements already
-    verified as signed by the attestor named signer: a verification counts the attestors given that are the
-    signer, and, as ImageData.AddVerifiedIntotoPayloads keeps one payload per predicate type, leaves the last
-    statement of the type for extractPayload."""
+def _ivp_cosign_verifies(release: KyvernoRelease, attestor: dict, found: Published, predicate_type: str | None
+                         ) -> tuple[list[dict], str]:
+    """What Kyverno's ImageValidatingPolicy cosign Verifier (pkg/image/verifiers/ivpol/cosign/verifier.go) verifies
+    for one attestor: the signature (predicate_type None) or the statements of one type; ([], why) where it returns
+    an error, which verifyImageSignatures and verifyAttestationSignatures count as 0 (pkg/cel/libs/imageverify/
+    impl.go:274-279 at main).
 
-    def __init__(self, spec: dict, statements: list[dict], signer: str):
+    The format is detected first (verifier.go:39-41 at main, :37-42 at v1.18.1): cosign.GetBundles lists every
+    referrer of the digest (cosign v3.1.2 pkg/cosign/verify.go:1730, no artifact type filter) through the referrers
+    API or, where it answers 404, the referrers tag (go-containerregistry v0.21.8 pkg/v1/remote/referrers.go:79-80,
+    on by default: options.go:113) and keeps the manifests whose one layer is a bundle (cosign pkg/oci/remote/
+    signatures.go:55 Bundle). Any found: the signature and every attestation take the bundle path and the `.sig`/`.att`
+    tags are never read. None: the classic path."""
+    ctlog = attestor["cosign"].get("ctlog") or {}
+    ignores_tlog = bool(ctlog.get("insecureIgnoreTlog"))
+    by_this_key = attestor["name"] == found.signer
+    if found.bundles is not Referrers.NONE:
+        if not ignores_tlog:  # cosign verify.go:252 asks for a tlog entry unless IgnoreTlog; publish uploads none
+            return [], "bundle: no transparency log entry"
+        if not release.verifies_key_bundles:
+            return [], f"bundle: accepted signatures do not match threshold, Found: 0, Expected 1 ({release.basis})"
+        if not by_this_key:  # verify.go:241: the attestor's key is tried whatever the bundle's key hint says
+            return [], "bundle: no matching attestations (signed by another key)"
+        # verifyImageAttestationsSigstoreBundle (verify.go:1905): every bundle the key verifies, the signature's
+        # too, and `verified` true once one did (:1959), so neither path asks for a transparency log here.
+        verified = found.bundled()
+    elif predicate_type is None:
+        if not found.classic:
+            return [], "no signatures found"
+        if not by_this_key:
+            return [], "no matching signatures"
+        if not (ignores_tlog or ctlog.get("insecureIgnoreSCT")):  # verifier.go:104-110 at main
+            return [], "transparency log or timestamp verification failed"
+        return [{"predicateType": "simple-signing", "predicate": {}}], ""
+    else:
+        if not found.classic or not by_this_key:
+            return [], "no matching attestations"
+        # verifier.go:156-163 at main (:132-139 at v1.18.1): cosign's `verified` is false for an attestation in no
+        # transparency log, and unlike the signature path there is no insecureIgnoreTlog escape (kyverno#17109, open;
+        # fix PR #17217 open): every classic key-signed, tlog-free attestation fails.
+        return [], "cosign bundle verification failed (kyverno#17109)"
+    if predicate_type is None:
+        return verified, ""
+    of_type = _of_type(verified, predicate_type)
+    if not of_type:  # verifier.go:198 at main
+        return [], f"required predicate type {predicate_type} not found"
+    return of_type, ""
+
+
+class _ImageVerification:
+    """Kyverno's image verification CEL functions (pkg/cel/libs/imageverify/impl.go) on one release and registry: a
+    verification counts the attestors given whose verification succeeds, and, as ImageData.AddVerifiedIntotoPayloads
+    keeps one payload per predicate type (verifier.go:189 at main), leaves the last statement of the type for
+    extractPayload."""
+
+    def __init__(self, spec: dict, found: Published, release: KyvernoRelease):
         self.globs = [reference["glob"] for reference in spec.get("matchImageReferences", []) if "glob" in reference]
         self.kinds = {attestation["name"]: attestation["intoto"]["type"] for attestation in spec["attestations"]}
-        self.statements, self.signer = statements, signer
+        self.attestors = {attestor["name"]: attestor for attestor in spec["attestors"]}
+        self.found, self.release = found, release
         self.payloads: dict[str, dict] = {}
+        self.failures: list[str] = []
 
     def _matched(self, image) -> bool:
         return any(fnmatch.fnmatchcase(str(image), glob) for glob in self.globs)
 
-    def _signers(self, attestors) -> int:
-        return sum(1 for attestor in attestors if str(attestor["name"]) == self.signer)
+    def _verify(self, attestors, predicate_type: str | None) -> int:
+        count, failures = 0, []
+        for attestor in attestors:
+            verified, why = _ivp_cosign_verifies(self.release, self.attestors[str(attestor["name"])], self.found,
+                                                 predicate_type)
+            if why:
+                failures.append(f"{attestor['name']}: {why}")
+                continue
+            count += 1
+            if predicate_type is not None:
+                self.payloads[predicate_type] = verified[-1]["predicate"]
+        if not count:  # an attestor of a rotation that verifies nothing is no news while another one does
+            self.failures.extend(failures)
+        return count
 
     def verify_image_signatures(self, image, attestors):
-        return celtypes.IntType(self._signers(attestors) if self._matched(image) else 0)
+        return celtypes.IntType(self._verify(attestors, None) if self._matched(image) else 0)
 
     def verify_attestation_signatures(self, image, attestation, attestors):
         kind = self.kinds.get(str(attestation))
         if kind is None:
             return celpy.CELEvalError(f"attestation not found in policy: {attestation}")
-        of_kind = [statement for statement in self.statements if statement["predicateType"] == kind]
-        if not self._matched(image) or not of_kind or not self._signers(attestors):
-            return celtypes.IntType(0)
-        self.payloads[kind] = of_kind[-1]["predicate"]
-        return celtypes.IntType(self._signers(attestors))
+        return celtypes.IntType(self._verify(attestors, kind) if self._matched(image) else 0)
 
     def extract_payload(self, image, attestation):
         kind = self.kinds.get(str(attestation), "")
@@ -195,17 +376,16 @@ class _ImageVerification:
                 "extractPayload": self.extract_payload}
 
 
-def ivp_admits(policy_path: Path, image_ref: str, statements: list[dict],
-               signer: str | None = None) -> tuple[bool, str]:
-    """Whether Kyverno's ImageValidatingPolicy admits a pod running image_ref, with statements signed by the
-    attestor named signer (the first attestor by default): its variables, then each validation in order, each an
-    error or false refusing (failurePolicy Fail, validationActions Deny)."""
+def ivp_admits(policy_path: Path, image_ref: str, found: Published, release: str = "1.20") -> tuple[bool, str]:
+    """Whether Kyverno's ImageValidatingPolicy on the release admits a pod running image_ref: its variables, then
+    each validation in order, each an error or false refusing (failurePolicy Fail, validationActions Deny); the
+    refusal names what failed to verify."""
     spec = policy_documents(policy_path)[0]["spec"]
-    verification = _ImageVerification(spec, statements, signer or spec["attestors"][0]["name"])
+    verification = _ImageVerification(spec, found, KYVERNO[release])
     environment = celpy.Environment()
     activation = {
         "images": celpy.json_to_cel({"containers": [image_ref], "initContainers": [], "ephemeralContainers": []}),
-        "attestors": celpy.json_to_cel({attestor["name"]: {"name": attestor["name"]} for attestor in spec["attestors"]}),
+        "attestors": celpy.json_to_cel({name: {"name": name} for name in verification.attestors}),
         "attestations": celpy.json_to_cel({attestation["name"]: attestation["name"]
                                            for attestation in spec["attestations"]}),
     }
@@ -214,6 +394,10 @@ def ivp_admits(policy_path: Path, image_ref: str, statements: list[dict],
         program = environment.program(environment.compile(expression), functions=verification.functions())
         return program.evaluate({**activation, "variables": celtypes.MapType(variables)})
 
+    def refused(message: str) -> tuple[bool, str]:
+        failures = "; ".join(dict.fromkeys(verification.failures))
+        return False, f"{message} ({failures})" if failures else message
+
     variables: dict = {}
     for variable in spec.get("variables", []):
         variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"])
@@ -221,10 +405,51 @@ def ivp_admits(policy_path: Path, image_ref: str, statements: list[dict],
         try:
             result = evaluate(validation["expression"])
         except celpy.CELEvalError as error:
-            return False, f"{validation['message']} (error: {error.args[0]})"
+            return refused(f"{validation['message']} (error: {error.args[0]})")
         if result is not celtypes.BoolType(True) and result != celtypes.BoolType(True):
-            return False, validation["message"]
+            return refused(validation["message"])
     return True, "admitted"
+
+
+# -------------------------------------------------------------------------- policy-controller ClusterImagePolicy
+
+def _authority_verifies(authority: dict, found: Published) -> tuple[bool, str]:
+    """Whether one key authority verifies, as policy-controller v0.13.1 (and v0.14.0, v0.15.1, main@f925c0c1a412)
+    reads: checkOptsFromAuthority refuses `signatureFormat: bundle` on any authority but a keyless one
+    (pkg/webhook/validator.go:1371-1373 at v0.13.1, :1451-1454 at main; cosign v3's key-signed signatures are
+    unverifiable, policy-controller#1958, open), and every other value is the legacy format: `.sig`, or `.att` where
+    the authority lists attestations (validator.go:528-533), with no transparency log asked where the authority has
+    no `ctlog` (validator.go:1446-1455) and cosign's bundleVerified ignored (validation.go:63, :69). An authority with
+    attestations needs a statement of each predicateType (validator.go ValidatePolicyAttestationsForAuthority)."""
+    if authority.get("key") is None:
+        raise NotImplementedError("only key authorities are modelled")
+    if authority.get("signatureFormat") == "bundle":
+        return False, "when using the new bundle format, the authority must be keyless"
+    if authority.get("ctlog") is not None:
+        return False, "no transparency log entry"
+    if not found.classic:
+        return False, "no matching signatures (it reads no bundle referrer)"
+    if authority["name"].split("-", 1)[0] != found.signer:
+        return False, "no matching signatures"
+    for attestation in authority.get("attestations", []):
+        if not _of_type(list(found.statements), attestation["predicateType"]):
+            return False, f"no matching attestations with type {attestation['predicateType']}"
+    return True, "verified"
+
+
+def policy_controller_authorities(policy_path: Path, image_ref: str, found: Published) -> dict[str, tuple[bool, str]]:
+    """Each authority of the ClusterImagePolicies whose glob matches image_ref, as `<policy>/<authority>`: whether its
+    signature or attestations verify. The attestations' CUE policies and the policy-level CUE that decide from there
+    are not evaluated (no CUE evaluator installs here)."""
+    verdicts = {}
+    for document in policy_documents(policy_path):
+        globs = [image["glob"] for image in document["spec"]["images"]]
+        # policy-controller's `**` spans path separators, fnmatch's `*` does already
+        if not any(fnmatch.fnmatchcase(image_ref, glob.replace("**", "*")) for glob in globs):
+            continue
+        for authority in document["spec"]["authorities"]:
+            verdicts[f"{document['metadata']['name']}/{authority['name']}"] = _authority_verifies(authority, found)
+    return verdicts
 
 
 # --------------------------------------------------------------------------------- containers/image policy.json
@@ -278,6 +503,16 @@ def _scopes(image_ref: str) -> list[str]:
     return [image_ref, *("/".join(parts[:count]) for count in range(len(parts), 0, -1)), ""]
 
 
+def sigstore_signatures(found: Published, image_ref: str, key_paths: dict[str, str]) -> list[tuple[str, str]]:
+    """The signatures containers/image reads for image_ref, as (the key file that verifies it, the docker-reference it
+    signs): only the simple-signing payloads under the `sha256-<hex>.sig` tag (image/docker/docker_client.go:1269-1273
+    at container-libs main@f0ddf1a745bb, read where registries.d's use-sigstore-attachments is on); a bundle referrer
+    is never read (bundle support is container-libs PR #1153, open)."""
+    if not found.classic or found.signer not in key_paths:
+        return []
+    return [(key_paths[found.signer], found.signed_reference or image_ref)]
+
+
 def containers_policy_accepts(policy: dict, image_ref: str, signatures: list[tuple[str, str]]) -> tuple[bool, str]:
     """Whether containers/image accepts image_ref under policy, given its sigstore signatures as (the key file that
     verifies it, the docker-reference it signs): the most specific scope's requirements must all hold; a
@@ -306,16 +541,18 @@ def containers_policy_accepts(policy: dict, image_ref: str, signatures: list[tup
 # ------------------------------------------------------------------------------------ what a cluster would decide
 
 POLICIES = Path(__file__).resolve().parent.parent / "docs" / "policies"
-SHIPPED = {"ClusterPolicy": (kyverno_admits, POLICIES / "kyverno-clusterpolicy.yaml"),
-           "ImageValidatingPolicy": (ivp_admits, POLICIES / "kyverno-imagevalidatingpolicy.yaml")}
+# Each evaluable shipped policy on the newest release it is written for.
+SHIPPED = {"ClusterPolicy": (kyverno_admits, POLICIES / "kyverno-clusterpolicy.yaml", "1.19.1"),
+           "ImageValidatingPolicy": (ivp_admits, POLICIES / "kyverno-imagevalidatingpolicy.yaml", "1.20")}
 PLACEHOLDER_REPOSITORY = "registry.example.com/ml/pytorch"  # what the shipped policies name until a user edits them
 
 
 def shipped_policies_admit(tag: str, predicates: dict[str, list[dict]]) -> dict[str, tuple[bool, str]]:
-    """Each evaluable shipped policy's verdict on an image published under tag whose verified statements are
+    """Each evaluable shipped policy's verdict on an image published under tag as publish writes it (both formats,
+    the bundles under the referrers tag, signed by the policies' `current` key) whose verified statements are
     predicates (predicate type -> predicates, as signatures.gather_evidence gathers them), the policies' placeholder
     repository standing for the test's own."""
-    statements = [{"predicateType": kind, "predicate": predicate}
-                  for kind, found in predicates.items() for predicate in found]
-    return {name: admits(path, f"{PLACEHOLDER_REPOSITORY}:{tag}", statements)
-            for name, (admits, path) in SHIPPED.items()}
+    found = published([{"predicateType": kind, "predicate": predicate}
+                       for kind, predicates_of_kind in predicates.items() for predicate in predicates_of_kind])
+    return {name: admits(path, f"{PLACEHOLDER_REPOSITORY}:{tag}", found, release)
+            for name, (admits, path, release) in SHIPPED.items()}

@@ -253,7 +253,8 @@ class Publisher:
         result = PublishResult(name, "unchanged", digest, pinned or new_pinned_tag(tag, self.options.date, all_tags),
                                message="already published")
         # Signed and attested before any tag names it, as an image is: a cluster resolves the row's tag to this digest.
-        result.signing = self._attach_index(tag, result.digest, {
+        subject = {"mediaType": multiarch.INDEX_MEDIA_TYPE, "digest": digest, "size": len(body)}
+        result.signing = self._attach_index(tag, subject, {
             entry.platform: {"digest": entry.digest, "tag": entry.tag, **self.attested.get(spec.tag, {})}
             for spec, entry in zip(members, entries, strict=True)})
         for target in [result.pinned, *targets]:  # the dated tag first: a floating tag names only a pinned digest
@@ -274,12 +275,13 @@ class Publisher:
             catalog_page.save(catalog, self.options.catalog_dir, self.options.images_dir)
         return result
 
-    def _attach_index(self, tag: str, digest: str, members: dict[str, dict]) -> dict:
+    def _attach_index(self, tag: str, subject: dict, members: dict[str, dict]) -> dict:
         """Sign an index digest and attest it as an image's is (attestations.index_*: made from its members' own);
-        {} when publishing unsigned."""
+        {} when publishing unsigned. subject: the index's descriptor (no tag names it yet)."""
         key = self.options.signing_key
         if key is None:
             return {}
+        digest = subject["digest"]
         repository = self.options.registry.name
         predicates = {
             attestations.SBOM_PREDICATE: attestations.index_sbom(tag, repository, digest, members),
@@ -287,15 +289,17 @@ class Publisher:
             attestations.VERIFICATION_PREDICATE: attestations.index_verification_predicate(tag, members),
             **vex.index_predicate(repository, digest, members),
         }
-        signed = self._sign_and_attest(key, digest, predicates)
+        signed = self._sign_and_attest(key, digest, predicates, subject)
         self.log(f"{tag} (manifest list): {signing_statuses(signed)} ({key.public.fingerprint})")
         return signed
 
-    def _sign_and_attest(self, key: SigningKey, digest: str, predicates: dict[str, dict]) -> dict:
+    def _sign_and_attest(self, key: SigningKey, digest: str, predicates: dict[str, dict],
+                         subject: dict | None = None) -> dict:
         """key's signature and attestations of digest on the registry, in the formats asked (classic tags, bundle
         referrers, or both: cosign 2.x and podman read the one, cosign v3, Kyverno's ImageValidatingPolicy and Trivy
         the other); what is there by this key stays, its older verification report and VEX give way to new ones. The
-        signing record publish returns and the catalog keeps."""
+        signing record publish returns and the catalog keeps. subject: digest's descriptor (default: read from the
+        registry, where the image is by now; an index is signed before it is written, and says its own)."""
         formats = self.options.signature_format
         replace = frozenset({attestations.VERIFICATION_PREDICATE, vex.VEX_PREDICATE})
         record = {"key": key.public.fingerprint, "predicate_types": sorted(predicates), "signature_format": formats}
@@ -307,8 +311,9 @@ class Publisher:
                 jobs["signature_status"] = pool.submit(store.sign, key, digest)
                 jobs["attestation_status"] = pool.submit(store.attest, key, digest, predicates, replace)
             if formats in (BUNDLE, "both"):
-                manifest = self.registry.manifest(digest)
-                subject = {"mediaType": manifest.media_type, "digest": digest, "size": len(manifest.body)}
+                if subject is None:
+                    manifest = self.registry.manifest(digest)
+                    subject = {"mediaType": manifest.media_type, "digest": digest, "size": len(manifest.body)}
                 record["referrers"] = bundles.referrers_tag(digest)
                 jobs["bundle_status"] = pool.submit(ReferrerStore(self.registry).attest, key, digest, subject,
                                                     {bundles.SIGN_PREDICATE: {}, **predicates}, replace)
