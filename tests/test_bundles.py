@@ -380,3 +380,11 @@ def test_what_cosign_itself_writes_in_the_bundle_format_verifies_here(own_client
     assert found.problems == [] and found.signed_as == [own_client.registry.name]
     assert found.formats == {kind if kind != bundles.SIGN_PREDICATE else "signature": ["bundle"] for kind in PREDICATES}
     assert gather_both(own_client, [key(SECOND).public], digest, attestations.PREDICATE_TYPES).problems
+
+
+def test_signatures_naming_different_repositories_in_the_two_formats_disagree():
+    """podman checks the classic signature's docker-reference, Kyverno's ImageValidatingPolicy the bundle's."""
+    classic, bundled = evidence(True), evidence(True)
+    classic.signed_as = ["evil.example.com/other/pytorch"]
+    assert disagreements(classic, bundled) == ["the formats' signatures name different repositories: classic "
+                                               "evil.example.com/other/pytorch, bundle example.org/ml/pytorch"]

@@ -11,6 +11,7 @@ import pytest
 
 from torchimages.publish.catalog import public_key_path
 from torchimages.trust import attestations, signing
+from torchimages.trust.referrers import ReferrerStore
 from torchimages.trust.signatures import (
     MAX_ARTIFACT_BYTES,
     Layer,
@@ -153,8 +154,12 @@ def test_a_failed_report_refuses_a_reverification_replaces_it_and_foreign_layers
     assert code == 1 and any("more than any signature or attestation" in p for p in huge["problems"]), huge
     write_layers(store, attestation_tag(digest), held[:-1])  # without the copied report
 
-    # Finding 9: a signature by the key naming another repository verifies, and says so.
+    # Finding 9: a signature by the key naming another repository verifies, and says so; beside bundles whose
+    # signature names this repository, the two formats disagree and the digest is refused.
     write_layers(store, signature_tag(digest), [signature_layer(key(), "evil.example.com/other/pytorch", digest)])
+    code, disagreeing = verdict(space, reference)
+    assert code == 1 and any("signatures name different repositories" in p for p in disagreeing["problems"])
+    ReferrerStore(store.registry).remove(digest)  # the classic set alone
     code, elsewhere = verdict(space, reference)
     assert code == 0 and elsewhere["signed_as"] == ["evil.example.com/other/pytorch"]
     assert any("podman and CRI-O refuse it" in warning for warning in elsewhere["warnings"])

@@ -317,6 +317,9 @@ def disagreements(classic: Evidence, bundled: Evidence) -> list[str]:
     if bool(classic.signed_as) != bool(bundled.signed_as):
         found.append(f"the {CLASSIC if classic.signed_as else BUNDLE} format holds a signature the "
                      f"{BUNDLE if classic.signed_as else CLASSIC} format lacks")
+    elif classic.signed_as != bundled.signed_as:  # podman reads the one, Kyverno's IVP the other
+        found.append(f"the formats' signatures name different repositories: classic {', '.join(classic.signed_as)}, "
+                     f"bundle {', '.join(bundled.signed_as)}")
     for kind in sorted(set(classic.statements) | set(bundled.statements)):
         ours, theirs = _canonical(classic.statements.get(kind, [])), _canonical(bundled.statements.get(kind, []))
         if ours != theirs:
