@@ -438,8 +438,14 @@ class Publisher:
         return record["wheels"] if record and record["input_hash"] == labels.get(INPUT_HASH_LABEL) else []
 
     def _withdraw(self, digest: str, pinned: str) -> None:
-        """Delete a digest this run pushed and could not sign: no tag may name an unsigned digest."""
+        """Delete a digest this run pushed and could not sign: no tag may name an unsigned digest, and no signature or
+        bundle of one the other format did write outlives it."""
         try:
+            for store in (SignatureStore(self.registry), ReferrerStore(self.registry)):
+                try:
+                    store.remove(digest)
+                except RegistryError:  # what refused the one format may refuse its removal too: the digest still goes
+                    pass
             self.registry.delete(digest)
             self.log(f"{self.options.registry.name}:{pinned}: deleted again, it could not be signed")
         except RegistryError as error:

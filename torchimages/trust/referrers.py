@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,8 @@ from .signatures import (
 
 CLASSIC, BUNDLE = "classic", "bundle"
 SIGNATURE_FORMATS = (CLASSIC, BUNDLE, "both")
-SIGNATURE = "signature"  # the key under which Evidence.formats records where the signature was verified
+SIGNATURE = "signature"
+PUSHES_AT_ONCE = 4  # referrers pushed side by side: each is a skopeo run of a few KB  # the key under which Evidence.formats records where the signature was verified
 
 
 def signing_statuses(signing: dict) -> str:
@@ -155,13 +157,14 @@ class ReferrerStore:
                 superseded.append(referrer.digest)
             else:
                 found.add(kind)
-        added = []
+        made = []  # (referrer manifest, bundle) of each kind missing
         for kind, predicate in wanted.items():
             if kind not in found:
                 bundle = bundles.make_bundle(key, repository, digest, kind, predicate)
-                manifest = bundles.referrer_manifest(subject, kind, bundle, self.now())
-                self._push_referrer(manifest, bundle)
-                added.append(bundles.referrer_descriptor(manifest))
+                made.append((bundles.referrer_manifest(subject, kind, bundle, self.now()), bundle))
+        with ThreadPoolExecutor(max_workers=PUSHES_AT_ONCE) as pool:  # one small manifest and blob each
+            list(pool.map(lambda pair: self._push_referrer(*pair), made))
+        added = [bundles.referrer_descriptor(manifest) for manifest, _ in made]
         if not added and not superseded:
             return "present"
         _, by_api = self.entries(digest)
