@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from torchimages.peers.registry import RegistryClient, RetryPolicy
+from torchimages.peers.registry import RegistryClient, RegistryError, RetryPolicy
 from torchimages.peers.registry_access import registry_access
 from torchimages.peers.registry_address import Registry
 from torchimages.trust import attestations, bundles, keys
@@ -42,6 +44,7 @@ from .bundle_verifiers import (
     sigstore_js_verify,
 )
 from .publish_fixtures import RUNTIME, Workspace, clean_up
+from .registry_fixtures import start_secure_registry
 from .signing_fixtures import DIGEST, FIRST, KEYS, SECOND, SIGNED, accepted_everything, environment, key, store_of
 
 COSIGN_BUNDLE = Path(__file__).parent / "data" / "sigstore" / "cosign-2.5-attestation.bundle.json"
@@ -251,7 +254,7 @@ CONCURRENT_ATTEST = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {root!r})
     from tests.signing_fixtures import key
-    from torchimages.peers.registry import RegistryClient, RetryPolicy
+    from torchimages.peers.registry import RegistryClient, RegistryError, RetryPolicy
     from torchimages.peers.registry_access import registry_access
     from torchimages.peers.registry_address import Registry
     from torchimages.trust import bundles
@@ -388,3 +391,68 @@ def test_signatures_naming_different_repositories_in_the_two_formats_disagree():
     classic.signed_as = ["evil.example.com/other/pytorch"]
     assert disagreements(classic, bundled) == ["the formats' signatures name different repositories: classic "
                                                "evil.example.com/other/pytorch, bundle example.org/ml/pytorch"]
+
+
+@pytest.mark.parametrize("bearer", [False, True], ids=["basic", "bearer"])
+def test_the_referrers_index_is_written_through_the_registrys_login_and_ca(tmp_path, bearer):
+    """The index is PUT by HTTP (skopeo 1.9 drops artifactType): with the login `docker login` wrote, Basic or a
+    Bearer token from the registry's token server, over TLS verified against its CA, as skopeo reaches it."""
+    secure = start_secure_registry(tmp_path / "registry", f"pw-{uuid.uuid4().hex}", bearer=bearer)
+    try:
+        registry = Registry(secure.host, "ml/pytorch")
+        access = registry_access(registry, config_dir=secure.docker_config, certs_d=secure.certs_d)
+        client = RegistryClient(registry, access, RetryPolicy(retries=0), lambda _: None)
+        digest, subject = tiny_image(client)
+        assert ReferrerStore(client).attest(key(), digest, subject, PREDICATES) == "added"
+        assert client.referrers(digest) is None  # docker-registry 2.8 has no referrers API
+        entries, by_api = ReferrerStore(client).entries(digest)
+        assert not by_api and all(entry["artifactType"] == bundles.BUNDLE_MEDIA_TYPE for entry in entries)
+        found = gather_bundle_evidence(ReferrerStore(client), [key().public], digest, attestations.PREDICATE_TYPES)
+        assert found.problems == [] and len(entries) == 4
+        # Without the login the PUT is refused in one line that holds no secret.
+        (secure.docker_config / "config.json").unlink()
+        anonymous = RegistryClient(registry, registry_access(registry, config_dir=secure.docker_config,
+                                                             certs_d=secure.certs_d), RetryPolicy(retries=0),
+                                   lambda _: None)
+        with pytest.raises(RegistryError) as refused:
+            anonymous.write_referrers_index(bundles.referrers_index([]), bundles.referrers_tag(digest))
+        assert secure.password not in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        secure.stop()
+
+
+def answering_referrers(body: bytes, content_type: str = bundles.OCI_INDEX) -> ThreadingHTTPServer:
+    """A stand-in registry that answers the referrers API (docker-registry 2.8, the one here, has none)."""
+    class Referrers(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            found = "/referrers/" in self.path
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", content_type if found else "text/plain")
+            self.send_header("Content-Length", str(len(body) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Referrers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("body, content_type, listed", [
+    (bundles.referrers_index([{"digest": DIGEST, "size": 1}]), bundles.OCI_INDEX, True),
+    (bundles.referrers_index([]), "application/json", False),  # not an index: no API
+    (b"x" * ((4 << 20) + 1), bundles.OCI_INDEX, False),  # past the bound: no answer
+])
+def test_a_registry_with_the_referrers_api_is_asked_there(body, content_type, listed):
+    server = answering_referrers(body, content_type)
+    try:
+        registry = Registry(f"127.0.0.1:{server.server_address[1]}", "ml/pytorch")
+        client = RegistryClient(registry, registry_access(registry), RetryPolicy(retries=0), lambda _: None)
+        assert (client.referrers(DIGEST) == body) is listed
+        if listed:
+            assert ReferrerStore(client).entries(DIGEST) == ([{"digest": DIGEST, "size": 1}], True)
+    finally:
+        server.shutdown()

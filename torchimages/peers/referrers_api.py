@@ -41,7 +41,8 @@ class RegistryHTTP:
         self.registry = registry
         self.access = access
         self.session = requests.Session()
-        self.session.verify = _verify(access)
+        # Given with every request: a session's own `verify` loses to $REQUESTS_CA_BUNDLE (requests' merge order).
+        self.verify = _verify(access)
         self.scheme: str | None = None  # found by the first request that reaches the registry
 
     def referrers(self, digest: str) -> bytes | None:
@@ -86,7 +87,8 @@ class RegistryHTTP:
         return None
 
     def _send(self, method: str, url: str, scope: str, **arguments) -> requests.Response | None:
-        response = self.session.request(method, url, **arguments, timeout=TIMEOUT_S, stream=True, allow_redirects=False)
+        response = self.session.request(method, url, **arguments, timeout=TIMEOUT_S, stream=True, allow_redirects=False,
+                                        verify=self.verify)
         if response.status_code != 401:
             return response
         authorization = self._authorization(response.headers.get("WWW-Authenticate", ""), scope)
@@ -94,7 +96,7 @@ class RegistryHTTP:
             return None
         headers = {**arguments.pop("headers", {}), "Authorization": authorization}
         return self.session.request(method, url, headers=headers, **arguments, timeout=TIMEOUT_S, stream=True,
-                                    allow_redirects=False)
+                                    allow_redirects=False, verify=self.verify)
 
     def _basic(self) -> str | None:
         """user:password in base64, from the Docker config's copy skopeo reads too (None: anonymous)."""
@@ -120,7 +122,7 @@ class RegistryHTTP:
             return None  # a token asked for over plain HTTP would carry the login in the clear
         parameters = {"service": fields.get("service", ""), "scope": f"repository:{self.registry.repository}:{scope}"}
         try:
-            answer = self.session.get(fields["realm"], params=parameters, timeout=TIMEOUT_S,
+            answer = self.session.get(fields["realm"], params=parameters, timeout=TIMEOUT_S, verify=self.verify,
                                       headers={"Authorization": f"Basic {basic}"} if basic else {}).json()
             token = answer.get("token") or answer.get("access_token")
         except (requests.RequestException, ValueError, AttributeError, KeyError):
