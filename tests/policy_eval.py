@@ -12,10 +12,17 @@ as `file:line` at a tag or branch and commit of the mirrors read on 2026-11-29, 
   go-containerregistry v0.21.8@2ea098f4b134 (Kyverno 1.19.0's)
   policy-controller v0.13.1@ccbb37f30097, main@f925c0c1a412
   container-libs (containers/image) main@f0ddf1a745bb
+  go-containerregistry v0.20.3@c4dd792fa06c, v0.21.3@3888fb8f8738 (policy-controller v0.13.1's, main's)
+
+How each names an image before matching it (none folds letter case or drops a default port, so
+`Registry.Example.com:443/ml/pytorch` is another text than `registry.example.com/ml/pytorch` to all of them):
+  Kyverno ClusterPolicy   imageReferences against ImageInfo.String() (kyverno_reference), go-wildcard v1.0.3
+  Kyverno IVP             matchImageReferences against the pod's text as written, gobwas/glob or CEL
+  policy-controller       spec.images globs against go-containerregistry's Reference.Name() (ggcr_name)
+  containers/image        policy.json scopes compared as written with the parsed reference's name (_scopes)
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,12 +31,14 @@ from pathlib import Path
 
 import celpy
 import jmespath
+import jmespath.functions
 import jsonschema
+import re2
 import yaml
 from celpy import celtypes
 
 REPORT = "https://torchimages.io/verification-report/v1"
-_TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
+_TEMPLATE = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 
 
 # ----------------------------------------------------------------------------------------------------- CRD schemas
@@ -132,6 +141,90 @@ def _of_type(statements: list[dict], predicate_type: str) -> list[dict]:
     return [statement for statement in statements if statement["predicateType"] == predicate_type]
 
 
+# ---------------------------------------------------------------------------- how each engine spells an image
+
+# distribution/reference v0.6.0 regexp.go (Kyverno's; containers/image keeps a copy, image/docker/reference/regexp.go):
+# a domain component takes upper-case letters, a port any digits; a path component lower case only.
+_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_COMPONENT}(?:\.{_COMPONENT})*"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+_REFERENCE = re.compile(rf"(?:(?P<domain>{_DOMAIN}(?::[0-9]+)?)/)?(?P<path>{_PATH})(?::(?P<tag>[\w][\w.-]{{0,127}}))?"
+                        r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?")
+
+
+def _parsed(reference: str, default_domain: str) -> tuple[str, str, str, str]:
+    """(domain, path, tag, digest) as distribution/reference's Parse reads reference, the first component taken for
+    the domain only where it has a `.` or `:`, is `localhost` or has an upper-case letter (Kyverno's
+    addDefaultRegistry, pkg/utils/image/infos.go:103-108 at v1.19.0; reference's splitDockerDomain): the domain is
+    kept as written, letter case and port."""
+    first, _, rest = reference.partition("/")
+    if not rest or not (any(c in first for c in ".:") or first == "localhost" or first.lower() != first):
+        reference = f"{default_domain}/{reference}"
+    match = _REFERENCE.fullmatch(reference)
+    if match is None:
+        raise ValueError(f"invalid reference format: {reference}")
+    return match["domain"], match["path"], match["tag"] or "", match["digest"] or ""
+
+
+def kyverno_reference(image: str) -> str:
+    """What a ClusterPolicy's imageReferences are matched against: ImageInfo.String() (pkg/engine/utils/image.go:34
+    GetMatchingImages at v1.19.0, v1.18.1 and main@111e07bbecc6): GetImageInfo (pkg/utils/image/infos.go:48-100)
+    parses with reference.Parse and keeps the registry as written, adds `latest` where there is neither tag nor
+    digest, and where there is a digest drops the tag (String, infos.go:34-45)."""
+    domain, path, tag, digest = _parsed(image, "docker.io")
+    return f"{domain}/{path}@{digest}" if digest else f"{domain}/{path}:{tag or 'latest'}"
+
+
+def ggcr_name(image: str) -> str:
+    """go-containerregistry's name.ParseReference(image).Name(), what policy-controller matches its globs against
+    (pkg/webhook/validator.go:1234-1241, pkg/apis/glob/glob.go Match at main@f925c0c1a412): the registry is the
+    first component where it holds a `.` or `:` (pkg/name/repository.go:88 at v0.21.3), kept as written
+    (registry.go:121-139: only `docker.io` becomes `index.docker.io`); `latest` where no tag; a digest's name drops
+    the tag."""
+    first, _, rest = image.partition("/")
+    if not (rest and any(c in first for c in ".:")):
+        registry, rest = "index.docker.io", (image if "/" in image.split("@")[0].split(":")[0] else f"library/{image}")
+    else:
+        registry = "index.docker.io" if first == "docker.io" else first
+    name, _, digest = rest.partition("@")
+    repository, _, tag = name.partition(":")
+    if repository.lower() != repository:
+        raise ValueError(f"repository must be lowercase: {image}")
+    return f"{registry}/{repository}@{digest}" if digest else f"{registry}/{repository}:{tag or 'latest'}"
+
+
+def go_wildcard_match(pattern: str, text: str) -> bool:
+    """Kyverno's ext/wildcard.Match, github.com/IGLOU-EU/go-wildcard v1.0.3 (go.mod at v1.18.1, v1.19.0, main): `*`
+    any run of characters, everything else itself, letter case included (`?` is not modelled)."""
+    if "?" in pattern:
+        raise NotImplementedError("go-wildcard's ? is not modelled")
+    return re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), text, re.DOTALL) is not None
+
+
+def gobwas_glob_match(pattern: str, text: str) -> bool:
+    """A matchImageReferences glob: github.com/gobwas/glob v0.2.3 glob.Compile(pattern) with no separators
+    (pkg/cel/compiler/compiler.go:178 at v1.19.0), so `*` is any run, `/` included; case-sensitive (`?`, `[...]`,
+    `{...}` are not modelled)."""
+    if any(c in pattern for c in "?[]{}\\"):
+        raise NotImplementedError("only * of gobwas/glob is modelled")
+    return re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), text, re.DOTALL) is not None
+
+
+def policy_controller_glob_match(glob: str, image: str) -> bool:
+    """policy-controller's glob.Match (pkg/apis/glob/glob.go at v0.13.1 and main@f925c0c1a412): the glob becomes a
+    regexp, `**` any run, `*` any run without `/`, `.` itself, anchored both ends; it is matched against
+    ggcr_name(image) and, where that differs, against the image as written. Case-sensitive."""
+    if glob == "*/*":
+        glob = "index.docker.io/*/*"
+    if glob == "*":
+        glob = "index.docker.io/library/*"
+    if not re.fullmatch(r"[a-zA-Z0-9-_:/*.@]+", glob):
+        raise ValueError(f"invalid glob {glob!r}")
+    pattern = glob.replace(".", r"\.").replace("**", "#").replace("*", "[^/]*").replace("#", ".*")
+    name = ggcr_name(image)
+    return re.fullmatch(pattern, name) is not None or (name != image and re.fullmatch(pattern, image) is not None)
+
+
 # ------------------------------------------------------------------------------------------- Kyverno releases
 
 @dataclass(frozen=True)
@@ -169,6 +262,18 @@ CLUSTER_POLICY_RELEASES = tuple(name for name, release in KYVERNO.items() if rel
 
 # ---------------------------------------------------------------------------------------- Kyverno's ClusterPolicy
 
+class _KyvernoFunctions(jmespath.functions.Functions):
+    """The Kyverno JMESPath functions the shipped policy uses (pkg/engine/jmespath/functions.go at v1.19.0)."""
+
+    @jmespath.functions.signature({"types": ["string"]}, {"types": ["string", "number"]})
+    def _func_regex_match(self, pattern, value):
+        # jpRegexMatch (functions.go:799-811): Go's regexp.Match, RE2, as the re2 module is (celpy's)
+        return re2.search(pattern, str(value)) is not None
+
+
+_JMESPATH = jmespath.Options(custom_functions=_KyvernoFunctions())
+
+
 def _substitute(value, predicate: dict):
     """A condition's key or value with its `{{ jmespath }}` read from the predicate, as Kyverno adds the predicate
     to its JSON context (pkg/engine/internal/utils.go EvaluateConditions); a variable that reads nothing is an error
@@ -177,7 +282,7 @@ def _substitute(value, predicate: dict):
         return value
     whole = _TEMPLATE.fullmatch(value.strip())
     if whole:
-        found = jmespath.search(whole.group(1).strip(), predicate)
+        found = jmespath.search(whole.group(1).strip(), predicate, options=_JMESPATH)
         if found is None:
             raise LookupError(f"{value} reads nothing")
         return found
@@ -193,6 +298,7 @@ _OPERATORS = {
     "Equals": lambda key, value: key == value or str(key) == str(value),
     "NotEquals": lambda key, value: not (key == value or str(key) == str(value)),
     "GreaterThanOrEquals": lambda key, value: _number(key) >= _number(value),
+    "GreaterThan": lambda key, value: _number(key) > _number(value),
     "AnyIn": lambda key, value: any(item in (value if isinstance(value, list) else [value])
                                     for item in (key if isinstance(key, list) else [key])),
 }
@@ -244,17 +350,47 @@ def _cluster_policy_verifies(attestor_sets: list[dict], found: Published, predic
     return _of_type(list(found.statements), predicate_type), ""
 
 
+def pod_of(image_ref: str) -> dict:
+    """A pod whose one container runs image_ref, as the admission request's object."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job"},
+            "spec": {"containers": [{"name": "main", "image": image_ref}]}}
+
+
+def _denies(validate: dict | None, pod: dict) -> tuple[bool, str]:
+    """A validate rule's `deny`: its conditions read the admission request (`request.object`, the pod as written);
+    `any` denies where one holds, `all` where every one does (pkg/engine/handlers/validation validateResource with
+    pkg/engine/variables EvaluateConditions); a variable error is a rule error, which Enforce refuses too."""
+    if not validate or "deny" not in validate:
+        return False, ""
+    if validate.get("failureAction") != "Enforce":
+        raise NotImplementedError("only an enforcing deny is modelled")
+    conditions = validate["deny"]["conditions"]
+    context = {"request": {"object": pod, "operation": "CREATE"}}
+    try:
+        any_of = [_condition_holds(c, context) for c in conditions.get("any", [])]
+        all_of = [_condition_holds(c, context) for c in conditions.get("all", [])]
+    except (LookupError, ValueError, TypeError, jmespath.exceptions.JMESPathError) as error:
+        return True, f"rule error: {error}"
+    if (any_of and any(any_of)) or (all_of and all(all_of)):
+        return True, " ".join(validate["message"].split())
+    return False, ""
+
+
 def kyverno_admits(policy_path: Path, image_ref: str, found: Published, release: str = "1.19.1") -> tuple[bool, str]:
-    """Whether Kyverno's ClusterPolicy admits image_ref on the release: every verifyImages entry whose
-    imageReferences match (wildcards) needs its signature attestors verified and, for each attestation type, at
-    least one statement of it from the classic `.att`, every one of which must meet the conditions (imageverifier.go
-    verifyAttestation loops over all)."""
+    """Whether Kyverno's ClusterPolicy admits a pod running image_ref on the release: no validate rule's deny holds,
+    and every verifyImages entry whose imageReferences match kyverno_reference(image_ref) (go_wildcard_match) needs
+    its signature attestors verified and, for each attestation type, at least one statement of it from the classic
+    `.att`, every one of which must meet the conditions (imageverifier.go verifyAttestation loops over all)."""
     if not KYVERNO[release].serves_cluster_policy:
         return False, f"Kyverno {release} serves no ClusterPolicy (deprecated since 1.17, removal planned for 1.20)"
     for document in policy_documents(policy_path):
         for rule in document["spec"]["rules"]:
+            denied, why = _denies(rule.get("validate"), pod_of(image_ref))
+            if denied:
+                return False, f"{rule['name']}: {why}"
             for entry in rule.get("verifyImages", []):
-                if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in entry.get("imageReferences", [])):
+                if not any(go_wildcard_match(pattern, kyverno_reference(image_ref))
+                           for pattern in entry.get("imageReferences", [])):
                     continue
                 if entry.get("attestors"):
                     _, why = _cluster_policy_verifies(entry["attestors"], found, None)
@@ -323,6 +459,14 @@ def _ivp_cosign_verifies(release: KyvernoRelease, attestor: dict, found: Publish
     return of_type, ""
 
 
+def _image_reference_matches(reference: dict, image: str) -> bool:
+    if "glob" in reference:
+        return gobwas_glob_match(reference["glob"], image)
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(reference["expression"]))
+    return program.evaluate({"ref": celtypes.StringType(image)}) == celtypes.BoolType(True)
+
+
 class _ImageVerification:
     """Kyverno's image verification CEL functions (pkg/cel/libs/imageverify/impl.go) on one release and registry: a
     verification counts the attestors given whose verification succeeds, and, as ImageData.AddVerifiedIntotoPayloads
@@ -330,7 +474,7 @@ class _ImageVerification:
     extractPayload."""
 
     def __init__(self, spec: dict, found: Published, release: KyvernoRelease):
-        self.globs = [reference["glob"] for reference in spec.get("matchImageReferences", []) if "glob" in reference]
+        self.references = spec.get("matchImageReferences", [])
         self.kinds = {attestation["name"]: attestation["intoto"]["type"] for attestation in spec["attestations"]}
         self.attestors = {attestor["name"]: attestor for attestor in spec["attestors"]}
         self.found, self.release = found, release
@@ -338,7 +482,11 @@ class _ImageVerification:
         self.failures: list[str] = []
 
     def _matched(self, image) -> bool:
-        return any(fnmatch.fnmatchcase(str(image), glob) for glob in self.globs)
+        """matching.MatchImage (pkg/cel/matching/image.go at v1.19.0): any entry, a gobwas glob or a CEL expression
+        on `ref` (pkg/cel/compiler/keys.go:9, image.go matchCel), over the image as the pod spec writes it; no
+        entries match everything."""
+        return not self.references or any(_image_reference_matches(reference, str(image))
+                                          for reference in self.references)
 
     def _verify(self, attestors, predicate_type: str | None) -> int:
         count, failures = 0, []
@@ -383,8 +531,11 @@ def ivp_admits(policy_path: Path, image_ref: str, found: Published, release: str
     spec = policy_documents(policy_path)[0]["spec"]
     verification = _ImageVerification(spec, found, KYVERNO[release])
     environment = celpy.Environment()
+    # the `images` CEL sees are those matchImageReferences select (pkg/image/verification/evaluator/policy.go:151 at
+    # v1.19.0 and main, :133 at v1.18.1): another image is in no list
+    matched = [image_ref] if verification._matched(image_ref) else []
     activation = {
-        "images": celpy.json_to_cel({"containers": [image_ref], "initContainers": [], "ephemeralContainers": []}),
+        "images": celpy.json_to_cel({"containers": matched, "initContainers": [], "ephemeralContainers": []}),
         "attestors": celpy.json_to_cel({name: {"name": name} for name in verification.attestors}),
         "attestations": celpy.json_to_cel({attestation["name"]: attestation["name"]
                                            for attestation in spec["attestations"]}),
@@ -444,8 +595,7 @@ def policy_controller_authorities(policy_path: Path, image_ref: str, found: Publ
     verdicts = {}
     for document in policy_documents(policy_path):
         globs = [image["glob"] for image in document["spec"]["images"]]
-        # policy-controller's `**` spans path separators, fnmatch's `*` does already
-        if not any(fnmatch.fnmatchcase(image_ref, glob.replace("**", "*")) for glob in globs):
+        if not any(policy_controller_glob_match(glob, image_ref) for glob in globs):
             continue
         for authority in document["spec"]["authorities"]:
             verdicts[f"{document['metadata']['name']}/{authority['name']}"] = _authority_verifies(authority, found)
@@ -496,18 +646,33 @@ def repository_of(reference: str) -> str:
 
 
 def _scopes(image_ref: str) -> list[str]:
-    """The docker transport's scopes from the most specific (docs: the reference, the repository, each parent
-    namespace, the host) to the transport's default ""."""
+    """The docker transport's scopes from the most specific to the transport's default "", each compared as written
+    with a policy.json (or registries.d) key: the reference, the repository, each parent namespace, the host with
+    its port, then `*.` and each parent domain of the host without its port (image/docker/policyconfiguration/
+    naming.go DockerReferenceIdentity, DockerReferenceNamespaces; image/signature/policy_eval.go
+    requirementsForImageRef). ParseNormalizedNamed keeps the host's letter case and port (image/docker/reference/
+    normalize.go:32-56, regexp.go:26), so nothing here folds them."""
     repository = repository_of(image_ref)
     parts = repository.split("/")
-    return [image_ref, *("/".join(parts[:count]) for count in range(len(parts), 0, -1)), ""]
+    host = parts[0].split(":", 1)[0]
+    wildcards = ["*." + ".".join(host.split(".")[count:]) for count in range(1, host.count(".") + 1)]
+    return [image_ref, *("/".join(parts[:count]) for count in range(len(parts), 0, -1)), *wildcards, ""]
 
 
-def sigstore_signatures(found: Published, image_ref: str, key_paths: dict[str, str]) -> list[tuple[str, str]]:
+def sigstore_signatures(found: Published, image_ref: str, key_paths: dict[str, str],
+                        registries_d: dict | None = None) -> list[tuple[str, str]]:
     """The signatures containers/image reads for image_ref, as (the key file that verifies it, the docker-reference it
     signs): only the simple-signing payloads under the `sha256-<hex>.sig` tag (image/docker/docker_client.go:1269-1273
-    at container-libs main@f0ddf1a745bb, read where registries.d's use-sigstore-attachments is on); a bundle referrer
-    is never read (bundle support is container-libs PR #1153, open)."""
+    at container-libs main@f0ddf1a745bb), read where registries.d's use-sigstore-attachments is on for the most
+    specific of the image's scopes that has it (image/docker/registries_d.go:238-258 useSigstoreAttachments; every
+    scope where registries_d is None); a bundle referrer is never read (bundle support is container-libs PR #1153,
+    open)."""
+    if registries_d is not None:
+        namespaces = registries_d.get("docker") or {}
+        settings = [namespaces[scope]["use-sigstore-attachments"] for scope in _scopes(image_ref)[:-1]
+                    if "use-sigstore-attachments" in namespaces.get(scope, {})]
+        if not (settings and settings[0]):
+            return []
     if not found.classic or found.signer not in key_paths:
         return []
     return [(key_paths[found.signer], found.signed_reference or image_ref)]

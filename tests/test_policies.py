@@ -31,9 +31,14 @@ from .policy_eval import (
     containers_policy_accepts,
     crd_schema,
     deprecated_fields,
+    ggcr_name,
+    go_wildcard_match,
+    gobwas_glob_match,
     ivp_admits,
     kyverno_admits,
+    kyverno_reference,
     policy_controller_authorities,
+    policy_controller_glob_match,
     policy_documents,
     published,
     schema_errors,
@@ -55,6 +60,7 @@ SCHEMAS = {CLUSTER_POLICY: CRDS / "kyverno.io_clusterpolicies.v1.yaml",
            IMAGE_VALIDATING_POLICY: CRDS / "policies.kyverno.io_imagevalidatingpolicies.v1.yaml",
            CLUSTER_IMAGE_POLICY: CRDS / "policy.sigstore.dev_clusterimagepolicies.v1beta1.yaml"}
 REPOSITORY = "registry.example.com/ml/pytorch"
+DEFAULT_PORT = "registry.example.com:443/ml/pytorch"  # the same repository, its host's default port written out
 CPU_IMAGE = f"{REPOSITORY}:2.13.0-cpu-devel"
 CUDA_IMAGE = f"{REPOSITORY}:2.14.1-cuda13.0-cudnn9-runtime"
 DIGEST = "sha256:" + "12" * 32
@@ -170,10 +176,10 @@ def test_every_policy_accepts_two_keys_for_a_rotation():
 
 def test_every_cuda_entry_is_separate_and_matches_cuda_tags_only():
     rules = policy_documents(CLUSTER_POLICY)[0]["spec"]["rules"]
-    assert [rule["verifyImages"][0]["imageReferences"] for rule in rules] == [
-        [f"{REPOSITORY}*"], [f"{REPOSITORY}:*-cuda*"]]
+    assert [rule["verifyImages"][0]["imageReferences"] for rule in rules if "verifyImages" in rule] == [
+        [f"{REPOSITORY}*", f"{DEFAULT_PORT}*"], [f"{REPOSITORY}:*-cuda*", f"{DEFAULT_PORT}:*-cuda*"]]
     assert [document["spec"]["images"] for document in policy_documents(CLUSTER_IMAGE_POLICY)] == [
-        [{"glob": f"{REPOSITORY}**"}], [{"glob": f"{REPOSITORY}:*-cuda*"}]]
+        [{"glob": "*/ml/pytorch**"}], [{"glob": "*/ml/pytorch:*-cuda*"}]]
 
 
 def test_every_policy_names_the_predicate_types_publish_attests():
@@ -182,7 +188,7 @@ def test_every_policy_names_the_predicate_types_publish_attests():
     ivp = {attestation["intoto"]["type"]
            for attestation in policy_documents(IMAGE_VALIDATING_POLICY)[0]["spec"]["attestations"]}
     cluster = {attestation["type"] for rule in policy_documents(CLUSTER_POLICY)[0]["spec"]["rules"]
-               for entry in rule["verifyImages"] for attestation in entry.get("attestations", [])}
+               for entry in rule.get("verifyImages", []) for attestation in entry.get("attestations", [])}
     authorities = policy_documents(CLUSTER_IMAGE_POLICY)[0]["spec"]["authorities"]
     controller = {attestation["predicateType"] for authority in authorities
                   for attestation in authority.get("attestations", [])}
@@ -289,7 +295,7 @@ def test_cluster_policy_without_rekor_ignore_tlog_refuses(tmp_path):
     (cpol/cosign/cosign.go:148-149 at main)."""
     def drop_ignore_tlog(document):
         for rule in document["spec"]["rules"]:
-            for entry in rule["verifyImages"]:
+            for entry in rule.get("verifyImages", []):
                 for attestor_set in [*entry.get("attestors", []),
                                      *(s for a in entry.get("attestations", []) for s in a["attestors"])]:
                     for key_entry in attestor_set["entries"]:
@@ -427,7 +433,8 @@ def test_the_containers_policy_has_the_shape_containers_policy_json_5_gives():
     with pytest.raises(jsonschema.ValidationError):  # "Exactly one of keyPath, keyPaths, ... must be present"
         jsonschema.validate(broken, CONTAINERS_POLICY_SCHEMA)
     registries = yaml.safe_load((POLICIES / "registries.d" / "torchimages.yaml").read_text())
-    assert registries == {"docker": {REPOSITORY: {"use-sigstore-attachments": True}}}
+    assert registries == {"docker": {REPOSITORY: {"use-sigstore-attachments": True},
+                                     DEFAULT_PORT: {"use-sigstore-attachments": True}}}
 
 
 @pytest.mark.parametrize("form", sorted(FORMATS))
@@ -454,3 +461,112 @@ def test_containers_image_accepts_either_key_and_only_our_repository_as_the_sign
     assert not containers_policy_accepts(policy, CPU_IMAGE, [("/etc/containers/keys/other.pub", CPU_IMAGE)])[0]
     assert not containers_policy_accepts(policy, CPU_IMAGE, [])[0]
     assert containers_policy_accepts(policy, "docker.io/library/busybox:1.37", [])[0]
+
+
+# --------------------------------------------------------------------- the registry's other spellings (issue 56)
+
+# Each names the same image on the same registry: containerd, CRI-O and the kubelet fold no letter case of the host
+# and drop no port (distribution/reference v0.6.0@ff14fafe2236 regexp.go:61 takes upper-case letters in a domain,
+# :65 any digits for a port; normalize.go:67 asks only the path to be lower case), and DNS, TLS host names and Go's
+# port parsing (`0443` is 443) do not tell them apart. Admission sees the pod spec as written, before any of them.
+TAG = "2.13.0-cpu-devel"
+SPELLINGS = [f"{DEFAULT_PORT}:{TAG}", f"Registry.Example.com/ml/pytorch:{TAG}",
+             f"REGISTRY.EXAMPLE.COM:443/ml/pytorch:{TAG}", f"registry.example.com:0443/ml/pytorch:{TAG}",
+             f"registry.Example.com/ml/pytorch@{DIGEST}", DEFAULT_PORT, REPOSITORY]  # the last two: `:latest`
+UNSIGNED = published([], classic=False, bundles=Referrers.NONE)
+
+
+def test_no_engine_folds_the_hosts_letter_case_or_drops_its_default_port():
+    """What each engine matches its patterns against, from its source (tests/policy_eval.py names file and line)."""
+    odd = f"Registry.Example.com:443/ml/pytorch:{TAG}"
+    assert kyverno_reference(odd) == odd
+    assert kyverno_reference(DEFAULT_PORT) == f"{DEFAULT_PORT}:latest"
+    assert kyverno_reference(f"{REPOSITORY}:{TAG}@{DIGEST}") == f"{REPOSITORY}@{DIGEST}"
+    assert kyverno_reference("busybox") == "docker.io/busybox:latest"
+    assert ggcr_name(odd) == odd
+    assert ggcr_name("busybox") == "index.docker.io/library/busybox:latest"
+    assert not go_wildcard_match(f"{REPOSITORY}*", f"Registry.Example.com/ml/pytorch:{TAG}")
+    assert not gobwas_glob_match(f"{REPOSITORY}*", f"{DEFAULT_PORT}:{TAG}")
+    # policy-controller's `*` stops at a `/`, its `**` does not (glob.go Compile)
+    assert policy_controller_glob_match("*/ml/pytorch**", f"Registry.Example.com:0443/ml/pytorch:{TAG}")
+    assert not policy_controller_glob_match("*/ml/pytorch**", f"registry.example.com/team/ml/pytorch:{TAG}")
+    assert not policy_controller_glob_match(f"{REPOSITORY}**", f"{DEFAULT_PORT}:{TAG}")
+
+
+@pytest.mark.parametrize("image", SPELLINGS)
+def test_cluster_policy_refuses_an_unsigned_image_under_every_spelling_of_our_registry(image):
+    """The `:443` spelling is in imageReferences and verified; every other one is denied by the spelling rule."""
+    admitted, why = kyverno_admits(CLUSTER_POLICY, image, UNSIGNED, "1.19.1")
+    assert not admitted, why
+    assert "no signatures found" in why or "in lower case" in why, why
+
+
+@pytest.mark.parametrize("release", CLUSTER_POLICY_RELEASES)
+def test_cluster_policy_verifies_the_default_port_spelling_and_refuses_the_others(release):
+    assert kyverno_admits(CLUSTER_POLICY, f"{DEFAULT_PORT}:{TAG}", PASSED, release) == (True, "admitted")
+    assert not kyverno_admits(CLUSTER_POLICY, f"{DEFAULT_PORT}:{TAG}", FAILED, release)[0]
+    cuda = f"{DEFAULT_PORT}:2.14.1-cuda13.0-cudnn9-runtime"
+    assert "gpu" in kyverno_admits(CLUSTER_POLICY, cuda, PASSED, release)[1].lower()
+    admitted, why = kyverno_admits(CLUSTER_POLICY, f"Registry.Example.com/ml/pytorch:{TAG}", PASSED, release)
+    assert not admitted and why.startswith("our-registry-spelt-as-the-rules-spell-it: write"), why
+
+
+@pytest.mark.parametrize("image", SPELLINGS)
+def test_ivp_refuses_an_unsigned_image_under_every_spelling_of_our_registry(image):
+    admitted, why = ivp_admits(IMAGE_VALIDATING_POLICY, image, UNSIGNED, "1.20")
+    assert not admitted, why
+
+
+@pytest.mark.parametrize("release", ["1.18", "1.20"])
+def test_ivp_verifies_the_default_port_spelling_and_refuses_the_others(release):
+    assert ivp_admits(IMAGE_VALIDATING_POLICY, f"{DEFAULT_PORT}:{TAG}", PASSED, release) == (True, "admitted")
+    assert not ivp_admits(IMAGE_VALIDATING_POLICY, f"{DEFAULT_PORT}:{TAG}", FAILED, release)[0]
+    cuda = f"{DEFAULT_PORT}:2.14.1-cuda13.0-cudnn9-runtime"
+    assert "GPU" in ivp_admits(IMAGE_VALIDATING_POLICY, cuda, PASSED, release)[1]
+    admitted, why = ivp_admits(IMAGE_VALIDATING_POLICY, f"Registry.Example.com/ml/pytorch:{TAG}", PASSED, release)
+    assert not admitted and why.startswith("write registry.example.com/ml/pytorch"), why
+
+
+@pytest.mark.parametrize("image", SPELLINGS)
+def test_policy_controller_holds_every_spelling_of_our_registry_to_our_keys(image):
+    """Every spelling meets both policies' globs (the CUDA one only on a CUDA tag) and no authority verifies an
+    unsigned image; a signed one verifies (the registry is the same)."""
+    verdicts = policy_controller_authorities(CLUSTER_IMAGE_POLICY, image, UNSIGNED)
+    assert verdicts and not any(verified for verified, _ in verdicts.values())
+    assert policy_controller_authorities(CLUSTER_IMAGE_POLICY, image, PASSED)["torchimages-verified/current-admits"][0]
+
+
+def test_policy_controller_leaves_other_repositories_alone():
+    for image in ("docker.io/library/busybox:1.37", f"registry.example.com/other/pytorch:{TAG}", "busybox"):
+        assert policy_controller_authorities(CLUSTER_IMAGE_POLICY, image, UNSIGNED) == {}
+
+
+def test_images_of_other_repositories_on_our_host_in_any_spelling_are_not_the_kyverno_policies_business():
+    for image in (f"Registry.Example.com/other/thing:{TAG}", f"registry.example.com:443/other/thing:{TAG}"):
+        assert kyverno_admits(CLUSTER_POLICY, image, UNSIGNED)[0]
+        assert ivp_admits(IMAGE_VALIDATING_POLICY, image, UNSIGNED)[0]
+
+
+def test_containers_image_requires_our_signature_under_the_default_port_spelling():
+    """A scope is compared as written (policyconfiguration/naming.go), so `:443` has its own scope and registries.d
+    entry; the signature names the repository as publish wrote it, which exactRepository accepts."""
+    policy = json.loads(CONTAINERS_POLICY.read_text())
+    registries = yaml.safe_load((POLICIES / "registries.d" / "torchimages.yaml").read_text())
+    image = f"{DEFAULT_PORT}:{TAG}"
+    assert not containers_policy_accepts(policy, image, sigstore_signatures(UNSIGNED, image, KEY_PATHS, registries))[0]
+    signed = found(signed_reference=f"{REPOSITORY}:{TAG}")
+    assert containers_policy_accepts(policy, image, sigstore_signatures(signed, image, KEY_PATHS, registries))[0]
+    elsewhere = found(signed_reference="evil.example.com/other/pytorch:x")
+    assert not containers_policy_accepts(policy, image, sigstore_signatures(elsewhere, image, KEY_PATHS, registries))[0]
+
+
+@pytest.mark.parametrize("image", [f"Registry.Example.com/ml/pytorch:{TAG}",
+                                   f"registry.example.com:0443/ml/pytorch:{TAG}"])
+def test_containers_image_leaves_other_spellings_to_the_policy_default(image):
+    """No scope can name every letter case or zero-padded port: such a spelling meets only the default of the
+    policy.json the fragment is merged into. The README says so, and to refuse them: a docker transport default of
+    `reject` (with scopes for what else runs)."""
+    policy = json.loads(CONTAINERS_POLICY.read_text())
+    assert containers_policy_accepts(policy, image, [])[0]  # the fragment's own default: insecureAcceptAnything
+    strict = {**policy, "transports": {"docker": {**policy["transports"]["docker"], "": [{"type": "reject"}]}}}
+    assert not containers_policy_accepts(strict, image, [])[0]

@@ -31,7 +31,7 @@ from .registry_address import Registry
 TIMEOUT_S = 15
 MAX_BODY_BYTES = 4 << 20  # a referrers list of thousands of entries; more is no answer
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
-CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+CHALLENGE = re.compile(r'(\w+)="([^"]*)"', re.ASCII)
 
 
 class RegistryHTTP:
