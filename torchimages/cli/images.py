@@ -199,7 +199,9 @@ def cmd_gpu_record(project: Project, args) -> int:
         print(f"{name}: {check['status']}: {check['message']}", file=sys.stderr)
     if scenario is not None:
         path = project.reports / "gpu-record" / f"{today}-{record.host_name(facts)}-{spec.tag}.yaml"
-        atomic_write(path, yaml.safe_dump(scenario, sort_keys=False, width=120), root=project.reports)
+        # libyaml's writer where this host has it: the pure-Python one takes seconds per thousand GPUs
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        atomic_write(path, yaml.dump(scenario, Dumper=dumper, sort_keys=False, width=120), root=project.reports)
         print(f"every raw fact, as a simulation-lane host: {path} (copy it to tests/gpu_hosts/ to replay this run)",
               file=sys.stderr)
     else:

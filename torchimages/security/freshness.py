@@ -98,6 +98,7 @@ class SecurityIndex:
     archive: Archive
     candidates: dict[tuple[str, str], Candidate]
     signature: str  # what was checked about the Release file, in words
+    published: dt.datetime | None = None  # the Release file's Date: no fix it lists was released after it
 
 
 @dataclass
@@ -208,11 +209,12 @@ def installed_problem(package: Installed) -> str:
     return ""
 
 
-def parse_release(text: str, source: str) -> dict[str, tuple[str, int]]:
-    """A Release file's SHA256 list: path -> (sha256, size); any entry or date not of its shape refuses the file."""
+def parse_release(text: str, source: str) -> tuple[dict[str, tuple[str, int]], dt.datetime | None]:
+    """A Release file's SHA256 list (path -> (sha256, size)) and Date (None where it has none); any entry or date not
+    of its shape refuses the file."""
     release = deb822.Release(text)
     _check_valid_until(release.get("Valid-Until"), source)
-    _check_not_future(release.get("Date"), source)
+    published = _release_date(release.get("Date"), source)
     entries = release.get("SHA256") or []
     if not entries:
         raise SecurityIndexError(f"{source}: not a Release file (no SHA256 list): the index is damaged or not an archive")
@@ -223,7 +225,7 @@ def parse_release(text: str, source: str) -> dict[str, tuple[str, int]]:
             raise SecurityIndexError(f"{source}: a SHA256 entry that is not `HASH SIZE PATH` ({brief(digest)} "
                                      f"{brief(size)} {brief(name)}): the index is damaged or not an archive")
         hashes[name] = (digest, int(size))
-    return hashes
+    return hashes, published
 
 
 def _check_valid_until(text: str | None, source: str) -> None:
@@ -242,14 +244,20 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _check_not_future(text: str | None, source: str) -> None:
-    """A Release file dated after now is a snapshot no archive has published yet (a wrong clock, or a forged one):
-    the ages of the fixes it lists would be negative. Bad input, exit 2; a little clock skew is allowed."""
+def _release_date(text: str | None, source: str) -> dt.datetime | None:
+    """A Release file's Date. One dated after now is a snapshot no archive has published yet (a wrong clock, or a
+    forged one): the ages of the fixes it lists would be negative. Bad input, exit 2; a little clock skew is allowed.
+    A Date that is not a date is the index's error: read as none, it would skip this check altogether."""
+    if text is None:
+        return None
     when = _when(text)
-    if when is not None and when > utc_now() + CLOCK_SKEW:
+    if when is None:
+        raise SecurityIndexError(f"{source}: Date {brief(text)} is not a date: the index is damaged")
+    if when > utc_now() + CLOCK_SKEW:
         raise InputError([Problem(source, 0, f"the Release file is dated {when:%Y-%m-%d %H:%M} UTC, after this "
                                              f"host's clock ({utc_now():%Y-%m-%d %H:%M} UTC): use a snapshot the "
                                              "archive has published, or set the clock right")])
+    return when
 
 
 def parse_packages(text: str, source: str = "Packages") -> dict[tuple[str, str], Candidate]:
@@ -291,18 +299,22 @@ def fixable_updates(installed: list[Installed], candidates: dict[tuple[str, str]
     return sorted(updates, key=lambda item: (item.package, item.arch))
 
 
-def changelog_fixes(text: str, installed: str) -> tuple[tuple[str, ...], str]:
+def changelog_fixes(text: str, installed: str, latest: dt.datetime | None = None) -> tuple[tuple[str, ...], str]:
     """The CVE IDs the changelog's entries newer than the installed version name, and the date of the oldest such
-    entry (when the first fix the image lacks was released)."""
+    entry (when the first fix the image lacks was released). An entry dated after latest (the index that lists the
+    fix was published then) has an impossible date: the fix is undated, so a promise lists it as behind instead of
+    aging it by a negative number of days."""
     cves: set[str] = set()
-    since = ""
+    since, impossible = "", False
     for block in debian_changelog.Changelog(text, strict=False):
         version = _entry_version(block)
         if not version or version_compare(version, installed) <= 0:
             continue
         cves.update(re.findall(r"CVE-[0-9]{4}-[0-9]{4,}", "\n".join(block.changes())))
-        since = _date(block.date) or since
-    return tuple(sorted(cves)), since
+        when = _when(block.date)
+        impossible = impossible or (when is not None and latest is not None and when > latest)
+        since = (when.date().isoformat() if when else "") or since
+    return tuple(sorted(cves)), "" if impossible else since
 
 
 def _entry_version(block) -> str:
@@ -313,11 +325,6 @@ def _entry_version(block) -> str:
     except ValueError:  # python-debian parses the version when it is asked for
         return ""
     return version if is_dpkg_version(version) else ""
-
-
-def _date(text: str | None) -> str:
-    when = _when(text)
-    return when.date().isoformat() if when else ""
 
 
 def _when(text: str | None) -> dt.datetime | None:
@@ -451,7 +458,7 @@ def read_index(archive: Archive, fetcher: Fetcher, arch: str) -> SecurityIndex:
     release_path = f"dists/{archive.suite}/InRelease"
     text, signature = verify_release(fetcher.get(release_path, MAX_RELEASE_BYTES), archive.keyring,
                                      fetcher.where(release_path))
-    hashes = parse_release(text, fetcher.where(release_path))
+    hashes, published = parse_release(text, fetcher.where(release_path))
     candidates: dict[tuple[str, str], Candidate] = {}
     for component in archive.components:
         name = f"{component}/binary-{arch}/Packages.xz"
@@ -465,7 +472,7 @@ def read_index(archive: Archive, fetcher: Fetcher, arch: str) -> SecurityIndex:
                                      f"{size} bytes); refused")
         data = fetcher.get_vouched(f"dists/{archive.suite}/{name}", size, digest)
         candidates.update(parse_packages(_unxz(data, where), where))
-    return SecurityIndex(archive, candidates, signature)
+    return SecurityIndex(archive, candidates, signature, published)
 
 
 def _unxz(data: bytes, where: str) -> str:
@@ -481,9 +488,12 @@ def _unxz(data: bytes, where: str) -> str:
     return text.decode("utf-8", errors="replace")
 
 
-def with_cves(updates: list[Fixable], fetcher: Fetcher, log: Callable[[str], None]) -> list[Fixable]:
+def with_cves(updates: list[Fixable], fetcher: Fetcher, log: Callable[[str], None],
+              published: dt.datetime | None = None) -> list[Fixable]:
     """Each update with the CVE IDs and date its package's changelog gives (kept without them where it cannot be read:
-    the fixed version alone already makes the update fixable)."""
+    the fixed version alone already makes the update fixable). No fix was released after its index was published
+    (its Date; this host's clock where it has none): a later date is impossible, and the fix undated."""
+    latest = published or utc_now() + CLOCK_SKEW
     read: dict[str, str | None] = {}
     found = []
     for item in updates:
@@ -494,7 +504,7 @@ def with_cves(updates: list[Fixable], fetcher: Fetcher, log: Callable[[str], Non
                 log(f"{item.package} {item.fixed}: changelog not read ({error})")
                 read[item.filename] = None
         text = read[item.filename]
-        cves, since = _changelog_fixes_or_none(text, item.installed)
+        cves, since = _changelog_fixes_or_none(text, item.installed, latest)
         found.append(Fixable(item.package, item.arch, item.installed, item.fixed, cves, since, item.filename,
                              item.size, item.sha256))
     return found
@@ -509,10 +519,10 @@ def _vouched_package(item: Fixable, fetcher: Fetcher) -> bytes:
     return fetcher.get_vouched(item.filename, item.size, item.sha256)
 
 
-def _changelog_fixes_or_none(text: str | None, installed: str) -> tuple[tuple[str, ...], str]:
+def _changelog_fixes_or_none(text: str | None, installed: str, latest: dt.datetime) -> tuple[tuple[str, ...], str]:
     """changelog_fixes, or none for a changelog python-debian cannot read (the update stays fixable without them)."""
     try:
-        return changelog_fixes(text, installed) if text else ((), "")
+        return changelog_fixes(text, installed, latest) if text else ((), "")
     except debian_changelog.ChangelogParseError:
         return (), ""
 
@@ -546,7 +556,7 @@ class Checker:
         source = f"{archive.suite} index"
         if isinstance(index, SecurityIndexError):
             return RowSecurity(subject, os_name, source, error=str(index))
-        updates = with_cves(fixable_updates(installed, index.candidates), fetcher, self.log)
+        updates = with_cves(fixable_updates(installed, index.candidates), fetcher, self.log, index.published)
         return RowSecurity(subject, os_name, source, index.signature, updates)
 
     def check_published(self, tag: str, os_name: str, sbom_path: Path) -> RowSecurity:

@@ -17,15 +17,16 @@ PROMISE_TEXT = ("every fix in the distribution's security pocket is in a publish
 def over_promise(behind: dict[str, RowSecurity], published: set[str], today: dt.date) -> list[str]:
     """The rows a nightly leaves lacking a fix (behind: tag -> the verdict that made it due; published: the tags it
     published) whose oldest missing fix is more than a day old: a daily nightly saw it yesterday at the latest, so
-    its 24 hours are over. A fix not dated by its changelog cannot be aged, and the row is listed as behind."""
+    its 24 hours are over. A fix not dated by its changelog (or dated impossibly: freshness.changelog_fixes) cannot
+    be aged, and the row is listed as behind, whatever the other fixes' dates."""
     notes = []
     for tag, row in sorted(behind.items()):
         if tag in published:
             continue
         age = fix_age(row.fixable, today)
-        if not age["oldest_missing_fix"] or age["fix_age_days"] > PROMISE.days:
-            dated = (f"since {age['oldest_missing_fix']} ({age['fix_age_days']} days)" if age["oldest_missing_fix"]
-                     else "undated")
+        undated = not age["oldest_missing_fix"] or any(not item.since for item in row.fixable)
+        if undated or age["fix_age_days"] > PROMISE.days:
+            dated = "undated" if undated else f"since {age['oldest_missing_fix']} ({age['fix_age_days']} days)"
             notes.append(f"{tag}: over the patch promise ({PROMISE_TEXT}): it still lacks {len(row.fixable)} fixes, "
                          f"the oldest {dated}")
     return notes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import re
+import urllib.parse
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -13,9 +13,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from ..model import TorchImagesError
+from ..redaction import inert
 
 PKCS11_SCHEME = "pkcs11:"
-PIN_VALUE = re.compile(r"(pin-value=)[^&;]*")  # in a pkcs11: URI: shown as pin-value=...
+PIN_ATTRIBUTE = "pin-value"  # in a pkcs11: URI's query: shown as pin-value=...
+SHOWN_URI_CHARACTERS = 300  # of a key URI in a message: a hostile one is megabytes long
 
 ECDSA_HASHES: dict[str, hashes.HashAlgorithm] = {
     "secp256r1": hashes.SHA256(), "secp384r1": hashes.SHA384(), "secp521r1": hashes.SHA512()}
@@ -97,6 +99,27 @@ class FileSigningKey(SigningKey):
         return self.private.sign(message, ec.ECDSA(hashes.SHA256()))
 
 
+def pkcs11_attributes(uri: str) -> tuple[list[str], list[str]]:
+    """A pkcs11: URI's path and query attributes (`name=value`, the value still percent-encoded), split as RFC 7512
+    splits them: the path ends at the first '?', its attributes at ';', the query's at '&'. The one reading of a key
+    URI: its parser (keys_pkcs11.KeyReference) and its redaction both take it, so that a PIN ends where both say."""
+    path, _, query = uri.removeprefix(PKCS11_SCHEME).partition("?")
+    return path.split(";"), query.split("&")
+
+
 def redacted(reference: str) -> str:
-    """A key URI as messages show it: without its PIN."""
-    return PIN_VALUE.sub(r"\1...", reference)
+    """A key URI as messages show it: without its PIN, wherever in the URI a pin-value is (the parser reads the
+    query's; one in the path is hidden too), its control characters escaped and cut short."""
+    if reference.startswith(PKCS11_SCHEME):
+        path, query = ([f"{item.partition('=')[0]}=..." if _names_pin(item) else item for item in part]
+                       for part in pkcs11_attributes(reference))
+        reference = PKCS11_SCHEME + ";".join(path) + ("?" + "&".join(query) if "?" in reference else "")
+    shown = inert(reference)
+    if len(shown) <= SHOWN_URI_CHARACTERS:
+        return shown
+    return f"{shown[:SHOWN_URI_CHARACTERS]}... ({len(shown)} characters)"
+
+
+def _names_pin(attribute: str) -> bool:
+    """Whether an attribute is a PIN, however its name is spelled (encoded or capitalised: hiding more is safe)."""
+    return urllib.parse.unquote(attribute.partition("=")[0]).strip().lower() == PIN_ATTRIBUTE

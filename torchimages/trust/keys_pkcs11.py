@@ -9,6 +9,7 @@ it) is read too. Messages show the URI with `pin-value=...`, never the PIN.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -22,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from pkcs11 import KeyType, Mechanism, ObjectClass, SignMixin, TokenFlag
 from pkcs11.util.ec import encode_ec_public_key
 
-from ..files import read_bytes
+from ..files import brief, read_bytes
 from ..model import InputError, PeerError, Problem
-from .keys import PKCS11_SCHEME, PublicKey, SigningKey, redacted
+from .keys import PIN_ATTRIBUTE, PublicKey, SigningKey, pkcs11_attributes, redacted
 
 if TYPE_CHECKING:
     from pkcs11._pkcs11 import lib as Module  # what pkcs11.lib() returns
@@ -37,6 +38,8 @@ LIST_OBJECTS = "`pkcs11-tool --module MODULE --login --list-objects` lists them"
 # from threads) take turns, each in a session of its own that logs in and out.
 TOKEN_TURN = threading.Lock()
 PROBE = b"torchimages: is the public key object the private key's half?"
+SLOT_NUMBER = re.compile(r"[0-9]{1,20}", re.ASCII)
+MAX_SLOT_ID = 2**64 - 1  # a CK_ULONG
 
 
 class KeyReference:
@@ -44,14 +47,13 @@ class KeyReference:
 
     def __init__(self, uri: str, environment: Mapping[str, str]):
         self.shown = redacted(uri)
-        path, _, query = uri.removeprefix(PKCS11_SCHEME).partition("?")
-        where, how = _attributes(path, ";"), _attributes(query, "&")
+        where, how = (_attributes(part) for part in pkcs11_attributes(uri))
         self.token_label = _text(where.get("token"))
         self.slot_id = self._slot_id(where.get("slot-id"))
         self.key_label = _text(where.get("object"))
         self.key_id = urllib.parse.unquote_to_bytes(where["id"]) if where.get("id") else None
         self.module = _text(how.get("module-path")) or environment.get(MODULE_VARIABLE, "")
-        self.pin = (_text(how.get("pin-value")) or self._pin_from(how.get("pin-source"))
+        self.pin = (_text(how.get(PIN_ATTRIBUTE)) or self._pin_from(how.get("pin-source"))
                     or environment.get(PIN_VARIABLE) or None)
         self._check()
 
@@ -77,11 +79,13 @@ class KeyReference:
         return found
 
     def _slot_id(self, text: str | None) -> int | None:
+        """A slot number as PKCS#11 holds one (a CK_ULONG): ASCII digits only (str.isdigit takes '²' and '٣', which
+        int() refuses or reads), and few enough of them (int() refuses thousands)."""
         if text is None:
             return None
-        if not text.isdigit():
-            raise self.wrong(f"slot-id={text} is not a slot number: `softhsm2-util --show-slots` (or `pkcs11-tool "
-                             "--list-slots`) lists them")
+        if not SLOT_NUMBER.fullmatch(text) or int(text) > MAX_SLOT_ID:
+            raise self.wrong(f"slot-id={brief(text)} is not a slot number: `softhsm2-util --show-slots` (or "
+                             "`pkcs11-tool --list-slots`) lists them")
         return int(text)
 
     def _pin_from(self, source: str | None) -> str | None:
@@ -221,9 +225,9 @@ def _refusal(error: pkcs11.PKCS11Error, reference: KeyReference) -> str:
     return f"{token} refused ({type(error).__name__}): check the token and its module"
 
 
-def _attributes(part: str, separator: str) -> dict[str, str]:
+def _attributes(items: list[str]) -> dict[str, str]:
     """RFC 7512's name=value pairs, values still percent-encoded (an id is bytes, the rest UTF-8 text)."""
-    pairs = (item.partition("=") for item in part.split(separator) if item)
+    pairs = (item.partition("=") for item in items if item)
     return {name: value for name, _, value in pairs}
 
 

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,13 +16,19 @@ from ..checks.gpu_speed import host_report, peak_tflops
 from ..checks.rules import arch_flags_for
 from ..files import read_json_document
 from ..model import ImageSpec, InputError, PeerError, Problem
-from ..reporting import as_object
+from ..redaction import inert
+from ..reporting import as_object, markdown_cell
 from .plan import SUITE, parse_gpus
 from .suite import arch_rows, run_suite_on_facts
 
 # The suites that judge GPU facts alone; the others need a container's files, users and smoke run.
 GPU_SUITES = ("test_gpu.py", "test_gpu_host.py", "test_cudnn.py", "test_amp.py")
 GPU_ONLY_TIMEOUT_S = 900
+# No host has more GPUs (an NVL72 rack's are 72, seven MIG slices each): facts listing more are not one host's, and
+# would make the record's lane host (one YAML entry each) take minutes to write.
+MAX_GPUS = 1024
+MAX_LISTED_LINES = 8 * MAX_GPUS  # of nvidia-smi -L: a GPU's line and its MIG devices'
+SHOWN_KINDS = 4  # of GPU names (and of a host's health findings) in the record line; more are counted, not listed
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,7 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     """One row: date | device | driver | image / torch | result | bf16 matmul."""
     gpu = facts["gpu"]
     devices = gpu.get("devices") or []
-    names = sorted({device["name"] for device in devices}) or ["no GPU seen"]
-    device = ", ".join(f"{name} x{sum(d['name'] == name for d in devices)}" if len(devices) > 1 else name
-                       for name in names)
+    device = devices_cell(devices)
     mine = {name: checks[name] for name in checklist.GPU_CHECKS + ("amp",) if name in checks}
     failed = [name for name, check in mine.items() if check["status"] == "failed"]
     # A record says passed only where the GPU work ran: multi-gpu alone may skip (one GPU).
@@ -99,10 +104,29 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     bf16 = ("not measured" if throughput is None
             else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else unknown))
     host = host_report(gpu)
-    line = (f"| {date} | {device} | {gpu.get('driver_version') or 'unknown'} | {source} / torch "
-            f"{facts['torch'].get('version')} ({spec.tag}) | {result}{health_note(host['health'])} | "
-            f"{bf16}{speed_note(host['performance'])} |")
-    return Record(line, not failed and not not_run, checks)
+    cells = [date, device, gpu.get("driver_version") or "unknown",
+             f"{source} / torch {facts['torch'].get('version')} ({spec.tag})", f"{result}{health_note(host['health'])}",
+             f"{bf16}{speed_note(host['performance'])}"]
+    return Record(table_row(cells), not failed and not not_run, checks)
+
+
+def table_row(cells: list[object]) -> str:
+    """One row of the record table. Every cell holds what a host reported (nvidia-smi's device names, the driver's
+    version, the checks' words on them): made inert and its pipes escaped, so that no value ends the row, adds
+    another, or moves a terminal's cursor."""
+    return "| " + " | ".join(markdown_cell(inert(str(cell))) for cell in cells) + " |"
+
+
+def devices_cell(devices: list[dict]) -> str:
+    """The GPUs by name, counted ('NVIDIA H100 80GB HBM3 x8'), in one pass over them; past SHOWN_KINDS names, the
+    rest counted: a host listing tens of thousands of GPUs gets a line of the same length as one with a few."""
+    counts = Counter(device["name"] for device in devices)
+    if not counts:
+        return "no GPU seen"
+    names = sorted(counts)
+    shown = [f"{name} x{counts[name]}" if len(devices) > 1 else name for name in names[:SHOWN_KINDS]]
+    more = len(names) - SHOWN_KINDS
+    return ", ".join(shown) + (f" and {more} more kinds ({len(devices)} GPUs)" if more > 0 else "")
 
 
 def health_note(health: dict) -> str:
@@ -111,7 +135,10 @@ def health_note(health: dict) -> str:
         return ""
     if health["healthy"]:
         return "; healthy host"
-    return "; host: " + ", ".join(f"GPU {finding['gpu']} {finding['field']}" for finding in health["findings"])
+    findings = health["findings"]
+    more = len(findings) - SHOWN_KINDS
+    return ("; host: " + ", ".join(f"GPU {finding['gpu']} {finding['field']}" for finding in findings[:SHOWN_KINDS])
+            + (f" and {more} more findings" if more > 0 else ""))
 
 
 def speed_note(performance: dict) -> str:
@@ -320,19 +347,33 @@ def read_gpu_facts(path: Path) -> dict:
     expected = {
         "an object with `torch` and `gpu` objects": isinstance(facts, dict) and isinstance(facts.get("torch"), dict)
                                                      and isinstance(gpu, dict),
-        "`gpu.devices` a list of objects with a text `name`": devices is None or (
-            isinstance(devices, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in devices)),
+        "`gpu.devices` a list of objects with a text `name`, a `capability` of two whole numbers and any "
+        "`kernel_error` text": devices is None or (isinstance(devices, list) and all(map(_device, devices))),
+        f"`gpu.devices` of at most {MAX_GPUS} GPUs": not isinstance(devices, list) or len(devices) <= MAX_GPUS,
+        "`gpu.warnings` a list of text": not isinstance(gpu, dict) or gpu.get("warnings") is None
+                                         or _texts(gpu["warnings"]),
+        "`probe_error` text": not isinstance(facts, dict) or facts.get("probe_error") is None
+                              or isinstance(facts["probe_error"], str),
         "`gpu.bf16_matmul.tflops` a number": matmul is None or (
             isinstance(matmul, dict) and type(matmul.get("tflops")) in (int, float, type(None))),
         "`torch.arch_flags` a list of text": not isinstance(facts, dict) or not isinstance(facts.get("torch"), dict)
                                              or _texts(facts["torch"].get("arch_flags", [])),
-        "`host` an object of nvidia-smi answers with text outputs": not isinstance(facts, dict)
-                                                                   or _raw_host_answers(facts.get("host")),
+        f"`host` an object of nvidia-smi answers with text outputs of at most {MAX_LISTED_LINES} lines":
+            not isinstance(facts, dict) or _raw_host_answers(facts.get("host")),
     }
     wrong = [what for what, holds in expected.items() if not holds]
     if wrong:
         raise InputError([Problem(str(path), 0, f"not GPU facts: expected {wrong[0]}: {GPU_FACTS_FIX}")])
     return facts
+
+
+def _device(device) -> bool:
+    """A device as the probe lists it, with the fields the record and its lane host read, of their types."""
+    capability = device.get("capability") if isinstance(device, dict) else None
+    return (isinstance(device, dict) and isinstance(device.get("name"), str)
+            and isinstance(capability, list) and len(capability) == 2
+            and all(type(number) is int for number in capability)
+            and isinstance(device.get("kernel_error", ""), str))
 
 
 def _texts(value) -> bool:
@@ -345,5 +386,6 @@ def _raw_host_answers(host) -> bool:
         return True
     answers = [host.get(name) for name in ("nvidia_smi_list", "nvidia_smi_query")] if isinstance(host, dict) else [0]
     texts = [host.get(name) for name in ("hostname", "machine", "proc_driver_version")] if isinstance(host, dict) else []
-    return (all(answer is None or (isinstance(answer, dict) and isinstance(answer.get("output", ""), str))
-                for answer in answers) and all(text is None or isinstance(text, str) for text in texts))
+    return (all(answer is None or (isinstance(answer, dict) and isinstance(answer.get("output", ""), str)
+                                   and answer.get("output", "").count("\n") < MAX_LISTED_LINES) for answer in answers)
+            and all(text is None or isinstance(text, str) for text in texts))
