@@ -215,3 +215,13 @@ def test_gpu_record_makes_a_device_name_inert_in_its_table_row(facts, tmp_path):
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
     [line] = result.stdout.splitlines()
     assert line.count(" | ") == 5 and "\x1b" not in line and "H100 \\| forged \\|" in line
+
+
+def test_key_file_problems_show_a_key_file_name_with_control_characters_inert(tmp_path):
+    from torchimages.publish.catalog import KEYS_DIR, key_file_problems
+
+    keys = tmp_path / KEYS_DIR
+    keys.mkdir()
+    (keys / "evil\x1b[2J\nerror: forged.pub").write_text("not a key")
+    [line] = key_file_problems(tmp_path)
+    assert "\x1b" not in line and "\n" not in line and "\\x1b[2J\\nerror: forged.pub" in line

@@ -29,6 +29,7 @@ from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
 from ..peers.registry_access import AccessSettings
 from ..peers.registry_address import parse_registry
 from ..project import Project
+from ..redaction import inert
 from ..reporting import DIGEST, TAG, Shape, require_schema, utc_timestamp
 from ..security.sbom import SBOM_DIR
 from ..trust.keys import PublicKey
@@ -360,7 +361,8 @@ def key_file_problems(catalog_dir: Path) -> list[str]:
     folder = catalog_dir / KEYS_DIR
     if not folder.is_dir():
         return []
-    return [f"{path}: {problem}" for path in sorted(folder.glob("*.pub"))
+    # A file name is anyone's text (a control character, a newline forging a line): made inert before it is shown.
+    return [inert(f"{path}: {problem}") for path in sorted(folder.glob("*.pub"))
             if (problem := read_key_file(path)[1]) is not None]
 
 
