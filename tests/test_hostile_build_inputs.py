@@ -149,3 +149,15 @@ def test_the_install_script_sends_the_token_it_finds_in_no_proxy(tmp_path, monke
         assert Path(env["PIP_CONFIG_FILE"]).read_text() == "[global]\n"
     with pytest.raises(SystemExit, match="no build-input token in no_proxy"):
         install_layer.authorize({"no_proxy": "torchimages-build-inputs"})
+
+
+def test_a_request_nested_deeper_than_json_parses_is_answered_400(tmp_path):
+    import http.client
+
+    from torchimages.build_inputs.server import BUILD_INPUTS_PORT, BuildInputsServer, basic_authorization
+    body = b"[" * 100_000 + b"]" * 100_000
+    with BuildInputsServer({}, "", None, "t" * 48) as served, within(20):
+        connection = http.client.HTTPConnection(served.address, BUILD_INPUTS_PORT, timeout=10)
+        connection.request("POST", "/layer.tar", body, {"Authorization": basic_authorization("t" * 48)})
+        answer = connection.getresponse()
+        assert answer.status == 400 and b"RecursionError" in answer.read()

@@ -169,8 +169,10 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             try:
                 wheels, venv = layer_request(json.loads(self._body()), owner.wheels)
                 layer = read_wheels(wheels, venv)
-            except (KeyError, TypeError, ValueError, WheelError, OSError) as error:
-                self._send(f"no layer: {error}\n".encode(), "text/plain", HTTPStatus.BAD_REQUEST)
+            except (KeyError, TypeError, ValueError, WheelError, OSError, RecursionError) as error:
+                # RecursionError: a request nested deeper than json can parse (a bounded body can still be that deep)
+                self._send(f"no layer: {type(error).__name__ if isinstance(error, RecursionError) else error}\n".encode(),
+                           "text/plain", HTTPStatus.BAD_REQUEST)
                 return
             # No length: the stream is unpacked as it is sent, and its end is the connection's.
             self.send_response(HTTPStatus.OK)
