@@ -346,11 +346,14 @@ class RegistryClient:
                                            *self.access.flags("dest"), self.registry.reference(digest),
                                            self.registry.reference(tag), transfer=True))
 
-    def read_artifact(self, tag: str, folder: Path) -> bool:
-        """Copy repository:tag (a small artifact: a signature, attestations) into folder in skopeo's `dir:` layout
-        (manifest.json and one file per blob, named by its hex digest); False when there is no such tag."""
+    def read_artifact(self, reference: str, folder: Path) -> bool:
+        """Copy repository@reference (a small artifact: a signature, attestations, a bundle) into folder in skopeo's
+        `dir:` layout (manifest.json and one file per blob, named by its hex digest); False when the registry has no
+        such manifest, or lacks one of its blobs (skopeo says 404 for both). skopeo copies each blob whole, whatever
+        size the manifest declares: trust/signatures.py's copied_artifact, the one caller, asks by the digest of a
+        manifest it checked and bounds what arrived before it reads any of it."""
         return self._retried(lambda: self._skopeo("copy", "--quiet", *self.access.flags("src"),
-                                                  self.registry.reference(tag), f"dir:{folder}",
+                                                  self.registry.reference(reference), f"dir:{folder}",
                                                   missing_ok=True)) is not None
 
     def write_artifact(self, folder: Path, tag: str) -> None:

@@ -14,11 +14,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..files import brief
 from ..model import ImageSpec
+from ..redaction import inert
+from ..reporting import DIGEST, DIGEST_RULE
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 # What a multi-arch tag resolves to: OCI's index, or Docker's manifest list (what `docker buildx` and older tools push).
 INDEX_TYPES = (INDEX_MEDIA_TYPE, "application/vnd.docker.distribution.manifest.list.v2+json")
+# An index of ours names one image per machine of a row; `verify-image --platform all` checks every member (its
+# signature, attestations and bundles: a few seconds each), so an index naming more is refused, not walked for hours.
+MAX_INDEX_ENTRIES = 64
+MAX_PLATFORM_NAME = 64  # os/architecture[/variant] is a few words; a longer name is cut where it is shown
 
 
 @dataclass(frozen=True)
@@ -81,16 +88,34 @@ def index_body(members: list[Member]) -> bytes:
 
 
 def platforms_of(body: bytes) -> dict[str, str]:
-    """An index's members as {os/architecture: digest} (what `skopeo inspect --raw` shows); {} for anything else."""
+    """An index's members as {os/architecture: digest} (what `skopeo inspect --raw` shows); {} for anything else.
+    An index is a peer's unsigned word until its members are checked: its platform names are made inert (they are
+    printed), and a ValueError says why one is no index to check member by member: more than MAX_INDEX_ENTRIES
+    manifests (`verify-image --platform all` checks each), or a member whose digest is not a sha256 digest."""
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     manifests = document.get("manifests") if isinstance(document, dict) else None
     if not isinstance(manifests, list):
         return {}
-    return {f"{m['platform'].get('os')}/{m['platform'].get('architecture')}": m.get("digest", "")
-            for m in manifests if isinstance(m, dict) and isinstance(m.get("platform"), dict)}
+    if len(manifests) > MAX_INDEX_ENTRIES:
+        raise ValueError(f"an index naming {len(manifests)} manifests, more than any multi-arch tag "
+                         f"({MAX_INDEX_ENTRIES})")
+    members = {}
+    for entry in manifests:
+        if isinstance(entry, dict) and isinstance(entry.get("platform"), dict):
+            digest = entry.get("digest")
+            if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+                raise ValueError(f"an index member whose digest is {brief(digest)}, not {DIGEST_RULE}")
+            members[_platform_name(entry["platform"])] = digest
+    return members
+
+
+def _platform_name(platform: dict) -> str:
+    """os/architecture as an index names it, one inert line of at most MAX_PLATFORM_NAME characters."""
+    name = inert(f"{platform.get('os')}/{platform.get('architecture')}")
+    return name if len(name) <= MAX_PLATFORM_NAME else name[:MAX_PLATFORM_NAME] + "..."
 
 
 def member_digests(body: bytes) -> set[str]:

@@ -11,7 +11,7 @@ import platform as host
 from dataclasses import dataclass, field
 
 from ..model import InputError, Problem
-from ..peers.registry import Manifest, RegistryClient
+from ..peers.registry import Manifest, RegistryClient, RegistryError
 from ..peers.registry_address import Registry, image_registry, parse_registry
 from ..reporting import DIGEST
 from ..security import vex
@@ -74,7 +74,11 @@ def verify_image(client: RegistryClient, keys: list[PublicKey], reference: str,
 
 def subjects_of(client: RegistryClient, manifest: Manifest, wanted: str) -> list[Subject]:
     """The digest REF names and, for an index, the member images of the platforms wanted (`all`, or one)."""
-    members = multiarch.platforms_of(manifest.body) if manifest.media_type in multiarch.INDEX_TYPES else {}
+    try:
+        members = multiarch.platforms_of(manifest.body) if manifest.media_type in multiarch.INDEX_TYPES else {}
+    except ValueError as why:
+        raise RegistryError(f"{client.registry.name}@{manifest.digest} holds {why}: nothing in it was checked",
+                            transient=False) from None
     if not members:
         return [Subject("image", manifest.digest, manifest)]
     index = Subject("index", manifest.digest, manifest)
@@ -92,19 +96,53 @@ def check_subject(client: RegistryClient, keys: list[PublicKey], subject: Subjec
     problems = subject.evidence.problems
     subject.evidence = gather_both(client, keys, subject.digest, attestations.PREDICATE_TYPES)
     subject.evidence.problems[:0] = problems
+    keep_readable_statements(subject.evidence, requirements, subject.manifest)
     reports = subject.evidence.statements.get(attestations.VERIFICATION_PREDICATE, [])
     subject.reports, failures = admission.judge_reports(reports, requirements, subject.manifest.media_type,
                                                         subject.manifest.config_digest)
     subject.evidence.problems += failures
 
 
+# What goes wrong when code that reads a predicate of ours meets one of another shape (a list where an object belongs,
+# a number where a string does, an integer too large for a float).
+OTHER_SHAPE = (TypeError, AttributeError, KeyError, ValueError, OverflowError)
+
+
+def keep_readable_statements(evidence: Evidence, requirements: list[admission.Requirement], manifest: Manifest) -> None:
+    """The one place verify-image reads what a key signed: each statement is read as it will be (summarized, and a
+    report judged), and one of another shape than publish writes is taken out, a problem named, so that it refuses
+    the digest in one line rather than failing the run where it is shown."""
+    for kind, predicates in list(evidence.statements.items()):
+        readable = []
+        for predicate in predicates:
+            try:
+                if kind != vex.VEX_PREDICATE:  # VEX is read by its schema (explain_findings)
+                    attestations.summary(kind, predicate)
+                if kind == attestations.VERIFICATION_PREDICATE:
+                    admission.judge_report(predicate, requirements, manifest.media_type, manifest.config_digest)
+            except OTHER_SHAPE as error:
+                evidence.problems.append(f"a signed {kind} statement of another shape than publish writes "
+                                         f"({type(error).__name__}): it vouches for nothing")
+                continue
+            readable.append(predicate)
+        if readable:
+            evidence.statements[kind] = readable
+        else:  # none read: the type is as absent as unsigned (Evidence.holds asks for the key)
+            del evidence.statements[kind]
+
+
 def explain_findings(subject: Subject, no_fixable: bool, today: dt.date) -> None:
-    """Match the fixable findings the subject's reports record with the VEX statements the keys signed; with
-    --require no-fixable an unexplained one keeps the subject from being verified."""
-    documents = [d for d in subject.evidence.statements.get(vex.VEX_PREDICATE, []) if not vex.schema_problems(d)]
-    if len(documents) < len(subject.evidence.statements.get(vex.VEX_PREDICATE, [])):
+    """Match the fixable findings the subject's reports record with the VEX statements the keys signed (those that
+    name this digest); with --require no-fixable an unexplained one keeps the subject from being verified. A document
+    the OpenVEX schema refuses explains nothing, and is not kept to be shown either."""
+    signed = subject.evidence.statements.pop(vex.VEX_PREDICATE, [])
+    documents = [document for document in signed if not vex.schema_problems(document)]
+    if len(documents) < len(signed):
         subject.evidence.warnings.append("a signed VEX document fails the OpenVEX schema: it explains nothing")
-    subject.explained, subject.unexplained = vex.explain([v.report for v in subject.reports], documents, today)
+    if documents:
+        subject.evidence.statements[vex.VEX_PREDICATE] = documents
+    about_this_image = [vex.about_image(document, subject.digest) for document in documents]
+    subject.explained, subject.unexplained = vex.explain([v.report for v in subject.reports], about_this_image, today)
     if no_fixable and subject.unexplained:
         subject.evidence.problems.append(f"{len(subject.unexplained)} fixable finding(s) no signed VEX statement "
                                          f"explains ({'; '.join(map(str, subject.unexplained))}): --require "

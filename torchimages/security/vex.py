@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import jsonschema
 from debian.debian_support import version_compare
@@ -258,6 +258,30 @@ def _with_members(reports: list[dict]) -> list[dict]:
 def _list(value: object) -> list:
     """A signed report's list, as it reads: anything else (a report written by another tool) holds nothing."""
     return value if isinstance(value, list) else []
+
+
+def about_image(vex: dict, digest: str) -> dict:
+    """vex with only the statements that name the image of digest among their products: a signed statement about
+    another image (another row's, an older digest's) explains nothing here, whatever CVE it names."""
+    statements = [statement for statement in _list(vex.get("statements")) if isinstance(statement, dict)
+                  and any(names_image(product, digest) for product in _list(statement.get("products")))]
+    return {**vex, "statements": statements}
+
+
+def names_image(product: object, digest: str) -> bool:
+    """Whether an OpenVEX product is the image of digest: its @id, or its identifiers' purl, is an OCI purl
+    (`pkg:oci/NAME@sha256%3A...`, as image_purl writes it and scanners read it) of that digest."""
+    product = as_object(product)
+    purls = (product.get("@id"), as_object(product.get("identifiers")).get("purl"))
+    return any(isinstance(purl, str) and _oci_digest(purl) == digest for purl in purls)
+
+
+def _oci_digest(purl: str) -> str | None:
+    """The digest an OCI purl's version names; None for a purl of another type."""
+    if not purl.startswith("pkg:oci/"):
+        return None
+    path = purl.split("?", 1)[0].split("#", 1)[0]  # the qualifiers (repository_url) may hold '@' of their own
+    return unquote(path.partition("@")[2]) or None
 
 
 def explained(finding: Finding, documents: list[dict], today: dt.date) -> bool:

@@ -29,9 +29,11 @@ from ..build.context import wheel_dir
 from ..build.debs import PinnedDeb, check_files, pins_from_json
 from ..build.reproducible import ChunkReader
 from ..build.wheel_record import file_sha256
+from ..files import brief
 from ..model import ImageSpec, InputError, Problem, TorchImagesError
 from ..peers import engine
 from ..peers.registry import Manifest, RegistryClient
+from ..reporting import as_object
 from .attestations import PROVENANCE_PREDICATE
 from .keys import PublicKey
 from .layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
@@ -56,31 +58,40 @@ class Comparison:
     lines: list[str]
 
 
-def claim_of(provenance: dict, reference: str) -> Claim:
-    """The row, commit and wheels of a provenance predicate; a provenance without them is refused (exit 2)."""
-    definition = provenance.get("buildDefinition")
-    definition = definition if isinstance(definition, dict) else {}
-    parameters = definition.get("externalParameters")
-    tag = parameters.get("tag") if isinstance(parameters, dict) else None
-    dependencies = [d for d in definition.get("resolvedDependencies") or [] if isinstance(d, dict)]
-    commits = [d["digest"]["gitCommit"] for d in dependencies if isinstance(d.get("digest"), dict)
-               and isinstance(d["digest"].get("gitCommit"), str)]
-    wheels = {d["name"]: d["digest"]["sha256"] for d in dependencies if str(d.get("uri", "")).startswith("pkg:pypi/")
-              and isinstance(d.get("name"), str) and isinstance((d.get("digest") or {}).get("sha256"), str)}
+def claim_of(provenance: object, reference: str) -> Claim:
+    """The row, commit and wheels of a provenance predicate; a provenance without them, or of another shape than
+    publish writes, is refused (exit 2). Wheel names become paths (links in rebuild's wheelhouse): one that is not a
+    plain file name is no wheel publish recorded."""
+    definition = as_object(as_object(provenance).get("buildDefinition"))
+    tag = as_object(definition.get("externalParameters")).get("tag")
+    listed = definition.get("resolvedDependencies")
+    dependencies = [d for d in (listed if isinstance(listed, list) else []) if isinstance(d, dict)]
+    commits = [commit for d in dependencies if isinstance(commit := as_object(d.get("digest")).get("gitCommit"), str)]
+    wheels = [(d.get("name"), as_object(d.get("digest")).get("sha256")) for d in dependencies
+              if str(d.get("uri", "")).startswith("pkg:pypi/")]
     if not isinstance(tag, str) or not tag:
         raise _refused(reference, "its provenance names no matrix row: it was not made by `build.py publish`")
     if not commits:
         raise _refused(reference, "its provenance names no commit (it was built from uncommitted files): it cannot "
                                   "be rebuilt from a checkout")
-    debs = pins_from_json([{"step": (d.get("annotations") or {}).get("step"), "filename": d.get("name"),
-                            "sha256": (d.get("digest") or {}).get("sha256")}
+    for name, sha256 in wheels:
+        if not _plain_file_name(name) or not isinstance(sha256, str):
+            raise _refused(reference, f"its provenance names wheel {brief(name)} (sha256 {brief(sha256)}): not a "
+                                      "file name and a hash as `build.py publish` writes them")
+    debs = pins_from_json([{"step": as_object(d.get("annotations")).get("step"), "filename": d.get("name"),
+                            "sha256": as_object(d.get("digest")).get("sha256")}
                            for d in dependencies if str(d.get("uri", "")).startswith("pkg:deb/")],
                           reference, "its provenance's OS packages are not as `build.py publish` writes them")
-    run = provenance.get("runDetails")
-    builder = run.get("builder") if isinstance(run, dict) else None
-    versions = builder.get("version") if isinstance(builder, dict) else None
-    publisher = versions.get("docker") if isinstance(versions, dict) else None
-    return Claim(tag, commits[0], wheels, debs, publisher if isinstance(publisher, str) else "")
+    versions = as_object(as_object(as_object(provenance).get("runDetails")).get("builder")).get("version")
+    publisher = as_object(versions).get("docker")
+    return Claim(tag, commits[0], {str(name): str(sha256) for name, sha256 in wheels}, debs,
+                 publisher if isinstance(publisher, str) else "")
+
+
+def _plain_file_name(name: object) -> bool:
+    """A name that is a file in one folder: no folder part (`a/b.whl`, `/etc/x`), not `..`, one printable line."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and name.isprintable())
 
 
 def verified_claim(client: RegistryClient, keys: list[PublicKey], manifest: Manifest, reference: str) -> Claim:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..files import brief
 from ..peers.registry import RegistryClient, RegistryError
+from ..reporting import DIGEST
 from . import bundles, keys
 from .signatures import (
     APPEND_TRIES,
@@ -39,6 +40,7 @@ from .signatures import (
     SignatureStore,
     UnreadableArtifact,
     as_json,
+    copied_artifact,
     gather_evidence,
 )
 
@@ -92,9 +94,12 @@ class ReferrerStore:
         return f"{self.registry.registry.name}:{bundles.referrers_tag(digest)}"
 
     def read(self, digest: str) -> tuple[list[Referrer], list[str]]:
-        """The bundles referring to digest and why any referrer was left out (not a bundle, too large, damaged)."""
+        """The bundles referring to digest and why any referrer was left out (not a bundle, too large, damaged). All
+        of them together are held to MAX_ARTIFACT_BYTES, as a .att tag's attestations are: a referrer past it is
+        skipped before it is copied."""
         entries, _ = self.entries(digest)
-        found, skipped = [], []
+        found: list[Referrer] = []
+        skipped = []
         for entry in entries[:MAX_LAYERS]:
             artifact = entry.get("artifactType", "")
             # cosign 2.5 lists its bundles as artifactType application/vnd.oci.empty.v1+json (go-containerregistry
@@ -102,7 +107,8 @@ class ReferrerStore:
             if artifact not in (bundles.BUNDLE_MEDIA_TYPE, bundles.EMPTY_MEDIA_TYPE):
                 continue  # another tool's referrer (an SBOM pushed by oras, a notation signature): not ours to read
             try:
-                found.append(Referrer(entry["digest"], self._bundle_of(entry)))
+                budget = MAX_ARTIFACT_BYTES - sum(len(referrer.bundle) for referrer in found)
+                found.append(Referrer(entry["digest"], self._bundle_of(entry, budget)))
             except ValueError as why:
                 skipped.append(f"{self._where(digest)}: referrer {brief(entry['digest'])} was skipped: {why}")
         if len(entries) > MAX_LAYERS:
@@ -110,27 +116,23 @@ class ReferrerStore:
                            "not read")
         return found, skipped
 
-    def _bundle_of(self, entry: dict) -> bytes:
-        """The bundle layer of one referrer manifest; a ValueError saying why it is none."""
-        if not isinstance(entry.get("size", 0), int) or entry.get("size", 0) > MAX_ARTIFACT_BYTES:
-            raise ValueError("a manifest larger than any bundle referrer")
-        manifest = self.registry.manifest_or_none(entry["digest"])
-        if manifest is None:
-            raise ValueError("the registry has no such manifest")
-        layers = json.loads(manifest.body).get("layers") or []
-        if len(layers) != 1 or layers[0].get("mediaType") not in bundles.BUNDLE_MEDIA_TYPES:
-            raise ValueError("not a manifest of one Sigstore bundle")
-        if manifest.download_size > MAX_ARTIFACT_BYTES:
-            raise ValueError(f"it declares more than {MAX_ARTIFACT_BYTES >> 20} MiB")
-        with tempfile.TemporaryDirectory(prefix="torchimages-referrer-") as scratch:
-            folder = Path(scratch) / "referrer"
-            if not self.registry.read_artifact(entry["digest"], folder):
+    def _bundle_of(self, entry: dict, budget: int) -> bytes:
+        """The bundle layer of one referrer manifest, read through the one artifact reader (copied_artifact) within
+        budget bytes; a ValueError saying why it is none."""
+        size = entry.get("size")
+        if type(size) is not int or not 0 <= size <= MAX_ARTIFACT_BYTES:  # type(): a JSON true is no size
+            raise ValueError(f"a manifest whose size is {brief(size)}, not that of a bundle referrer")
+        if not DIGEST.fullmatch(entry["digest"]):  # anything else would be looked up as a tag
+            raise ValueError("a digest that is not sha256: and 64 lower-case hex digits")
+        with copied_artifact(self.registry, entry["digest"], budget) as folder:
+            if folder is None:
                 raise ValueError("the registry has no such manifest")
-            layer = folder / str(layers[0].get("digest", "")).removeprefix("sha256:")
+            layers = json.loads((folder / "manifest.json").read_bytes()).get("layers") or []
+            if len(layers) != 1 or not isinstance(layers[0], dict) or \
+                    layers[0].get("mediaType") not in bundles.BUNDLE_MEDIA_TYPES:
+                raise ValueError("not a manifest of one Sigstore bundle")
             try:
-                if layer.stat().st_size > MAX_ARTIFACT_BYTES:  # the bound holds on what arrived, not what was declared
-                    raise ValueError(f"a bundle larger than {MAX_ARTIFACT_BYTES >> 20} MiB")
-                data = layer.read_bytes()
+                data = (folder / str(layers[0].get("digest", "")).removeprefix("sha256:")).read_bytes()
             except OSError:
                 raise ValueError("its bundle layer was not copied") from None
         if "sha256:" + hashlib.sha256(data).hexdigest() != layers[0].get("digest"):

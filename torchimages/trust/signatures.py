@@ -20,12 +20,14 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import brief
 from ..peers.registry import RegistryClient, RegistryError
+from ..reporting import human_size
 from . import keys, signing
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -37,7 +39,8 @@ APPEND_TRIES = 3
 SETTLE_S = 1.0
 MAX_LAYERS = 256  # a signature tag with more is no cosign artifact we write to
 # A signature is a few hundred bytes and an attestation at most a few MB (a CUDA image's SBOM, base64 in its envelope):
-# an artifact larger than this is refused before it is copied.
+# an artifact larger than this is refused before it is copied, and one whose blobs arrive larger than its manifest
+# declared them (the registry stores what it was sent, whatever the manifest says) before anything of it is read.
 MAX_ARTIFACT_BYTES = 64 << 20
 
 
@@ -90,6 +93,61 @@ class UnreadableArtifact(RegistryError):
         super().__init__(f"{where} holds {what}: it is not ours to rewrite; delete that tag (or move what it holds "
                          "elsewhere), then publish again", transient=False)
         self.consumer_message = f"{where} holds {what}: nothing in it was read"
+
+
+def declared_bytes(body: bytes, budget: int | None = None) -> int:
+    """The bytes an artifact's manifest declares for its config and layers, checked before anything is copied; a
+    ValueError saying why it is no artifact to copy: more than MAX_LAYERS layers, a size that cannot be true (absent,
+    negative, not a whole number), or more than budget (MAX_ARTIFACT_BYTES unless told) in all."""
+    budget = MAX_ARTIFACT_BYTES if budget is None else budget
+    try:
+        manifest = json.loads(body)
+        layers = manifest["layers"]
+        config = manifest.get("config") or {}
+        assert isinstance(layers, list)
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError, RecursionError):
+        raise ValueError("something that is not an image manifest") from None
+    if len(layers) > MAX_LAYERS:
+        raise ValueError(f"{len(layers)} layers, more than any signature or attestation ({MAX_LAYERS})")
+    sizes = [part.get("size") if isinstance(part, dict) else None for part in [config, *layers]]
+    if not all(type(size) is int and size >= 0 for size in sizes):  # type(): a JSON true is no size
+        raise ValueError(f"a blob whose size is {brief(next(s for s in sizes if type(s) is not int or s < 0))}, "
+                         "not a number of bytes")
+    total = sum(size for size in sizes if isinstance(size, int))
+    if total > budget:
+        raise ValueError(f"{human_size(total)} of layers, more than any signature or attestation "
+                         f"({human_size(budget)})")
+    return total
+
+
+@contextmanager
+def copied_artifact(registry: RegistryClient, reference: str, budget: int | None = None) -> Iterator[Path | None]:
+    """The one way an artifact (a .sig or .att tag, a bundle referrer) is read from the registry: a folder holding
+    skopeo's `dir:` copy of it, None when there is no such manifest; a ValueError saying why it cannot be read whole.
+
+    Its manifest is checked first (declared_bytes): the count and sizes come from it, so a tag of thousands of layers
+    is refused without a blob fetched. The copy is made by the digest of that manifest (skopeo checks it), so what is
+    copied is what was checked. A blob the registry does not have makes the artifact unreadable, never absent: a
+    signature beside it would go unseen, and publish would write the tag anew without the others' signatures. skopeo
+    copies a blob whole whatever size the manifest declares for it, so the bound is held again on what arrived, before
+    a byte of it is read."""
+    manifest = registry.manifest_or_none(reference)
+    if manifest is None:
+        yield None
+        return
+    declared = declared_bytes(manifest.body, budget)
+    with tempfile.TemporaryDirectory(prefix="torchimages-artifact-") as scratch:
+        folder = Path(scratch) / "artifact"
+        if not registry.read_artifact(manifest.digest, folder):
+            if registry.manifest_or_none(manifest.digest) is None:
+                yield None  # deleted since it was looked up: there is none now
+                return
+            raise ValueError("a manifest naming blobs the registry does not have (it cannot be read whole)")
+        received = sum(path.lstat().st_size for path in folder.iterdir()
+                       if path.name not in ("manifest.json", "version"))
+        if received > declared:
+            raise ValueError(f"{received} bytes of blobs where its manifest declares {declared}")
+        yield folder
 
 
 def read_artifact_folder(folder: Path, media_type: str, tag: str, strict: bool = True) -> tuple[list[Layer], list[str]]:
@@ -199,19 +257,13 @@ class SignatureStore:
 
     def read(self, tag: str, media_type: str, strict: bool = False) -> tuple[list[Layer], list[str]]:
         """The artifact's layers and why any was left out (see read_artifact_folder); ([], []) when there is no such
-        tag. An artifact larger than MAX_ARTIFACT_BYTES is refused before it is copied."""
+        tag. One that cannot be read whole (copied_artifact) is an UnreadableArtifact, for publish and consumer."""
         where = f"{self.registry.registry.name}:{tag}"
-        manifest = self.registry.manifest_or_none(tag)
-        if manifest is None:
-            return [], []
-        if manifest.download_size > MAX_ARTIFACT_BYTES:
-            raise UnreadableArtifact(where, f"{manifest.download_size >> 20} MiB of layers, more than any signature or "
-                                            f"attestation ({MAX_ARTIFACT_BYTES >> 20} MiB)")
-        with tempfile.TemporaryDirectory(prefix="torchimages-artifact-") as scratch:
-            folder = Path(scratch) / "artifact"
-            if not self.registry.read_artifact(tag, folder):
-                return [], []
-            return read_artifact_folder(folder, media_type, where, strict)
+        try:
+            with copied_artifact(self.registry, tag) as folder:
+                return ([], []) if folder is None else read_artifact_folder(folder, media_type, where, strict)
+        except ValueError as why:
+            raise UnreadableArtifact(where, f"{why}, not cosign's {media_type} layers") from None
 
     def sign(self, key: keys.SigningKey, digest: str) -> str:
         """Make sure key's signature of digest is on the registry: 'present' or 'added'."""
