@@ -58,7 +58,7 @@ class Requirement:
 def _number(value: object) -> float | None:
     try:
         return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past any float (10**400 in a report)
         return None
 
 
