@@ -257,7 +257,8 @@ def test_check_subject_reads_signed_statements_of_other_shapes_as_problems_in_on
         result = run_cli_in_process("verify-image", reference, "--key", str(PUBLIC), "--require-host",
                                     "driver_major>=580", "--format", output)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
-        assert result.stdout.count("of another shape than publish writes") == 3, result.stdout
+        # The SBOM and the provenance; the report is read, and its number past any float meets no requirement.
+        assert result.stdout.count("of another shape than publish writes") == 2, result.stdout
         assert "fails the OpenVEX schema" in result.stdout
 
 
