@@ -114,29 +114,94 @@ def test_the_links_rate_is_its_generation_times_its_lanes(gen, width, gbps):
 # ------------------------------------------------------------------ a sick host's failed kernels
 
 ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
+CUDNN_FAILED = {"cudnn": {"ok": False, "error": "CUDNN_STATUS_EXECUTION_FAILED", "grad_relative_errors": {},
+                          "grads_ok": False}}
 
 
-@pytest.mark.parametrize(("check", "failure", "errors", "blame"), [
-    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, "3", "host"),
-    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, "0", "image"),  # no memory error: the image's
+@pytest.mark.parametrize(("check", "failure", "health", "blame"), [
+    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, {"ecc.errors.uncorrected.volatile.total": "3"}, "host"),
+    ("gpu", {"kernel_ok": False, "kernel_error": ECC_ERROR}, {}, "image"),  # no memory error: the image's
     # no host makes a cubin: the arch list misses the GPU, whatever its memory
-    ("gpu", {"kernel_ok": False, "kernel_error": gpu_hosts.NO_KERNEL_IMAGE}, "3", "image"),
-    ("amp", {"amp_fp16": {"ok": False, "error": ECC_ERROR}}, "3", "host"),
-    ("cudnn", {"cudnn": {"ok": False, "max_abs_error": 1e9, "grad_relative_errors": {}, "grads_ok": False}}, "3",
-     "host"),
+    ("gpu", {"kernel_ok": False, "kernel_error": gpu_hosts.NO_KERNEL_IMAGE}, {"ecc.errors.uncorrected.volatile.total": "3"},
+     "image"),
+    ("amp", {"amp_fp16": {"ok": False, "error": ECC_ERROR}}, {"ecc.errors.uncorrected.volatile.total": "3"}, "host"),
+    ("cudnn", CUDNN_FAILED, {"ecc.errors.uncorrected.volatile.total": "3"}, "host"),
+    # D2: a row remapping failure (the GPU is out of spare rows) and a GPU that needs a reset spoil new work
+    ("cudnn", CUDNN_FAILED, {"remapped_rows.failure": "Yes"}, "host"),
+    ("cudnn", CUDNN_FAILED, {"reset_status.reset_required": "Yes"}, "host"),
+    # D2: a pending remap does not (NVML nvmlDeviceGetRemappedRows: "A pending remapping won't affect future work on
+    # the GPU"; nvidia-smi: rows are remapped on "multiple correctable ECC errors ... on the same row" too), nor does a
+    # pending page retirement: CUDNN_STATUS_EXECUTION_FAILED there is the image's
+    ("cudnn", CUDNN_FAILED, {"remapped_rows.pending": "Yes"}, "image"),
+    ("cudnn", CUDNN_FAILED, {"retired_pages.pending": "Yes"}, "image"),
 ])
 @pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
-def test_gpu_work_that_fails_on_a_gpu_with_memory_errors_is_charged_to_the_host(host, check, failure, errors, blame,
-                                                                              tmp_path, monkeypatch):
-    scenario = with_health(host, **{"ecc.errors.uncorrected.volatile.total": errors})
-    gpu, _ = gathered(scenario, tmp_path, monkeypatch)
+def test_gpu_work_that_fails_on_a_gpu_whose_state_spoils_work_is_not_judged(host, check, failure, health, blame,
+                                                                           tmp_path, monkeypatch):
+    """D1/D2: work that failed on a GPU with uncorrected ECC errors since the driver loaded (CUDA's
+    cudaErrorECCUncorrectable, 214), a failed row remap or a reset required proves nothing of the image: its check is
+    skipped, not judged, charged to the host (never passed: plugin.HOST_SKIP). Other states excuse nothing."""
+    healthy = {"ecc.errors.uncorrected.volatile.total": "0", "remapped_rows.pending": "No",
+               "remapped_rows.failure": "No", "reset_status.reset_required": "No", "retired_pages.pending": "No"}
+    gpu, _ = gathered(with_health(host, **{**healthy, **health}), tmp_path, monkeypatch)
     (gpu["devices"][0] if check == "gpu" else gpu).update(failure)
     spec = BY_TAG[CU130]
     checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
-    assert checks[check]["blame"] == blame and (checks[check]["status"] == "failed") == (blame == "image")
-    assert ("3 uncorrected ECC error(s)" in checks[check]["message"]) == (blame == "host"), checks[check]["message"]
-    # Charged to the host, the failed work is not judged (skipped with the reason), never counted as a pass.
-    assert ("not judged on a GPU with memory errors" in checks[check]["message"]) == (blame == "host")
+    assert checks[check]["status"] == {"host": "skipped", "image": "failed"}[blame], checks[check]["message"]
+    assert checks[check]["blame"] == blame
+    assert ("not judged on a GPU whose state spoils GPU work" in checks[check]["message"]) == (blame == "host")
+
+
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_a_gpu_check_not_judged_for_the_host_is_skipped_and_not_publishable(host, tmp_path, monkeypatch):
+    """D1: an H100 with uncorrected ECC errors whose kernel fails ("uncorrectable ECC error encountered") while the
+    other gpu tests pass: the gpu check is skipped, not passed, and publish.verification_refusal refuses the image
+    (a GPU image is published only after its gpu check passed)."""
+    from torchimages.publish.publisher import verification_refusal
+
+    gpu, _ = gathered(with_health(host, **{"ecc.errors.uncorrected.volatile.total": "3"}), tmp_path, monkeypatch)
+    gpu["devices"][0].update({"kernel_ok": False, "kernel_error": ECC_ERROR})
+    spec = BY_TAG[CU130]
+    checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
+    assert checks["gpu"]["status"] == "skipped" and checks["gpu"]["blame"] == "host"
+    assert any(test["status"] == "passed" for test in checks["gpu"]["tests"])  # the others passed: still not judged
+    verdicts = {name: CheckVerdict(check["status"], check["message"], check["tests"], check["warnings"], check["blame"])
+                for name, check in checks.items()}
+    report = VerifyReport("sha256:" + "12" * 32, True, verdicts, tag=CU130, host=judged_host(checks, gpu))
+    refusal = verification_refusal(spec, {"Id": report.image_id, "Config": {"Labels": {}}}, report, Path("r"))
+    assert refusal and "its GPU checks did not run" in refusal
+
+
+def test_a_check_with_a_test_not_judged_for_the_host_is_skipped_whatever_its_others_did():
+    """plugin.aggregate: HOST_SKIP ("Never a pass: the work did not run right, so nothing is proven of the image")."""
+    from torchimages.checks.plugin import HOST_SKIP, Outcome, aggregate
+
+    outcomes = [Outcome("a", "gpu", "passed"), Outcome("b", "gpu", "skipped", f"{HOST_SKIP}not judged", host=True),
+                Outcome("c", "gpu", "skipped", "one GPU")]
+    verdict = aggregate(outcomes)["gpu"]
+    assert verdict["status"] == "skipped" and verdict["blame"] == "host" and "not judged" in verdict["message"]
+
+
+@pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
+def test_one_sick_gpu_excuses_no_other_gpus_failure(host, tmp_path, monkeypatch):
+    """D2: an HGX H100 node where GPU 5 alone has uncorrected ECC errors (ECC counters are per GPU, one --query-gpu
+    row per UUID): a cuBLAS matmul wrong on all eight GPUs is the image's, and the test names GPU 5's state apart."""
+    scenario = copy.deepcopy(host)
+    for index, entry in enumerate(scenario["nvidia_smi"]["gpus"]):
+        entry["health"] = {"ecc.errors.uncorrected.volatile.total": "3" if index == 5 else "0",
+                           "remapped_rows.pending": "No", "remapped_rows.failure": "No"}
+    gpu, _ = gathered(scenario, tmp_path, monkeypatch)
+    for device in gpu["devices"]:
+        device.update({"kernel_ok": False, "kernel_error": "the cuBLAS matmul differs from the CPU's"})
+    spec = BY_TAG[CU130]
+    checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
+    assert checks["gpu"]["status"] == "failed" and checks["gpu"]["blame"] == "image", checks["gpu"]["message"]
+    # the same failure on GPU 5 alone is GPU 5's to excuse
+    for device in gpu["devices"]:
+        device.update({"kernel_ok": device["index"] != 5})
+    checks = judge(spec, {"gpus": "all"}, gpu, arch_flags_for(list(spec.arch_list)))
+    assert checks["gpu"]["status"] == "skipped" and checks["gpu"]["blame"] == "host", checks["gpu"]["message"]
+    assert "GPU 5 (GPU-3f1b5c7e-0a2d-4c51-9d61-5a7f0e2b9c15)" in checks["gpu"]["message"]
 
 
 # ------------------------------------------------------------------ what nvidia-smi may answer instead
@@ -149,7 +214,8 @@ def test_an_odd_value_in_any_health_field_neither_crashes_nor_blames_the_image(v
     row = {field: value for field in gpu_health.HEALTH_FIELDS}
     health = gpu_health.gpu_health(row)
     assert [finding for finding in gpu_health.gpu_findings(0, health) if finding.kind != "memory"] == []
-    assert health["pcie"] == {"gen_current": None, "gen_max": None, "width_current": None, "width_max": None}
+    assert health["pcie"] == {"gen_current": None, "gen_max": None, "gen_hostmax": None, "width_current": None,
+                              "width_max": None, "under_load": False}
     report = gpu_speed.host_report({"health": {"rows": [row]}, "devices": [{"name": "NVIDIA H100 80GB HBM3"}],
                                     "copy_bandwidth": {"h2d_gbps": 0.1, "d2h_gbps": 0.1}})
     assert "image" not in [figure["verdict"] for figure in report["performance"].values()]
@@ -169,12 +235,41 @@ def test_a_missing_or_malformed_health_part_is_unknown_not_healthy():
 @pytest.mark.parametrize("host", ["h100-row-remap-pending"], indirect=True)
 def test_fields_an_older_driver_rejects_are_read_one_by_one_and_named(host, tmp_path, monkeypatch):
     scenario = copy.deepcopy(host)
-    scenario["nvidia_smi"]["invalid_fields"] = ["clocks_event_reasons.active", "remapped_rows.failure"]
+    scenario["nvidia_smi"]["invalid_fields"] = ["clocks_event_reasons.active"]
     scenario["nvidia_smi"]["gpus"][0]["health"]["clocks_throttle_reasons.active"] = "0x0000000000000009"
     gpu, checks = gathered(scenario, tmp_path, monkeypatch)
-    assert gpu["health"]["unreadable"] == ["remapped_rows.failure"]  # the older name answered for the clocks
+    # the older name answered for the clocks; c2c.mode is not established before 590 (the stand-in refuses it)
+    assert gpu["health"]["unreadable"] == ["c2c.mode"]
     assert gpu_health.host_health(gpu)["gpus"][0]["slowdowns"] == ["HW slowdown"]
     assert checks["gpu"]["blame"] == "host" and checks["gpu"]["status"] == "passed"
+
+
+@pytest.mark.parametrize("host", ["h100-r535"], indirect=True)
+def test_the_row_remapper_is_read_with_its_own_query_on_r535(host, tmp_path, monkeypatch):
+    """D3: R535's --query-gpu refuses remapped_rows.* (`nvidia-smi --help-query-gpu` on 535.129.03 lists retired_pages.*
+    then temperature.*), and the remapper is read with --query-remapped-rows (nvidia-smi documentation, SELECTIVE QUERY
+    OPTIONS; every driver since R450 for Ampere+): a GPU out of spare rows (NVIDIA's RMA threshold) is no healthy
+    host, on R535 as on 590."""
+    healthy = gpu_hosts.load("h100-hw-slowdown")["nvidia_smi"]["gpus"][0]["health"]
+    scenario = with_health(host, **{**healthy, "clocks_event_reasons.active": "0x1", "remapped_rows.failure": "Yes"})
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch, row="2.14.1-cuda12.6-cudnn9-runtime")
+    health = gpu_health.host_health(gpu)
+    assert "remapped_rows.failure" not in health["unreadable"] and health["healthy"] is False
+    assert [finding["field"] for finding in health["findings"]] == ["remapped_rows.failure"]
+    assert checks["gpu"]["blame"] == "host" and "a row remapping failed" in checks["gpu"]["message"]
+
+
+def test_a_host_whose_row_remapper_was_never_read_is_not_called_healthy():
+    """D3: nvidia-smi refusing --query-remapped-rows (or failing it) leaves the remap state unknown: healthy is None."""
+    def answer(command, timeout):
+        if command[1].startswith("--query-remapped-rows"):
+            return {"ok": False, "returncode": 2, "output": "Invalid combination of input arguments."}
+        fields = command[1].split("=", 1)[1].split(",")
+        return {"ok": True, "output": ", ".join("GPU-1" if field == "uuid" else "0" if "ecc" in field else "[N/A]"
+                                              for field in fields)}
+
+    health = gpu_health.host_health({"health": gpu_health.read_health("nvidia-smi", answer)})
+    assert health["unreadable"] == ["remapped_rows.pending", "remapped_rows.failure"] and health["healthy"] is None
 
 
 def test_a_hung_health_query_is_bounded_and_not_repeated():
@@ -199,7 +294,8 @@ def test_fields_asked_one_by_one_stop_at_the_budget(monkeypatch):
     clock = iter(range(0, 10**6, 7))
     monkeypatch.setattr(gpu_health, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     health = gpu_health.read_health("nvidia-smi", rejecting)
-    assert health["rows"] == [] and health["unreadable"] == list(gpu_health.HEALTH_FIELDS[1:])
+    assert health["rows"] == [] and health["unreadable"][:len(gpu_health.HEALTH_FIELDS) - 1] == list(
+        gpu_health.HEALTH_FIELDS[1:])
     assert calls == [gpu_health.HEALTH_QUERY_TIMEOUT_S] * 3
 
 
@@ -258,7 +354,9 @@ def test_the_probe_as_copied_into_a_container_finds_its_health_and_speed_modules
 
 @pytest.mark.parametrize(("host", "status", "says"), [
     ("h100-row-remap-pending", "warn", "a row remapping is pending"),
-    ("h100-pcie-degraded", "warn", "the PCIe link runs x4 of x16 at gen 1 of 5"),
+    # doctor loads no GPU, and an idle link's generation and width "may be reduced when the GPU is not in use"
+    # (nvidia-smi documentation, GPU Link Info): no finding from an idle read (audit D7/D11)
+    ("h100-pcie-degraded", "ok", ""),
     ("h100x8-nvlink", None, ""),  # no health fields recorded: doctor says nothing of health
 ], indirect=["host"])
 def test_doctor_shows_the_host_findings_before_a_pull(host, status, says):
@@ -307,5 +405,75 @@ def test_a_records_lane_host_keeps_the_health_fields_and_the_speed_figures(host,
     gpu, checks = gathered(host, tmp_path, monkeypatch)
     facts = {"torch": {"version": "2.14.1+cu130"}, "host": probe_gpu.record_host_facts(), "gpu": gpu}
     written = record.lane_host("2026-11-27", BY_TAG[CU130], "lane", facts, checks, "line")
-    assert written["nvidia_smi"]["gpus"][0]["health"] == host["nvidia_smi"]["gpus"][0]["health"]
+    recorded, original = written["nvidia_smi"]["gpus"][0]["health"], host["nvidia_smi"]["gpus"][0]["health"]
+    assert {field: recorded[field] for field in original} == original
     assert written["speed"] == host["speed"]
+
+
+# ------------------------------------------------------------------ the link as read under load (D7, D12)
+
+IDLE_GEN1 = {"pcie.link.gen.current": "1", "pcie.link.width.current": "16"}  # how an idle H100 saves power
+LOADED_GEN5 = {"pcie.link.gen.current": "5", "pcie.link.width.current": "16"}
+
+
+def _idle_at_gen1(scenario: dict) -> dict:
+    """Each GPU reads gen 1 idle and gen 5 x16 under load: nvidia-smi's pcie.link.gen.current "may be reduced when
+    the GPU is not in use" (--help-query-gpu; a real GPU at Gen 1 idle and Gen 3 under load:
+    zenn.dev/yuyakato/articles/12a19c019b1339)."""
+    healthy = gpu_hosts.load("h100-hw-slowdown")["nvidia_smi"]["gpus"][0]["health"]
+    changed = with_health(scenario, **{**healthy, "clocks_event_reasons.active": "0x1", **IDLE_GEN1})
+    for entry in changed["nvidia_smi"]["gpus"]:
+        entry["health_under_load"] = LOADED_GEN5
+    return changed
+
+
+@pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
+def test_an_idle_pcie_link_explains_no_nvlink_all_reduce(host, tmp_path, monkeypatch):
+    """D7: an HGX H100 node whose links read gen 1 idle, verifying an image with NCCL_P2P_DISABLE=1 (NCCL
+    documentation: it "disables the peer to peer (P2P) transport ... using NVLink or PCI"; SHM then stages through host
+    memory): the all-reduce's bus bandwidth falls far below the NVSwitch floor, and nothing of the host explains it."""
+    scenario = _idle_at_gen1(host)
+    scenario["speed"] = {"busbw_gbps": 12.0, "h2d_gbps": 52.0, "d2h_gbps": 50.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    assert gpu_health.host_health(gpu)["healthy"] is True
+    assert checks["multi-gpu"]["status"] == "failed" and checks["multi-gpu"]["blame"] == "image"
+    assert "reseat" not in checks["multi-gpu"]["message"]
+
+
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_an_idle_pcie_link_is_no_finding_and_explains_no_slow_copy(host, tmp_path, monkeypatch):
+    """D7/D11: the link is judged as read while copies run on cuda:0 (gpu_speed.link_under_load): gen 1 idle and gen 5
+    x16 under load is a healthy link; copies at a sixth of gen 5 x16's 63.01 GB/s are then unexplained."""
+    scenario = _idle_at_gen1(host)
+    scenario["speed"] = {"bf16_tflops": 805.0, "h2d_gbps": 10.0, "d2h_gbps": 10.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    health = gpu_health.host_health(gpu)
+    assert health["healthy"] is True and health["gpus"][0]["pcie"]["gen_current"] == 5
+    assert checks["gpu"]["status"] == "failed" and checks["gpu"]["blame"] == "image"
+    assert "pinned copies ran at host-to-device 10.0 GB/s" in checks["gpu"]["message"]
+
+
+@pytest.mark.parametrize("host", ["h100-pcie-degraded"], indirect=True)
+def test_a_link_degraded_under_load_still_explains_slow_copies(host, tmp_path, monkeypatch):
+    """A real gen 1 x4 link reads the same under load: the host's finding, and what explains the copies."""
+    gpu, checks = gathered(host, tmp_path, monkeypatch)
+    assert gpu[gpu_health.LINK_UNDER_LOAD]["rows"][0]["pcie.link.width.current"] == "4"
+    assert checks["gpu"]["status"] == "passed" and checks["gpu"]["blame"] == "host"
+    assert gpu_speed.host_report(gpu)["performance"]["pinned_copies"]["verdict"] == "host"
+
+
+@pytest.mark.parametrize("c2c_mode", ["Enabled", "[N/A]"])
+@pytest.mark.parametrize("host", ["gh200-aarch64"], indirect=True)
+def test_copies_on_a_c2c_superchip_are_not_judged_against_pcie(host, c2c_mode, tmp_path, monkeypatch):
+    """D12: a GH200's host copies cross NVLink-C2C (450 GB/s per direction; 375 H2D / 297 D2H measured), and
+    nvidia-smi's PCIe fields "may not be representative of the primary data path bandwidth ... Refer to C2C bandwidth
+    metrics" (nvidia-smi documentation, GPU Link Info). Copies at a tenth of C2C are not "ok" against gen 5 x16: not
+    judged, whether c2c.mode says so (590) or the driver does not answer it and the board is a Grace superchip."""
+    healthy = gpu_hosts.load("h100-hw-slowdown")["nvidia_smi"]["gpus"][0]["health"]
+    scenario = with_health(host, **{**healthy, "clocks_event_reasons.active": "0x1", "c2c.mode": c2c_mode})
+    scenario["speed"] = {"h2d_gbps": 41.0, "d2h_gbps": 38.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch, row="2.14.1-cuda13.0-cudnn9-runtime-arm64")
+    copies = gpu_speed.host_report(gpu)["performance"]["pinned_copies"]
+    assert copies["host_link"] == "c2c" and copies["link"] is None and copies["verdict"] == "not judged"
+    test = next(test for test in checks["gpu"]["tests"] if "pinned_copies" in test["test"])
+    assert test["status"] == "skipped" and "C2C" in test["message"]

@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import sys
+import time
 import types
 import warnings
 from pathlib import Path
@@ -346,6 +347,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
 
 
 NOT_MEASURED = {"ok": True, "not_measured": "the lane host records no speed"}
+UNDER_LOAD = "TORCHIMAGES_GPU_UNDER_LOAD"  # the stand-in nvidia-smi answers as the GPUs read under load
 
 
 @contextlib.contextmanager
@@ -366,8 +368,15 @@ def recorded_speed(probe, scenario: dict):
     def all_reduce(torch, count):
         return {"ok": True, "gpus": count, "busbw_gbps": speed["busbw_gbps"]} if "busbw_gbps" in speed else NOT_MEASURED
 
+    def link_under_load(torch, smi):
+        """The real read of the link while "copies" run: the stand-in nvidia-smi answers the host's under-load fields
+        (a GPU's `health_under_load`, else its `health`: a link that reads the same idle and loaded)."""
+        if not smi or "h2d_gbps" not in speed:
+            return NOT_MEASURED
+        return gpu_speed.read_link_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
+
     stand_ins = [(probe, "bf16_matmul_throughput", bf16), (gpu_speed, "pinned_copy_bandwidth", copies),
-                 (gpu_speed, "all_reduce_bus_bandwidth", all_reduce)]
+                 (gpu_speed, "all_reduce_bus_bandwidth", all_reduce), (gpu_speed, "link_under_load", link_under_load)]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
     for owner, name, value in stand_ins:
         setattr(owner, name, value)

@@ -1,5 +1,6 @@
 """The host GPUs' health as nvidia-smi reports it, read by the probe before any GPU work and judged on the host side:
-a sick node (memory errors, a throttled GPU, a degraded PCIe link) is charged to the host, never to the image.
+a sick node (memory errors, a throttled GPU, a degraded PCIe link) is charged to the host, never to the image. The
+link's current generation and width are judged only as read while copies load it (an idle GPU lowers both).
 
 Standard library only: the probe imports it beside its own copy in the container (verify.container.copy_probe), the
 check suite, doctor, the report and gpu-record import it as torchimages.checks.gpu_health. Every value is read
@@ -11,15 +12,28 @@ from __future__ import annotations
 import time
 import typing
 
-# nvidia-smi --help-query-gpu's names. clocks_event_reasons.active is the bitmask NVML's nvmlDeviceGetCurrentClocks-
-# EventReasons returns (named clocks_throttle_reasons before driver 535, still accepted as an alias there).
+# nvidia-smi --help-query-gpu's names, every one known to the R535 branch's nvidia-smi. clocks_event_reasons.active is
+# the bitmask NVML's nvmlDeviceGetCurrentClocksEventReasons returns (named clocks_throttle_reasons before driver 535,
+# still accepted as an alias there). The link's current generation and width are asked here for the record only: idle,
+# a GPU lowers both to save power, so they are judged as read under load (LINK_UNDER_LOAD, gpu_speed.link_under_load).
 HEALTH_FIELDS = ("uuid", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
-                 "remapped_rows.pending", "remapped_rows.failure", "clocks_event_reasons.active",
-                 "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
+                 "clocks_event_reasons.active", "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current",
+                 "pcie.link.width.max")
+# Fields of later drivers, asked in a call of their own so that a driver refusing them costs the fields above nothing:
+# reset_status.reset_required (nvidia-smi documentation: "Checks if a GPU reset is required"; not for vGPUs),
+# c2c.mode (NVLink-C2C as the host link, GH200/GB200; in --query-gpu on 590) and pcie.link.gen.hostmax (the root
+# port's generation: "The maximum PCI-E link generation supported by the root port corresponding to this GPU").
+LATER_FIELDS = ("uuid", "reset_status.reset_required", "c2c.mode", "pcie.link.gen.hostmax")
+# The row remapper, asked with --query-remapped-rows (nvidia-smi documentation, SELECTIVE QUERY OPTIONS): R535's
+# --query-gpu refuses remapped_rows.* (its --help-query-gpu lists retired_pages.* then temperature.*), 590's accepts
+# them; --query-remapped-rows answers on every driver since R450 for Ampere and later GPUs.
+REMAP_FIELDS = ("gpu_uuid", "remapped_rows.pending", "remapped_rows.failure")
 FIELD_ALIASES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
 UNKNOWN_FIELD = "is not a valid field"  # nvidia-smi's words for a field name this driver does not know
 HEALTH_QUERY_TIMEOUT_S = 10  # one nvidia-smi call; a hung NVML must not hold the probe
 HEALTH_BUDGET_S = 20  # all calls together, the one-field-at-a-time fallback included
+# The facts' key for cuda:0's link as read while pinned copies ran on it (gpu_speed.link_under_load).
+LINK_UNDER_LOAD = "link_under_load"
 # NVML's clocks event reason bits (nvml.h, nvmlClocksEventReason*): those that say the host slows the GPU down.
 # SW power cap and GPU idle are normal (a GPU at its power limit under load, or idle at the query); sync boost,
 # application and display clock settings are configuration, not sickness.
@@ -27,6 +41,12 @@ SLOWDOWN_BITS = {0x8: "HW slowdown (the GPU's own protection: power supply, temp
                  0x20: "SW thermal slowdown (the GPU is too hot for its clocks)",
                  0x40: "HW thermal slowdown (the GPU or its memory is overheating)",
                  0x80: "HW power brake slowdown (the system's power supply asserted the brake)"}
+# The states that spoil new work on that GPU, so that a failed GPU test there proves nothing of the image: uncorrected
+# ECC errors since the driver loaded (CUDA's cudaErrorECCUncorrectable), a failed row remap (no spare rows left) and a
+# GPU that needs a reset. A pending remap or page retirement does not: NVML's nvmlDeviceGetRemappedRows, "A pending
+# remapping won't affect future work on the GPU since error-containment and dynamic page blacklisting will take care
+# of that" (and a remap follows two correctable errors on one row as well as an uncorrectable one).
+SPOILS_WORK = ("ecc.errors.uncorrected.volatile.total", "remapped_rows.failure", "reset_status.reset_required")
 PCIE_GENERATIONS = range(1, 8)  # PCIe 1.0 to 7.0: a gen of 99 is a misread, not a link
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 MAX_ERROR_COUNT = 10**12  # ECC counters are 64-bit, but a count this large is a misread
@@ -37,15 +57,39 @@ class Runner(typing.Protocol):
 
 
 def read_health(smi: str, run_tool: Runner) -> dict:
-    """nvidia-smi's health fields per GPU, as printed: {"rows": [{field: text}], "unreadable": [fields]}. One call
-    for every field; where the driver rejects a field name (an older nvidia-smi), one call per field, within
-    HEALTH_BUDGET_S in all. A call that fails otherwise (NVML down, a hang) is not repeated: nothing is read."""
+    """nvidia-smi's health fields per GPU, as printed: {"rows": [{field: text}], "unreadable": [fields]}. Three
+    calls: the R535 fields, the later ones, the row remapper (merged by UUID). Where a driver rejects a field name, one
+    call per field, within HEALTH_BUDGET_S in all. A call that fails otherwise (NVML down, a hang) is not repeated."""
     started = time.monotonic()
-    rows, rejected = _query(smi, HEALTH_FIELDS, run_tool)
+    rows, unreadable = _read_fields(smi, HEALTH_FIELDS, run_tool, started)
+    if rows is None:  # nvidia-smi answered nothing: no later call would fare better
+        return {"rows": [], "unreadable": list(HEALTH_FIELDS[1:] + LATER_FIELDS[1:] + REMAP_FIELDS[1:])}
+    later, later_unread = _read_fields(smi, LATER_FIELDS, run_tool, started)
+    remaps = _query(smi, REMAP_FIELDS, run_tool, "--query-remapped-rows")[0]
+    _merge(rows, later or [], "uuid")
+    _merge(rows, remaps or [], "gpu_uuid")
+    unread_later = list(LATER_FIELDS[1:]) if later is None else later_unread
+    return {"rows": rows, "unreadable": unreadable + unread_later + ([] if remaps else list(REMAP_FIELDS[1:]))}
+
+
+def _merge(rows: list[dict], extra: list[dict], key: str) -> None:
+    """Each row gets the extra fields of the row with its UUID (nvidia-smi's order is the same, but a UUID is sure)."""
+    by_uuid = {str(row.get(key)): row for row in extra}
+    for row in rows:
+        match = by_uuid.get(str(row.get("uuid")))
+        row.update({field: value for field, value in (match or {}).items() if field != key})
+
+
+def _read_fields(smi: str, fields: tuple[str, ...], run_tool: Runner,
+                 started: float) -> tuple[list[dict] | None, list[str]]:
+    """One --query-gpu call for these fields (the first is uuid); where the driver rejects a name, one call per field
+    within the budget. (rows, fields left unread); rows None where nvidia-smi failed otherwise or read nothing."""
+    rows, rejected = _query(smi, fields, run_tool)
     if rows is not None or not rejected:
-        return {"rows": rows or [], "unreadable": [] if rows is not None else list(HEALTH_FIELDS[1:])}
-    rows, unreadable = [], []
-    for field in HEALTH_FIELDS[1:]:
+        return rows, [] if rows is not None else list(fields[1:])
+    found: list[dict] | None = None
+    unreadable = []
+    for field in fields[1:]:
         values = None
         for name in (field, FIELD_ALIASES.get(field)):
             if name and values is None and time.monotonic() - started < HEALTH_BUDGET_S:
@@ -53,17 +97,18 @@ def read_health(smi: str, run_tool: Runner) -> dict:
         if values is None:
             unreadable.append(field)
             continue
-        rows = rows or [{"uuid": row["uuid"]} for row in values]
-        for row, value in zip(rows, values, strict=False):
+        found = found or [{"uuid": row["uuid"]} for row in values]
+        for row, value in zip(found, values, strict=False):
             row[field] = value[field]
-    return {"rows": rows, "unreadable": unreadable}
+    return found, unreadable
 
 
-def _query(smi: str, fields: typing.Sequence[str], run_tool: Runner) -> tuple[list[dict] | None, bool]:
-    """One --query-gpu call -> a row per GPU keyed by the fields asked (the answer under the first field's name where
-    it was an alias), or None where nvidia-smi failed or printed rows of another shape; and whether it failed on a
-    field name it does not know ('Field "..." is not a valid field to query.')."""
-    done = run_tool([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+def _query(smi: str, fields: typing.Sequence[str], run_tool: Runner,
+           option: str = "--query-gpu") -> tuple[list[dict] | None, bool]:
+    """One query call -> a row per GPU keyed by the fields asked (the answer under the first field's name where it was
+    an alias), or None where nvidia-smi failed or printed rows of another shape; and whether it failed on a field name
+    it does not know ('Field "..." is not a valid field to query.')."""
+    done = run_tool([smi, f"{option}={','.join(fields)}", "--format=csv,noheader,nounits"],
                     timeout=HEALTH_QUERY_TIMEOUT_S)
     output = str(done.get("output") or "")
     if not done.get("ok"):
@@ -108,13 +153,22 @@ def _one_of(text: object, allowed: typing.Container[int]) -> int | None:
     return value if value in allowed else None
 
 
-def _pcie(row: dict) -> dict:
-    return {f"{kind}_{which}": _one_of(row.get(f"pcie.link.{kind}.{which}"), allowed)
-            for kind, allowed in (("gen", PCIE_GENERATIONS), ("width", PCIE_WIDTHS)) for which in ("current", "max")}
+def _pcie(row: dict, loaded: dict | None) -> dict:
+    """The link's most (the GPU's and, where the driver says, the root port's generation) from the health read, and
+    its current generation and width only as read under load: "These may be reduced when the GPU is not in use"
+    (nvidia-smi documentation, GPU Link Info), so an idle read is neither a finding nor an explanation."""
+    current = loaded or {}
+    return {"gen_current": _one_of(current.get("pcie.link.gen.current"), PCIE_GENERATIONS),
+            "gen_max": _one_of(row.get("pcie.link.gen.max"), PCIE_GENERATIONS),
+            "gen_hostmax": _one_of(row.get("pcie.link.gen.hostmax"), PCIE_GENERATIONS),
+            "width_current": _one_of(current.get("pcie.link.width.current"), PCIE_WIDTHS),
+            "width_max": _one_of(row.get("pcie.link.width.max"), PCIE_WIDTHS),
+            "under_load": loaded is not None}
 
 
-def gpu_health(row: dict) -> dict:
-    """One GPU's health fields as values (None wherever nvidia-smi did not give a usable one)."""
+def gpu_health(row: dict, loaded: dict | None = None) -> dict:
+    """One GPU's health fields as values (None wherever nvidia-smi did not give a usable one); `loaded`: its link's
+    fields as read while copies ran on it, where they did."""
     reasons = _bitmask(row.get("clocks_event_reasons.active"))
     return {"uuid": str(row.get("uuid") or ""),
             "ecc_mode": _one_of_words(row.get("ecc.mode.current"), ("Enabled", "Disabled")),
@@ -122,9 +176,12 @@ def gpu_health(row: dict) -> dict:
             "retired_pages_pending": _flag(row.get("retired_pages.pending")),
             "remapped_rows_pending": _flag(row.get("remapped_rows.pending")),
             "remapped_rows_failure": _flag(row.get("remapped_rows.failure")),
+            "reset_required": _flag(row.get("reset_status.reset_required")),
+            # c2c.mode: Enabled where NVLink-C2C, not PCIe, carries the GPU's host traffic (GH200, GB200).
+            "c2c": {"Enabled": True, "Disabled": False}.get(str(row.get("c2c.mode") or "").strip()),
             "slowdowns": None if reasons is None else [why.split(" (")[0] for bit, why in SLOWDOWN_BITS.items()
                                                        if reasons & bit],
-            "pcie": _pcie(row)}
+            "pcie": _pcie(row, loaded)}
 
 
 # ---------------------------------------------------------------- what is wrong with the host
@@ -153,6 +210,8 @@ def gpu_findings(index: int, health: dict) -> list[Finding]:
     if health["remapped_rows_failure"]:
         add("remapped_rows.failure", "memory", "a row remapping failed (the GPU's memory has run out of spare rows)",
             "take the GPU out of service: NVIDIA's RMA policy applies")
+    if health["reset_required"]:
+        add("reset_status.reset_required", "memory", "the GPU needs a reset (an unrecoverable error occurred)", reset)
     if health["remapped_rows_pending"]:
         add("remapped_rows.pending", "memory", "a row remapping is pending (it takes effect at the next GPU reset)",
             reset)
@@ -175,31 +234,70 @@ def _gen_note(pcie: dict) -> str:
     return f" at gen {gen} of {most}" if gen and most else ""
 
 
+def _strip(uuid: object) -> str:
+    """A UUID as torch prints it: nvidia-smi's without its "GPU-" prefix."""
+    return str(uuid or "").strip().removeprefix("GPU-")
+
+
+def loaded_rows(gpu_facts: dict) -> dict[str, dict]:
+    """The link fields read under load, by UUID as torch prints it: cuda:0's only (the copies ran there), matched by
+    UUID (CUDA's order is not nvidia-smi's), or the only row where the host has one GPU."""
+    read = gpu_facts.get(LINK_UNDER_LOAD) if isinstance(gpu_facts, dict) else None
+    rows = [row for row in read.get("rows") or [] if isinstance(row, dict)] if isinstance(read, dict) else []
+    devices = gpu_facts.get("devices") if isinstance(gpu_facts.get("devices"), list) else []
+    first = _strip(devices[0].get("uuid")) if devices and isinstance(devices[0], dict) else ""
+    row = next((row for row in rows if first and _strip(row.get("uuid")) == first), None)
+    row = row or (rows[0] if len(rows) == 1 else None)
+    return {_strip(row.get("uuid")): row} if row else {}
+
+
 def host_health(gpu_facts: dict) -> dict:
     """The host's health for reports: per GPU the values, every finding, and healthy (True, False, or None where
-    nothing was read: no nvidia-smi, an older probe's facts, every field unreadable)."""
+    nothing was read: no nvidia-smi, an older probe's facts, every field unreadable; or where the row remapper was
+    never read, so that a GPU out of spare rows is not called healthy)."""
     raw = gpu_facts.get("health") if isinstance(gpu_facts, dict) else None
     rows: list = raw["rows"] if isinstance(raw, dict) and isinstance(raw.get("rows"), list) else []
-    gpus = [gpu_health(row) for row in rows if isinstance(row, dict)]
+    loaded = loaded_rows(gpu_facts) if isinstance(gpu_facts, dict) else {}
+    gpus = [gpu_health(row, loaded.get(_strip(row.get("uuid")))) for row in rows if isinstance(row, dict)]
     findings = [finding for index, health in enumerate(gpus) for finding in gpu_findings(index, health)]
+    unreadable = list(raw.get("unreadable") or []) if isinstance(raw, dict) else []
     read = any(value is not None for health in gpus for key, value in health.items() if key not in ("uuid", "pcie"))
-    return {"healthy": (not findings) if read or findings else None,
-            "findings": [finding._asdict() for finding in findings], "gpus": gpus,
-            "unreadable": list(raw.get("unreadable") or []) if isinstance(raw, dict) else []}
+    remaps_read = "remapped_rows.failure" not in unreadable
+    return {"healthy": (not findings if remaps_read else None) if read or findings else None,
+            "findings": [finding._asdict() for finding in findings], "gpus": gpus, "unreadable": unreadable}
 
 
-def host_causes(health: dict, kinds: typing.Collection[str]) -> list[str]:
-    """The findings of these kinds as sentences that charge the host: "host: GPU 0 (GPU-...): cause; fix"."""
+def host_causes(health: dict, kinds: typing.Collection[str], uuids: typing.Collection[str] | None = None) -> list[str]:
+    """The findings of these kinds as sentences that charge the host: "host: GPU 0 (GPU-...): cause; fix"; with
+    `uuids` (as torch prints them), only those GPUs' findings."""
+    wanted = None if uuids is None else {_strip(uuid) for uuid in uuids}
     return [f"host: GPU {finding['gpu']} ({finding['uuid'] or 'no UUID'}): {finding['cause']}; {finding['fix']}"
-            for finding in health["findings"] if finding["kind"] in kinds]
+            for finding in health["findings"] if finding["kind"] in kinds
+            and (wanted is None or _strip(finding["uuid"]) in wanted)]
+
+
+def work_spoilers(health: dict, uuids: typing.Collection[str]) -> list[str]:
+    """What excuses failed GPU work on these GPUs (torch's UUIDs): only their own states that spoil new work
+    (SPOILS_WORK), never another GPU's, never a pending remap or retirement. With one GPU on the host and a device
+    without a UUID, that GPU."""
+    wanted = {_strip(uuid) for uuid in uuids if _strip(uuid)}
+    if not wanted and len(health["gpus"]) == 1:
+        wanted = {_strip(health["gpus"][0]["uuid"])}
+    return [f"host: GPU {finding['gpu']} ({finding['uuid'] or 'no UUID'}): {finding['cause']}; {finding['fix']}"
+            for finding in health["findings"] if finding["field"] in SPOILS_WORK and _strip(finding["uuid"]) in wanted]
 
 
 def pcie_below_max(health: dict) -> list[str]:
-    """GPUs whose link runs below the generation or width both ends allow: what explains slow host copies (a link
-    at a lower generation is also how an idle GPU saves power, so alone it is no finding)."""
-    return [f"host: GPU {index} ({gpu['uuid'] or 'no UUID'}): the PCIe link runs at gen {gpu['pcie']['gen_current']} "
-            f"x{gpu['pcie']['width_current']} of gen {gpu['pcie']['gen_max']} x{gpu['pcie']['width_max']}; reseat the "
-            "GPU or its riser and check the slot's generation and lanes in the BIOS"
-            for index, gpu in enumerate(health["gpus"])
-            if None not in gpu["pcie"].values() and (gpu["pcie"]["gen_current"] < gpu["pcie"]["gen_max"]
-                                                     or gpu["pcie"]["width_current"] < gpu["pcie"]["width_max"])]
+    """GPUs whose link, read under load, runs below the generation or width both ends allow: what explains slow host
+    copies. Idle, a link at a lower generation and width is how a GPU saves power, so only a loaded read counts."""
+    causes = []
+    for index, gpu in enumerate(health["gpus"]):
+        pcie = gpu["pcie"]
+        most = min(filter(None, (pcie["gen_max"], pcie["gen_hostmax"])), default=None)
+        if (not pcie["under_load"] or None in (pcie["gen_current"], pcie["width_current"], most, pcie["width_max"])
+                or (pcie["gen_current"] >= most and pcie["width_current"] >= pcie["width_max"])):
+            continue
+        causes.append(f"host: GPU {index} ({gpu['uuid'] or 'no UUID'}): the PCIe link runs at gen {pcie['gen_current']} "
+                      f"x{pcie['width_current']} under load, of gen {most} x{pcie['width_max']}; reseat the GPU or its "
+                      "riser and check the slot's generation and lanes in the BIOS")
+    return causes

@@ -4,12 +4,13 @@ Below a floor, the host's health (gpu_health) says whether the host explains it 
 nothing does (a failure charged to the image).
 
 The measuring half runs in the container with the image's torch (the probe imports it beside its own copy); the
-judging half runs on the host side. Standard library only. Each measurement is a few hundred milliseconds on a GPU
-(at most 60 s of added GPU work per image): a handful of repeats of one size, after a warm-up.
+judging half runs on the host side. Standard library only. Each measurement is a handful of repeats of one size,
+after a warm-up (its duration on a GPU is not measured; docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import math
+import subprocess
 import time
 import typing
 
@@ -45,6 +46,14 @@ PCIE_BOARDS = (" NVL", "PCIe")
 # link (P2P through the host bridge, or staged through host memory where P2P is off).
 ALL_REDUCE_FLOOR_GBPS = {"nvlink": 100.0}
 PCIE_ALL_REDUCE_FLOOR = 0.2
+
+# NVLink-C2C, not PCIe, carries a Grace superchip's host copies (nvidia-smi documentation, GPU Link Info: "Not all
+# platforms use PCI Express as the primary data path ... such as C2C ... PCIe metrics here may not be representative").
+# Named here for drivers that do not answer c2c.mode: GH200 (450 GB/s per direction), GB200, GB300.
+C2C_BOARDS = ("GH200", "GB200", "GB300")
+# cuda:0's link as nvidia-smi reads it while copies load it (gpu_health.LINK_UNDER_LOAD); one call, bounded.
+LINK_QUERY = ("uuid", "pcie.link.gen.current", "pcie.link.width.current")
+LINK_READ_TIMEOUT_S = 10
 
 COPY_BYTES = 256 << 20
 COPY_REPEATS = 5
@@ -84,6 +93,42 @@ def pinned_copy_bandwidth(torch) -> dict:
     h2d = _gbps(torch, lambda: device.copy_(host, non_blocking=True), COPY_BYTES, COPY_REPEATS)
     d2h = _gbps(torch, lambda: host.copy_(device, non_blocking=True), COPY_BYTES, COPY_REPEATS)
     return {"ok": True, "bytes": COPY_BYTES, "repeats": COPY_REPEATS, "h2d_gbps": h2d, "d2h_gbps": d2h}
+
+
+def link_under_load(torch, smi: str | None) -> dict:
+    """cuda:0's PCIe link as nvidia-smi reads it while pinned host-to-device copies run on it. Idle, a GPU lowers its
+    link's generation and width to save power ("These may be reduced when the GPU is not in use": nvidia-smi
+    documentation, GPU Link Info), so only a read under load says what the link carries."""
+    if not smi:
+        return {"ok": True, "not_read": "no nvidia-smi in the container"}
+    host = torch.empty(COPY_BYTES, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda:0")
+
+    def load() -> None:
+        device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(0)
+
+    load()  # the link trains up before nvidia-smi starts reading
+    return read_link_while(smi, load)
+
+
+def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
+    """nvidia-smi's link fields per GPU, asked while `load` runs again and again (at most LINK_READ_TIMEOUT_S)."""
+    query = subprocess.Popen([smi, f"--query-gpu={','.join(LINK_QUERY)}", "--format=csv,noheader,nounits"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + LINK_READ_TIMEOUT_S
+    while query.poll() is None and time.monotonic() < deadline:
+        load()
+    try:
+        output = query.communicate(timeout=max(0.1, deadline - time.monotonic()))[0]
+    except subprocess.TimeoutExpired:
+        query.kill()
+        query.communicate()
+        return {"ok": False, "error": f"nvidia-smi did not answer in {LINK_READ_TIMEOUT_S}s"}
+    rows = [[value.strip() for value in line.split(",")] for line in output.splitlines() if line.strip()]
+    if query.returncode or not rows or any(len(row) != len(LINK_QUERY) for row in rows):
+        return {"ok": False, "error": f"nvidia-smi exit {query.returncode}: {output.strip()[-300:]}"}
+    return {"ok": True, "device": "cuda:0", "rows": [dict(zip(LINK_QUERY, row, strict=True)) for row in rows]}
 
 
 def all_reduce_bus_bandwidth(torch, count: int) -> dict:
@@ -129,16 +174,37 @@ def bf16_figure(gpu: dict) -> dict:
     return figure
 
 
-def link_of(gpu: dict, health: dict) -> dict | None:
-    """cuda:0's PCIe link (gen and width both ends allow) from the health row with its UUID (CUDA's order is not
-    nvidia-smi's), or the only row; None where unknown or absurd."""
+def _health_row(gpu: dict, health: dict) -> dict | None:
+    """cuda:0's health from the row with its UUID (CUDA's order is not nvidia-smi's), or the only row."""
     rows = health.get("gpus") or []
     uuid = str(_first_device(gpu).get("uuid") or "").removeprefix("GPU-")
     row = next((row for row in rows if uuid and row["uuid"].removeprefix("GPU-") == uuid), None)
-    row = row or (rows[0] if len(rows) == 1 else None)
-    if row is None or None in (row["pcie"]["gen_max"], row["pcie"]["width_max"]):
+    return row or (rows[0] if len(rows) == 1 else None)
+
+
+def _cuda0(gpu: dict, health: dict) -> list[str] | None:
+    """cuda:0's UUID, whose health alone explains the figures measured on it; None where unknown (every GPU's)."""
+    row = _health_row(gpu, health)
+    return [row["uuid"]] if row and row["uuid"] else None
+
+
+def host_link(gpu: dict, health: dict) -> str:
+    """What carries cuda:0's host copies: "c2c" where c2c.mode says Enabled or the board is a Grace superchip, else
+    "pcie"."""
+    row = _health_row(gpu, health)
+    name = str(_first_device(gpu).get("name") or "")
+    c2c = row.get("c2c") if row else None
+    return "c2c" if c2c or (c2c is None and any(board in name for board in C2C_BOARDS)) else "pcie"
+
+
+def link_of(gpu: dict, health: dict) -> dict | None:
+    """cuda:0's PCIe path: the least of the GPU's link generation and the root port's (pcie.link.gen.hostmax, where the
+    driver says), at the GPU's width; None where unknown or absurd, or where C2C carries the copies."""
+    row = _health_row(gpu, health)
+    if row is None or None in (row["pcie"]["gen_max"], row["pcie"]["width_max"]) or host_link(gpu, health) == "c2c":
         return None
-    gen, width = row["pcie"]["gen_max"], row["pcie"]["width_max"]
+    gen = min(filter(None, (row["pcie"]["gen_max"], row["pcie"].get("gen_hostmax"))))
+    width = row["pcie"]["width_max"]
     return {"gen": gen, "width": width, "gbps": round(PCIE_LANE_GBPS[gen] * width, 2)}
 
 
@@ -146,7 +212,7 @@ def copy_figure(gpu: dict, health: dict) -> dict:
     copies = _section(gpu, "copy_bandwidth")
     link = link_of(gpu, health)
     return {"h2d_gbps": _figure(copies.get("h2d_gbps")), "d2h_gbps": _figure(copies.get("d2h_gbps")),
-            "link": link, "floor": COPY_FLOOR}
+            "host_link": host_link(gpu, health), "link": link, "floor": COPY_FLOOR}
 
 
 def topology(gpu: dict) -> str:
@@ -173,7 +239,7 @@ def bf16_shortfall(gpu: dict, health: dict) -> Shortfall | None:
         return None
     return Shortfall(f"the bf16 matmul ran at {figure['tflops']} TFLOPS, {figure['ratio']:.0%} of {figure['device']}'s "
                      f"{figure['peak_tflops']} dense peak, below the {BF16_FLOOR:.0%} floor",
-                     host_causes(health, ("clocks",)))
+                     host_causes(health, ("clocks",), _cuda0(gpu, health)))
 
 
 def copy_shortfall(gpu: dict, health: dict) -> Shortfall | None:
@@ -185,16 +251,19 @@ def copy_shortfall(gpu: dict, health: dict) -> Shortfall | None:
         return None
     return Shortfall(f"pinned copies ran at {' and '.join(slow)}, below {COPY_FLOOR:.0%} of the PCIe gen "
                      f"{link['gen']} x{link['width']} link's {link['gbps']} GB/s",
-                     host_causes(health, ("link",)) or pcie_below_max(health))
+                     host_causes(health, ("link",), _cuda0(gpu, health)) or pcie_below_max(health))
 
 
 def all_reduce_shortfall(gpu: dict, health: dict) -> Shortfall | None:
     figure = all_reduce_figure(gpu, health)
     if figure["busbw_gbps"] is None or figure["floor_gbps"] is None or figure["busbw_gbps"] >= figure["floor_gbps"]:
         return None
+    # NVLink carries an NVSwitch board's all-reduce: its PCIe links explain nothing of it (an image that disables
+    # P2P, NCCL_P2P_DISABLE=1, stages it through host memory: NCCL documentation, SHM transport).
+    causes = (host_causes(health, ("clocks",)) if figure["topology"] == "nvlink"
+              else host_causes(health, ("clocks", "link")) or pcie_below_max(health))
     return Shortfall(f"the NCCL all-reduce across {figure['gpus']} GPUs ran at a bus bandwidth of {figure['busbw_gbps']} "
-                     f"GB/s, below the {figure['floor_gbps']} GB/s floor for {figure['topology']} GPUs",
-                     host_causes(health, ("clocks", "link")) or pcie_below_max(health))
+                     f"GB/s, below the {figure['floor_gbps']} GB/s floor for {figure['topology']} GPUs", causes)
 
 
 def performance(gpu: dict, health: dict) -> dict:

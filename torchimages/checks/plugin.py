@@ -28,8 +28,9 @@ class CheckWarning(UserWarning):
     compatibility): warnings.warn(CheckWarning(...)) in a test puts it on the check's verdict, which still passes."""
 
 
-# A test skipped because the host spoils the work it checks (a GPU with memory errors): not judged, and charged to the
-# host. Never a pass: the work did not run right, so nothing is proven of the image.
+# A test skipped because the host spoils the work it checks (the GPU it ran on has uncorrected memory errors): not
+# judged, and charged to the host. Never a pass: the work did not run right, so nothing is proven of the image, and
+# its check is skipped (not judged) whatever its other tests did, so that publishing asks for a healthy host.
 HOST_SKIP = "host: "
 
 
@@ -49,8 +50,9 @@ class Outcome:
 
 
 def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = NAMES) -> dict[str, dict]:
-    """Per check: failed if any test failed, skipped if all were skipped, else passed; messages say why. Its blame:
-    "image" where it failed, "host" where a test warned about the host or was skipped for it, else ""."""
+    """Per check: failed if any test failed, skipped if all were skipped or one was not judged for the host (HOST_SKIP:
+    its work proved nothing, so the check cannot pass), else passed; messages say why. Its blame: "image" where it
+    failed, "host" where a test warned about the host or was skipped for it, else ""."""
     verdicts = {}
     for name in checks:
         mine = [o for o in outcomes if o.check == name]
@@ -63,6 +65,9 @@ def aggregate(outcomes: list[Outcome], checks: tuple[str, ...] = NAMES) -> dict[
             status, message = "failed", "; ".join(o.message for o in failed)
         elif len(skipped) == len(mine):
             status, message = "skipped", "; ".join(dict.fromkeys(o.message for o in skipped))
+        elif any(o.host for o in skipped):
+            status = "skipped"
+            message = "not judged: " + "; ".join(dict.fromkeys(o.message for o in skipped if o.host))
         else:
             status = "passed"
             message = f"{len(mine) - len(skipped)} of {len(mine)} tests passed"

@@ -270,6 +270,9 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
         facts["bf16_matmul"] = probe_base.section(bf16_matmul_throughput, torch)
     if throughput:
         facts["copy_bandwidth"] = probe_base.section(gpu_speed.pinned_copy_bandwidth, torch)
+        # Idle, the link reads slower than it is (power saving): its state is judged as read under load only.
+        facts[gpu_health.LINK_UNDER_LOAD] = probe_base.section(gpu_speed.link_under_load, torch,
+                                                               facts.get("nvidia_smi"))
     if count < 2:
         facts["multi_gpu"] = {"ok": True, "skipped": f"{count} GPU visible"}
     elif mig_reason:

@@ -6,7 +6,7 @@ torchimages.checks.plugin; run these suites through `python build.py test`, whic
 
 import pytest
 
-from torchimages.checks.gpu_health import host_causes, host_health
+from torchimages.checks.gpu_health import host_health, work_spoilers
 from torchimages.checks.plugin import HOST_SKIP, failure_message
 
 from .helpers import gpu_skip_reason
@@ -17,20 +17,38 @@ NO_KERNEL_IMAGE = "no kernel image is available"
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function):
-    """A GPU with memory errors (uncorrected ECC errors, a failed or pending row remap or page retirement) spoils GPU
-    work whatever the image: a `gpu_work` test that fails there is skipped, not judged, and charged to the host, naming
-    the errors (never passed: nothing of the image was proven)."""
+    """A GPU whose own state spoils new work (uncorrected ECC errors, a failed row remap, a reset required:
+    gpu_health.SPOILS_WORK) proves nothing of the image: a `gpu_work` test that fails on such a GPU (matched by UUID)
+    is skipped, not judged, and charged to the host, naming the state; its check is then not judged either (never
+    passed). Another GPU's sickness, or a pending remap, excuses nothing: the failure is the image's."""
     try:
         return (yield)
     except (AssertionError, pytest.fail.Exception) as error:
+        marker = pyfuncitem.get_closest_marker("gpu_work")
         gpu = pyfuncitem.funcargs.get("gpu")
         gpu = gpu if isinstance(gpu, dict) else {}
-        memory = host_causes(host_health(gpu), ("memory",))
-        arch_missed = any(NO_KERNEL_IMAGE in str(device.get("kernel_error")) for device in gpu.get("devices") or [])
-        if not pyfuncitem.get_closest_marker("gpu_work") or not memory or arch_missed:
+        devices = [device for device in gpu.get("devices") or [] if isinstance(device, dict)]
+        arch_missed = any(NO_KERNEL_IMAGE in str(device.get("kernel_error")) for device in devices)
+        on = marker.kwargs.get("on", "cuda:0") if marker else ""
+        health = host_health(gpu)
+        per_device = [work_spoilers(health, [str(device.get("uuid") or "")]) for device in _worked_on(on, devices)]
+        # Each failed device must be spoiled itself; work across every device (NCCL) is spoiled by any one of them.
+        excused = marker and not arch_missed and per_device and (any if on == "all" else all)(per_device)
+        spoilers = list(dict.fromkeys(cause for causes in per_device for cause in causes))
+        if not excused:
             raise
         message = failure_message(pytest.ExceptionInfo.from_exception(error))
-        pytest.skip(f"{HOST_SKIP}not judged on a GPU with memory errors ({'; '.join(memory)}): {message}")
+        pytest.skip(f"{HOST_SKIP}not judged on a GPU whose state spoils GPU work ({'; '.join(spoilers)}): {message}")
+
+
+def _worked_on(on: str, devices: list[dict]) -> list[dict]:
+    """The devices whose work the test judged, as its gpu_work marker says: "cuda:0" (the default: cuDNN and AMP run
+    there), "each" (each device's own work: those whose work failed) or "all" (work across every device: NCCL)."""
+    if on == "all":
+        return devices
+    if on == "each":
+        return [device for device in devices if not device.get("kernel_ok")]
+    return devices[:1]
 
 
 def _part(facts: dict, name: str) -> dict:

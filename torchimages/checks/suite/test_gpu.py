@@ -64,7 +64,7 @@ def test_device_count_is_what_was_requested(gpu, expect):
 
 
 @pytest.mark.check("gpu")
-@pytest.mark.gpu_work
+@pytest.mark.gpu_work(on="each")
 def test_a_kernel_runs_on_every_device(devices, gpu):
     failing = [f"cuda:{d['index']} ({d['name']}, sm_{d['capability'][0]}{d['capability'][1]}): {d['kernel_error']}"
                for d in devices if not d["kernel_ok"]]
@@ -117,7 +117,7 @@ def test_host_driver_meets_the_cuda_minimum(gpu_host, image, spec):
 
 
 @pytest.mark.check("multi-gpu")
-@pytest.mark.gpu_work
+@pytest.mark.gpu_work(on="all")
 def test_peer_copies_and_nccl_all_reduce(devices, gpu):
     if len(devices) < 2:
         pytest.skip(f"{len(devices)} GPU visible: multi-GPU checks need 2 or more (--gpus all on a multi-GPU host)")

@@ -55,8 +55,10 @@ def test_bf16_matmul_reaches_its_models_floor(devices, gpu, health):
 def test_pinned_copies_reach_the_links_floor(devices, gpu, health):
     figure = copy_figure(gpu, health)
     not_judged = ("no pinned copy figure (not measured)" if figure["h2d_gbps"] is None and figure["d2h_gbps"] is None
-                  else "the PCIe link's generation and width are unknown (nvidia-smi did not say, or the GPU is on "
-                       "a C2C link)" if figure["link"] is None else "")
+                  else "NVLink-C2C, not PCIe, carries this GPU's host copies (c2c.mode, or a Grace superchip): the "
+                       "PCIe fields give no floor for them" if figure["host_link"] == "c2c"
+                  else "the PCIe link's generation and width are unknown (nvidia-smi did not say)"
+                  if figure["link"] is None else "")
     _judge(copy_shortfall(gpu, health), not_judged)
 
 
