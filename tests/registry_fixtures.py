@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -29,6 +30,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import bcrypt
+
+from torchimages.peers.registry import RegistryClient
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 USER = "ci-publisher"
@@ -328,3 +331,23 @@ def _media_type(body: bytes) -> str:
         return json.loads(body).get("mediaType") or "application/vnd.docker.distribution.manifest.v2+json"
     except (ValueError, AttributeError):
         return "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def tiny_image(client: RegistryClient) -> tuple[str, dict]:
+    """A small image of its own pushed as :latest (no engine): its digest and descriptor."""
+    layer, config = uuid.uuid4().hex.encode(), b"{}"
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
+                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "size": len(layer),
+                                       "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}]}).encode()
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "image"
+        folder.mkdir()
+        for name, content in {"version": b"Directory Transport Version: 1.1\n", "manifest.json": manifest,
+                              hashlib.sha256(config).hexdigest(): config,
+                              hashlib.sha256(layer).hexdigest(): layer}.items():
+            (folder / name).write_bytes(content)
+        client.write_artifact(folder, "latest")
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    return digest, {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": len(manifest)}

@@ -5,11 +5,9 @@ empty trusted root, classic with its defaults) and by an independent bundle veri
 Debian's docker-registry 2.8, which has no referrers API (the referrers tag schema's index is written there).
 """
 import datetime as dt
-import hashlib
 import json
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import uuid
@@ -44,7 +42,7 @@ from .bundle_verifiers import (
     sigstore_js_verify,
 )
 from .publish_fixtures import RUNTIME, Workspace, clean_up
-from .registry_fixtures import start_secure_registry
+from .registry_fixtures import start_secure_registry, tiny_image
 from .signing_fixtures import DIGEST, FIRST, KEYS, SECOND, SIGNED, accepted_everything, environment, key, store_of
 
 COSIGN_BUNDLE = Path(__file__).parent / "data" / "sigstore" / "cosign-2.5-attestation.bundle.json"
@@ -285,26 +283,6 @@ def test_two_concurrent_writers_of_one_digests_referrers_index_keep_every_referr
 
 
 # -------------------------------------------------------------------------------- hostile referrers, a registry of its own
-
-def tiny_image(client: RegistryClient) -> tuple[str, dict]:
-    """A small image of its own pushed as :latest (no engine): its digest and descriptor."""
-    layer, config = uuid.uuid4().hex.encode(), b"{}"
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": bundles.OCI_MANIFEST,
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
-                                      "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
-                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "size": len(layer),
-                                       "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}]}).encode()
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "image"
-        folder.mkdir()
-        for name, content in {"version": b"Directory Transport Version: 1.1\n", "manifest.json": manifest,
-                              hashlib.sha256(config).hexdigest(): config,
-                              hashlib.sha256(layer).hexdigest(): layer}.items():
-            (folder / name).write_bytes(content)
-        client.write_artifact(folder, "latest")
-    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    return digest, {"mediaType": bundles.OCI_MANIFEST, "digest": digest, "size": len(manifest)}
-
 
 @pytest.fixture
 def own_client(own_registry) -> RegistryClient:

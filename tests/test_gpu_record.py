@@ -15,29 +15,7 @@ from torchimages.verify import record
 from torchimages.verify.record import peak_tflops
 
 from . import gpu_hosts
-from .conftest import FIXTURE_PROJECT, run_cli_in_process
-from .gpu_fixtures import BY_TAG, gather_gpu_facts, judge, torch_facts
-
-CU130 = "2.14.1-cuda13.0-cudnn9-runtime"
-
-
-def saved_facts(tmp_path, scenario: dict, tflops: float | None = None, row: str = CU130, **torch_changes) -> str:
-    """What `probe.py --gpu-only` prints on that host (the host's raw answers, the GPU part), saved to a file."""
-    spec = BY_TAG[row]
-    flags = arch_flags_for(list(spec.arch_list))
-    gpu = gather_gpu_facts(scenario, spec, flags)
-    if tflops is not None:
-        gpu["bf16_matmul"] = {"ok": True, "tflops": tflops}
-    path = tmp_path / "gpu-only.json"
-    torch = {**torch_facts(spec, flags), "version": f"{spec.torch}+cu{spec.cuda.replace('.', '')}", **torch_changes}
-    path.write_text(json.dumps({"torch": torch, "host": probe_gpu.record_host_facts(), "gpu": gpu}, default=str))
-    return str(path)
-
-
-def gpu_record(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """`build.py gpu-record` on the fixture project's rows, its record written under tmp_path."""
-    return run_cli_in_process("--project", str(FIXTURE_PROJECT), "--reports", str(tmp_path / "reports"), "gpu-record",
-                              *args)
+from .gpu_fixtures import BY_TAG, CU130, gather_gpu_facts, gpu_record, judge, saved_facts
 
 
 @pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)

@@ -37,8 +37,8 @@ from torchimages.trust.signatures import (
 )
 
 from .conftest import run_cli_in_process
+from .registry_fixtures import tiny_image
 from .signing_fixtures import KEYS, SECOND, key
-from .test_bundles import tiny_image
 
 PUBLIC = KEYS / "first.pub"
 SIGNATURE = signing.SIGNATURE_MEDIA_TYPE

@@ -21,8 +21,8 @@ from torchimages.trust.keys import redacted
 from torchimages.trust.keys_pkcs11 import KeyReference
 from torchimages.trust.layer_diff import first_differing_file, layer_entries
 
+from .gpu_fixtures import CU130, gpu_record, saved_facts
 from .hostile_fixtures import within
-from .test_gpu_record import CU130, gpu_record, saved_facts
 
 ESCAPE = "\x1b]0;owned\x07\x1b[2J"
 
