@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from .model import InputError, Problem
 from .redaction import Secrets
@@ -21,9 +22,9 @@ from .redaction import Secrets
 MAX_INPUT_BYTES = 16 * 2**20  # no matrix, lock, report or catalog comes near this; /dev/zero would never end
 
 
-def read_text(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> str:
+def read_text(path: Path, fix: str, limit: int = MAX_INPUT_BYTES, follow_links: bool = True) -> str:
     """A regular file's UTF-8 text, or an InputError naming the file and `fix` (see read_bytes)."""
-    data = read_bytes(path, fix, limit)
+    data = read_bytes(path, fix, limit, follow_links)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -31,24 +32,41 @@ def read_text(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> str:
         raise InputError([Problem(str(path), line, f"not UTF-8 text (byte {error.start}): {fix}")]) from None
 
 
-def read_bytes(path: Path, fix: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+def read_bytes(path: Path, fix: str, limit: int = MAX_INPUT_BYTES, follow_links: bool = True) -> bytes:
     """A regular file's bytes, or an InputError naming the file and `fix`. FIFOs, devices and folders are
-    refused before they are opened (reading them can hang or never end), and so is anything over `limit`."""
+    refused before they are opened (reading them can hang or never end), and so is anything over `limit`.
+    follow_links=False reads only a file of the folder itself: a link (to a file anywhere) is refused too."""
     try:
-        mode = path.stat().st_mode
+        mode = (path.stat() if follow_links else path.lstat()).st_mode
     except OSError as error:
         raise InputError([Problem(str(path), 0, f"cannot read it ({error.strerror}): {fix}")]) from None
     if not stat.S_ISREG(mode):
-        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-        raise InputError([Problem(str(path), 0, f"{kind} where a file belongs: {fix}")])
+        raise InputError([Problem(str(path), 0, f"{_kind(mode)} where a file belongs: {fix}")])
+    # Opened without waiting and checked again: what the name points to may have changed since the look above.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        with open(path, "rb") as stream:
-            data = stream.read(limit + 1)
+        handle = os.open(path, flags)
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise InputError([Problem(str(path), 0, f"a link where a file belongs: {fix}")]) from None
         raise InputError([Problem(str(path), 0, f"cannot read it ({error.strerror}): {fix}")]) from None
+    with os.fdopen(handle, "rb") as stream:
+        opened = os.fstat(handle).st_mode
+        if not stat.S_ISREG(opened):
+            raise InputError([Problem(str(path), 0, f"{_kind(opened)} where a file belongs: {fix}")])
+        try:
+            data = stream.read(limit + 1)
+        except OSError as error:
+            raise InputError([Problem(str(path), 0, f"cannot read it ({error.strerror}): {fix}")]) from None
     if len(data) > limit:
         raise InputError([Problem(str(path), 0, f"larger than {limit // 2**20} MiB, which no such file needs: {fix}")])
     return data
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a link" if stat.S_ISLNK(mode) else "not a regular file"
 
 
 def read_replaceable(path: Path, limit: int = MAX_INPUT_BYTES) -> bytes | None:
@@ -244,18 +262,29 @@ def _put_in_place(folder: int, temporary: str, path: Path) -> None:
 def atomic_write(path: Path, content: bytes | str, mode: int = 0o644, root: Path | None = None) -> None:
     """Write path in one step (temporary + rename), following no link below root (default: path's folder)."""
     data = content.encode() if isinstance(content, str) else content
-    with _folder(path.parent, root or path.parent) as folder, _signals_deferred(), _naming(path):
+    with _signals_deferred(), atomic_output(path, mode, root) as stream:
+        stream.write(data)
+
+
+@contextmanager
+def atomic_output(path: Path, mode: int = 0o644, root: Path | None = None) -> Iterator[BinaryIO]:
+    """A stream whose bytes become path when the block ends without an error, as atomic_write writes (temporary +
+    rename, no link below root followed, a link at path replaced): for what is too large to hold in memory (a
+    downloaded .deb). An error or Ctrl-C in the block leaves the old file and no temporary."""
+    with _folder(path.parent, root or path.parent) as folder, _naming(path):
         assert folder is not None  # made where missing
         temporary, handle = _temporary(folder, path.name, mode)
         try:
             with os.fdopen(handle, "wb") as stream:
                 os.fchmod(handle, mode)
-                stream.write(data)
+                yield stream
                 stream.flush()
                 os.fsync(handle)
-            _put_in_place(folder, temporary, path)
+            with _signals_deferred():
+                _put_in_place(folder, temporary, path)
         except BaseException:
-            os.unlink(temporary, dir_fd=folder)
+            with _signals_deferred():
+                os.unlink(temporary, dir_fd=folder)
             raise
 
 

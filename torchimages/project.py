@@ -1,6 +1,10 @@
 """Where a run reads and writes, and the exit codes every command shares."""
 from __future__ import annotations
 
+import grp
+import os
+import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +25,49 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def find_project(start: Path) -> Path | None:
     """The project a command run in `start` works on: the nearest folder, from start upwards, holding a matrix.yaml
-    (as git finds its repository)."""
+    (as git finds its repository). A found folder that someone else could have put there is refused, not adopted
+    (as git's safe.directory): its templates and matrix decide what runs as this user."""
     start = start.resolve()
-    return next((folder for folder in (start, *start.parents) if (folder / MATRIX_NAME).is_file()), None)
+    found = next((folder for folder in (start, *start.parents) if (folder / MATRIX_NAME).is_file()), None)
+    if found is not None:
+        refuse_untrusted(found)
+    return found
+
+
+def trusted_owners() -> set[int]:
+    """Whose folders a found project may be in: this user's, and under sudo the user who ran sudo (as git)."""
+    owners = {os.geteuid()}
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    if os.geteuid() == 0 and sudo_uid.isdigit():
+        owners.add(int(sudo_uid))
+    return owners
+
+
+def private_group(gid: int, uid: int) -> bool:
+    """The owner's own group (same name, no other member), as umask 002 systems give every user: its write bit lets
+    no one else write."""
+    try:
+        group, owner = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:  # a number the system does not name: nobody can say who is in it
+        return False
+    return group.gr_name == owner.pw_name and set(group.gr_mem) <= {owner.pw_name}
+
+
+def refuse_untrusted(folder: Path) -> None:
+    """A found project folder another user owns, or that a shared group or everyone may write (a shared /tmp, mode
+    1777), is one line and exit 2: a matrix.yaml and templates/ anyone could have planted are never adopted. A
+    project named with --project is the user's own choice and is not checked."""
+    info = folder.stat()
+    if info.st_uid not in trusted_owners():
+        why = f"owned by another user (uid {info.st_uid})"
+    elif info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and not private_group(info.st_gid, info.st_uid)):
+        why = f"writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    else:
+        return
+    raise InputError([Problem(str(folder / MATRIX_NAME), 0, f"the project found here is in a folder {why}, so "
+                                                             "someone else could have put it there: run the command in "
+                                                             "a project of your own, or name this one with --project "
+                                                             f"{folder} if you trust it")])
 
 
 def locate(named: Path | None, start: Path, file: Path | None = None) -> Path:

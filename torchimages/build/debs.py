@@ -26,7 +26,7 @@ import docker.errors
 from debian.arfile import ArError
 from debian.debfile import DebError, DebFile
 
-from ..files import atomic_write_json, make_folder, read_json_document
+from ..files import atomic_output, atomic_write_json, make_folder, read_json_document
 from ..model import InputError, PeerError, Problem
 from ..reporting import require_schema
 from .render import RECORD_DIR
@@ -208,8 +208,7 @@ def served(folder: Path, pins: list[PinnedDeb]) -> Iterator[dict[str, Path]]:
 def keep(client: docker.DockerClient, image: str, tag: str, pins: list[PinnedDeb], dest: Path) -> int:
     """Download each pinned .deb with apt in a container of the image (its own sources), check it by sha256, put it
     into dest with the row's manifest; files already there with the right hash are kept. Returns how many came."""
-    wanted = [pin for pin in pins if not ((dest / pin.filename).is_file()
-                                          and file_sha256(dest / pin.filename) == pin.sha256)]
+    wanted = [pin for pin in pins if not _kept(dest / pin.filename, pin.sha256)]
     make_folder(dest, dest)
     if wanted:
         _download(client, image, wanted, dest)
@@ -218,6 +217,12 @@ def keep(client: docker.DockerClient, image: str, tag: str, pins: list[PinnedDeb
                       {"schema": DEBS_REPORT_SCHEMA, "debs": [pin.to_json() for pin in sorted(pins, key=_order)]},
                       root=dest)
     return len(wanted)
+
+
+def _kept(path: Path, sha256: str) -> bool:
+    """A file of the folder itself with the pinned hash; a link under its name is replaced by the download, as a
+    writer replaces every link, so that the folder holds its .debs and not pointers that can change after the check."""
+    return path.is_file() and not path.is_symlink() and file_sha256(path) == sha256
 
 
 def _download(client: docker.DockerClient, image: str, pins: list[PinnedDeb], dest: Path) -> None:
@@ -242,8 +247,8 @@ def _download(client: docker.DockerClient, image: str, pins: list[PinnedDeb], de
                 for member in archive.getmembers():
                     name = Path(member.name).name
                     source = archive.extractfile(member) if member.isfile() and DEB_FILE.match(name) else None
-                    if source is not None:
-                        with open(dest / name, "wb") as target:
+                    if source is not None:  # a temporary renamed into place: never written through a link
+                        with atomic_output(dest / name, root=dest) as target:
                             shutil.copyfileobj(source, target)
     finally:
         container.remove(force=True)
