@@ -225,3 +225,17 @@ def test_key_file_problems_show_a_key_file_name_with_control_characters_inert(tm
     (keys / "evil\x1b[2J\nerror: forged.pub").write_text("not a key")
     [line] = key_file_problems(tmp_path)
     assert "\x1b" not in line and "\n" not in line and "\\x1b[2J\\nerror: forged.pub" in line
+
+
+def test_check_files_refuses_a_huge_sparse_kept_deb_before_hashing_it(tmp_path):
+    from torchimages.build.debs import PinnedDeb, check_files
+
+    pin = PinnedDeb("system", "curl_8.5.0-2_amd64.deb", "0" * 64)
+    with open(tmp_path / pin.filename, "wb") as sparse:
+        sparse.truncate(1 << 40)  # 1 TiB of nothing: hashing it took hours
+    with within(10), pytest.raises(InputError, match="GiB, more than any .deb"):
+        check_files(tmp_path, [pin], "run `debs` again")
+    with open(tmp_path / pin.filename, "wb") as sparse:
+        sparse.truncate(1 << 30)
+    with within(10), pytest.raises(InputError, match="a sparse file"):
+        check_files(tmp_path, [pin], "run `debs` again")

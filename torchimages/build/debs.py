@@ -34,6 +34,8 @@ from .wheel_record import file_sha256
 
 DEBS_REPORT_SCHEMA = 1
 MAX_RECORD_BYTES = 1 << 20  # a step's record is a line per package: kilobytes
+MAX_DEB_BYTES = 8 << 30  # kept .debs are hashed only below this: the largest CUDA .deb is about 3 GB
+SPARSE_SLACK_BYTES = 1 << 20  # a file system may keep a written file's tail in fewer blocks than its size
 DEB_FILE = re.compile(r"^[a-z0-9][a-z0-9+.-]*_[A-Za-z0-9.+~%-]+_[a-z0-9-]+\.deb$", re.ASCII)
 RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (\S+)$", re.ASCII)
 STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$", re.ASCII)
@@ -167,9 +169,23 @@ def check_files(folder: Path, pins: list[PinnedDeb], fix: str) -> None:
         path = folder / pin.filename
         if not path.is_file():
             raise InputError([Problem(str(path), 0, f"missing: the {pin.step} step installed it: {fix}")])
-        if file_sha256(path) != pin.sha256:
-            raise InputError([Problem(str(path), 0, f"sha256 {file_sha256(path)[:16]}..., the record says "
+        if (why := not_a_download(path)) is not None:
+            raise InputError([Problem(str(path), 0, f"{why}: not a .deb apt downloaded; {fix}")])
+        found = file_sha256(path)
+        if found != pin.sha256:
+            raise InputError([Problem(str(path), 0, f"sha256 {found[:16]}..., the record says "
                                                     f"{pin.sha256[:16]}...: another file under its name; {fix}")])
+
+
+def not_a_download(path: Path) -> str | None:
+    """Why path cannot be a .deb as apt downloads it, from its size alone (before anything hashes it): larger than any
+    .deb (a CUDA toolkit's largest is about 3 GB), or sparse (a download writes every byte it has)."""
+    status = path.stat()
+    if status.st_size > MAX_DEB_BYTES:
+        return f"{status.st_size >> 30} GiB, more than any .deb ({MAX_DEB_BYTES >> 30} GiB)"
+    if status.st_blocks * 512 + SPARSE_SLACK_BYTES < status.st_size:
+        return "a sparse file"
+    return None
 
 
 def packages_index(folder: Path, pins: list[PinnedDeb]) -> bytes:
@@ -222,7 +238,7 @@ def keep(client: docker.DockerClient, image: str, tag: str, pins: list[PinnedDeb
 def _kept(path: Path, sha256: str) -> bool:
     """A file of the folder itself with the pinned hash; a link under its name is replaced by the download, as a
     writer replaces every link, so that the folder holds its .debs and not pointers that can change after the check."""
-    return path.is_file() and not path.is_symlink() and file_sha256(path) == sha256
+    return path.is_file() and not path.is_symlink() and not_a_download(path) is None and file_sha256(path) == sha256
 
 
 def _download(client: docker.DockerClient, image: str, pins: list[PinnedDeb], dest: Path) -> None:
