@@ -36,7 +36,7 @@ from torchimages.trust.signatures import (
     signature_tag,
 )
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_PROJECT, run_cli_in_process
 from .registry_fixtures import tiny_image
 from .signing_fixtures import KEYS, SECOND, key
 
@@ -164,7 +164,8 @@ def test_subjects_of_refuses_an_index_naming_more_than_any_multi_arch_tag(own_cl
     digest, _ = tiny_image(own_client)
     own_client.write_index(index_of(digest, [("linux", f"arch{n}") for n in range(1000)]), "many")
     with mock.patch("torchimages.publish.verify_image.check_subject") as checked:
-        result = run_cli_in_process("verify-image", f"{own_client.registry.name}:many", "--key", str(PUBLIC),
+        result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image", f"{own_client.registry.name}:many",
+                                    "--key", str(PUBLIC),
                                     "--platform", "all")
     assert "an index naming 1000 manifests, more than any multi-arch tag (64)" in one_error_line(result)
     assert not checked.called
@@ -173,7 +174,8 @@ def test_subjects_of_refuses_an_index_naming_more_than_any_multi_arch_tag(own_cl
 def test_subjects_of_shows_platform_names_of_an_unsigned_index_inert(own_client):
     digest, _ = tiny_image(own_client)
     own_client.write_index(index_of(digest, [("linux\x1b]0;pwned\x07\x1b[2J", "amd64"), ("linux", "arm64")]), "odd")
-    result = run_cli_in_process("verify-image", f"{own_client.registry.name}:odd", "--key", str(PUBLIC),
+    result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image", f"{own_client.registry.name}:odd",
+                                "--key", str(PUBLIC),
                                 "--platform", "all")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout
@@ -254,7 +256,8 @@ def test_check_subject_reads_signed_statements_of_other_shapes_as_problems_in_on
         vex.VEX_PREDICATE: {"statements": 5}})
     reference = f"{own_client.registry.name}@{digest}"
     for output in ("text", "json"):
-        result = run_cli_in_process("verify-image", reference, "--key", str(PUBLIC), "--require-host",
+        result = run_cli_in_process("--project", str(FIXTURE_PROJECT), "verify-image", reference, "--key", str(PUBLIC),
+                                    "--require-host",
                                     "driver_major>=580", "--format", output)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
         # The SBOM and the provenance; the report is read, and its number past any float meets no requirement.

@@ -65,6 +65,7 @@ def serve_artifact(served: ServingRegistry, tag: str, layers) -> None:
     manifest = files.pop("manifest.json")
     files.pop("version")
     served.serve(tag, manifest, {f"sha256:{name}": data for name, data in files.items()})
+    served.serve("sha256:" + hashlib.sha256(manifest).hexdigest(), manifest)  # by its digest too, as a registry does
 
 
 def serve_signed_image(served: ServingRegistry, name: str) -> tuple[str, bytes]:
