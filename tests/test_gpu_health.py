@@ -477,3 +477,46 @@ def test_copies_on_a_c2c_superchip_are_not_judged_against_pcie(host, c2c_mode, t
     assert copies["host_link"] == "c2c" and copies["link"] is None and copies["verdict"] == "not judged"
     test = next(test for test in checks["gpu"]["tests"] if "pinned_copies" in test["test"])
     assert test["status"] == "skipped" and "C2C" in test["message"]
+
+
+# ------------------------------------------------------------------ the peak table names models exactly (D6)
+
+def _as_device(scenario: dict, name: str, capability: str) -> dict:
+    """The host with its one GPU named and numbered as another device reports itself (torch and nvidia-smi alike)."""
+    changed = copy.deepcopy(scenario)
+    for gpu in changed["nvidia_smi"]["gpus"]:
+        gpu.update({"name": name, "compute_cap": capability})
+    for device in changed["torch_cuda"].get("devices") or []:
+        device.update({"name": name, "capability": capability})
+    return changed
+
+
+def test_the_peak_table_names_models_exactly_and_knows_no_peak_for_a_share_of_a_gpu():
+    """D6: "A100" is not the RTX A1000 (GA107, 72 Tensor cores at 50 W against the A100's 432: the RTX A1000/A400
+    announcement and datasheet), the L40 not the L40S; a vGPU profile (nvidia-smi in a guest: Product Name "GRID
+    A100-4C", Virtualization Mode "VGPU"; NVIDIA's profile list: GRID A100D-4C ... -80C time-sliced, -1-10C ... -4-40C
+    MIG-backed) has a share of the GPU's time or SMs, as a MIG slice has, so no datasheet peak."""
+    assert gpu_speed.peak_tflops("NVIDIA RTX A1000") is None and gpu_speed.peak_tflops("NVIDIA A10") is None
+    assert gpu_speed.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and gpu_speed.peak_tflops("NVIDIA A100 80GB PCIe") == 312.0
+    assert gpu_speed.peak_tflops("NVIDIA L40S") == 362.05 and gpu_speed.peak_tflops("NVIDIA L40") == 181.05
+    assert gpu_speed.peak_tflops("NVIDIA GB200") == 2500.0 and gpu_speed.peak_tflops("NVIDIA H100 NVL") == 835.0
+    for vgpu in ("GRID A100D-20C", "GRID A100-4C", "GRID A100D-1-10C", "NVIDIA A100D-80C", "NVIDIA H100XM-1-10C"):
+        assert gpu_speed.peak_tflops(vgpu) is None and gpu_speed.shared_device(vgpu), vgpu
+
+
+@pytest.mark.parametrize(("name", "capability", "tflops"), [
+    ("NVIDIA RTX A1000", "8.6", 30.0),  # a healthy RTX A1000: a tenth of an A100's 312
+    ("GRID A100D-20C", "8.0", 70.0),  # a quarter of the A100's time: the VM's share of its 312
+    ("GRID A100D-1-10C", "8.0", 40.0),  # one seventh of the A100's SMs
+])
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_a_healthy_gpu_that_is_no_a100_is_not_failed_against_the_a100s_peak(host, name, capability, tflops, tmp_path,
+                                                                              monkeypatch):
+    """D6 on the lane: each device's healthy matmul is not judged against the whole A100's 312 dense TFLOPS (before:
+    gpu failed, blamed on the image)."""
+    scenario = _as_device(host, name, capability)
+    scenario["speed"] = {"bf16_tflops": tflops}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    figure = gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]
+    assert figure["peak_tflops"] is None and figure["verdict"] == "not judged"
+    assert checks["gpu"]["status"] != "failed", checks["gpu"]["message"]

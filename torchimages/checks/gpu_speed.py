@@ -10,6 +10,7 @@ after a warm-up (its duration on a GPU is not measured; docs/benchmarks.md).
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import time
 import typing
@@ -19,8 +20,9 @@ try:
 except ImportError:  # beside the probe in a container, a top-level module (verify.container.copy_probe)
     from gpu_health import host_causes, host_health, pcie_below_max  # type: ignore[no-redef]
 
-# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by a part of the device name torch reports; the first match
-# wins (GH200 before H200, GB200 before B200, L40S and L40 before L4). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5,
+# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by the model torch's device name starts with ("NVIDIA " and the
+# model, then the name's end or a character that is no letter or digit: "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA
+# RTX A1000", a 72-Tensor-core GA107 card, is not); the first match wins (H200 NVL before H200). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5,
 # NVL 835: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200
 # datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense), A100 (A100 datasheet: 312),
 # L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121), GB200 (GB200 NVL72 datasheet:
@@ -61,12 +63,30 @@ ALL_REDUCE_BYTES = 64 << 20
 ALL_REDUCE_REPEATS = 5
 
 
-def peak_tflops(device_name: str) -> float | None:
-    """The device's dense bf16 peak; None for a MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), which has a part of
-    the GPU's SMs, not its peak."""
+# A vGPU guest's device: "GRID A100D-20C" (a time-sliced profile: the VM's share of the GPU's time) or "GRID
+# A100D-1-10C" (MIG-backed: one slice's SMs), named by the profile: the model, the frame buffer in GB, a MIG slice's
+# size, and the series letter (NVIDIA vGPU documentation, virtual GPU types: A, B, C, Q). nvidia-smi in a guest prints
+# Product Name "GRID A100-4C", Virtualization Mode "VGPU".
+VGPU_NAME = re.compile(r"^GRID |-\d+(?:-\d+)?[ABCQ]$")
+
+
+def shared_device(device_name: str) -> str:
+    """Why the device is a share of a GPU, not a whole one (a MIG slice, a vGPU profile), or ""."""
     if " MIG " in device_name:
+        return "a MIG slice has part of the GPU's SMs"
+    if VGPU_NAME.search(device_name.strip()):
+        return "a vGPU profile has a share of the GPU's time or one MIG slice's SMs"
+    return ""
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak: the model named exactly; None for a share of a GPU (shared_device), which has a
+    part of the GPU's SMs or time, not its peak, and for a model the table lacks."""
+    if shared_device(device_name):
         return None
-    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS if part in device_name), None)
+    name = device_name.strip().removeprefix("NVIDIA ")
+    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS
+                 if re.match(re.escape(part) + r"(?![A-Za-z0-9])", name)), None)
 
 
 # ---------------------------------------------------------------- measured in the container

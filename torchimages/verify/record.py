@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import checklist
-from ..checks.gpu_speed import host_report, peak_tflops
+from ..checks.gpu_speed import host_report, peak_tflops, shared_device
 from ..checks.rules import arch_flags_for
 from ..files import read_json_document
 from ..model import ImageSpec, InputError, PeerError, Problem
@@ -100,7 +100,8 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     throughput = (gpu.get("bf16_matmul") or {}).get("tflops")
     first = devices[0]["name"] if devices else ""  # the matmul ran on cuda:0
     peak = peak_tflops(first)
-    unknown = " (peak unknown: a MIG slice has part of the GPU)" if " MIG " in first else " (peak unknown)"
+    shared = shared_device(first)
+    unknown = f" (peak unknown: {shared})" if shared else " (peak unknown)"
     bf16 = ("not measured" if throughput is None
             else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else unknown))
     host = host_report(gpu)
