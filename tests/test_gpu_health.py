@@ -520,3 +520,29 @@ def test_a_healthy_gpu_that_is_no_a100_is_not_failed_against_the_a100s_peak(host
     figure = gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]
     assert figure["peak_tflops"] is None and figure["verdict"] == "not judged"
     assert checks["gpu"]["status"] != "failed", checks["gpu"]["message"]
+
+
+# ------------------------------------------------------------------ NVLink only where peer access says so (D10)
+
+@pytest.mark.parametrize("host", ["gh200-aarch64"], indirect=True)
+def test_two_superchips_without_a_gpu_peer_path_are_not_judged_against_the_nvswitch_floor(host, tmp_path, monkeypatch):
+    """D10: a dual GH200 workstation, two superchips joined on the CPU side: "no GPU peer path between the two Hoppers
+    ... GPU0 to GPU1 topology reported as SYS ... confirmed by nvidia-smi topo -p2p n" (dnhkng.github.io/posts/
+    gh200-benchmarking). The probe records CUDA's can_device_access_peer as False for both pairs; the all-reduce
+    through the Grace CPUs (here 20 GB/s) is not NVSwitch's, and its names ("GH200") do not make it one (before: the
+    100 GB/s NVSwitch floor, multi-gpu failed, blame image). Its copies cross C2C, so no PCIe floor either: not judged."""
+    scenario = copy.deepcopy(host)
+    second = {**scenario["nvidia_smi"]["gpus"][0], "uuid": "GPU-7a6b5c4d-3e2f-1a0b-9c8d-7e6f5a4b3c2d"}
+    scenario["nvidia_smi"]["gpus"].append(second)
+    scenario["torch_cuda"] = {"available": True, "device_count": 2}
+    scenario.update(peer_access=False, speed={"busbw_gbps": 20.0})
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch, row="2.14.1-cuda13.0-cudnn9-runtime-arm64")
+    assert gpu["multi_gpu"]["peer_access"] == {"0->1": False, "1->0": False}
+    figure = gpu_speed.all_reduce_figure(gpu, gpu_health.host_health(gpu))
+    assert figure["topology"] == "pcie" and figure["floor_gbps"] is None
+    assert checks["multi-gpu"]["status"] != "failed", checks["multi-gpu"]["message"]
+    # the same node with peer access over NVLink would be judged against the NVSwitch floor
+    scenario["peer_access"] = True
+    gpu, checks = gathered(scenario, tmp_path / "peer", monkeypatch, row="2.14.1-cuda13.0-cudnn9-runtime-arm64")
+    assert gpu_speed.all_reduce_figure(gpu, gpu_health.host_health(gpu))["topology"] == "nvlink"
+    assert checks["multi-gpu"]["status"] == "failed" and checks["multi-gpu"]["blame"] == "image"

@@ -8,7 +8,8 @@ torch.cuda.device_count() answers before CUDA is initialised; default: the GPUs 
 `device_error`, `init_error` (what torch.cuda.init() raises where CUDA cannot start) and `devices` (name, uuid,
 capability, total_memory in CUDA's order; default: derived from nvidia-smi). These are the answers with
 CUDA_VISIBLE_DEVICES unset, or set as `cuda_visible_devices` says; a run that sets another value gets them as CUDA
-and torch apply it (`cuda_visible`). `build.py gpu-record` writes a real host's answers in this format, with its
+and torch apply it (`cuda_visible`). `peer_access: false` says no pair of GPUs can reach the other's memory (CUDA's
+can_device_access_peer; default: every pair can). `build.py gpu-record` writes a real host's answers in this format, with its
 verdicts as the run's expectations."""
 from __future__ import annotations
 
@@ -326,7 +327,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         (cuda, "set_device", lambda index: properties(index) and None),
         (cuda, "synchronize", lambda device=None: lazy_init()),
         (cuda, "is_bf16_supported", lambda including_emulation=True: first_device_capability() >= (8, 0)),
-        (cuda, "can_device_access_peer", lambda a, b: True),
+        (cuda, "can_device_access_peer", lambda a, b: bool(scenario.get("peer_access", True))),
         (cuda.nccl, "all_reduce", all_reduce),
         (torch, "autocast", autocast), (torch.amp, "GradScaler", scaler),
         (torch.nn.Module, "cuda", lambda module, device=None: module),

@@ -235,13 +235,22 @@ def copy_figure(gpu: dict, health: dict) -> dict:
             "host_link": host_link(gpu, health), "link": link, "floor": COPY_FLOOR}
 
 
+def every_pair_has_peer_access(gpu: dict) -> bool:
+    """Whether CUDA said every ordered pair of GPUs can reach the other's memory (the probe's own
+    torch.cuda.can_device_access_peer, multi_gpu.peer_access); False where any pair cannot or it was not recorded."""
+    peers = _section(_section(gpu, "multi_gpu"), "peer_access")
+    return bool(peers) and all(value is True for value in peers.values())
+
+
 def topology(gpu: dict) -> str:
-    """nvlink where every device is an NVSwitch board's, else pcie."""
+    """nvlink where every device is an NVSwitch board's and every pair has peer access, else pcie. The names alone do
+    not say it: two GH200 superchips joined on the CPU side have no GPU peer path (topology SYS, `nvidia-smi topo -p2p
+    n`: dnhkng.github.io/posts/gh200-benchmarking), and their all-reduce crosses the Grace CPUs."""
     devices: list = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
     names = [str(device.get("name") or "") for device in devices if isinstance(device, dict)]
     nvlink = names and all(any(part in name for part in NVLINK_BOARDS)
                            and not any(part in name for part in PCIE_BOARDS) for name in names)
-    return "nvlink" if nvlink else "pcie"
+    return "nvlink" if nvlink and every_pair_has_peer_access(gpu) else "pcie"
 
 
 def all_reduce_figure(gpu: dict, health: dict) -> dict:
