@@ -376,7 +376,13 @@ def recorded_speed(probe, scenario: dict):
             return NOT_MEASURED
         return gpu_speed.read_link_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
 
+    def clocks_under_load(torch, smi):
+        if not smi or "bf16_tflops" not in speed:
+            return NOT_MEASURED
+        return gpu_speed.read_clocks_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
+
     stand_ins = [(probe, "bf16_matmul_throughput", bf16), (gpu_speed, "pinned_copy_bandwidth", copies),
+                 (gpu_speed, "clocks_under_load", clocks_under_load),
                  (gpu_speed, "all_reduce_bus_bandwidth", all_reduce), (gpu_speed, "link_under_load", link_under_load)]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
     for owner, name, value in stand_ins:

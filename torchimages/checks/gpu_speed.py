@@ -16,9 +16,9 @@ import time
 import typing
 
 try:
-    from .gpu_health import host_causes, host_health, pcie_below_max
+    from .gpu_health import host_causes, host_health, load_causes, pcie_below_max
 except ImportError:  # beside the probe in a container, a top-level module (verify.container.copy_probe)
-    from gpu_health import host_causes, host_health, pcie_below_max  # type: ignore[no-redef]
+    from gpu_health import host_causes, host_health, load_causes, pcie_below_max  # type: ignore[no-redef]
 
 # Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by the model torch's device name starts with ("NVIDIA " and the
 # model, then the name's end or a character that is no letter or digit: "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA
@@ -56,6 +56,12 @@ C2C_BOARDS = ("GH200", "GB200", "GB300")
 # cuda:0's link as nvidia-smi reads it while copies load it (gpu_health.LINK_UNDER_LOAD); one call, bounded.
 LINK_QUERY = ("uuid", "pcie.link.gen.current", "pcie.link.width.current")
 LINK_READ_TIMEOUT_S = 10
+# The GPUs' clocks event reasons and power limits as nvidia-smi reads them while a bf16 matmul loads cuda:0
+# (gpu_health.CLOCKS_UNDER_LOAD): idle, a GPU reports "GPU idle" (0x1) and no slowdown a failing cooler or a lowered
+# power limit (`nvidia-smi -pl`) causes under load. power.limit and power.default_limit (--help-query-gpu) tell a
+# lowered limit from the GPU at its design limit.
+CLOCKS_QUERY = ("uuid", "clocks_event_reasons.active", "power.limit", "power.default_limit")
+CLOCKS_ALIAS = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}  # its name before driver 535
 
 COPY_BYTES = 256 << 20
 COPY_REPEATS = 5
@@ -132,9 +138,37 @@ def link_under_load(torch, smi: str | None) -> dict:
     return read_link_while(smi, load)
 
 
-def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
-    """nvidia-smi's link fields per GPU, asked while `load` runs again and again (at most LINK_READ_TIMEOUT_S)."""
-    query = subprocess.Popen([smi, f"--query-gpu={','.join(LINK_QUERY)}", "--format=csv,noheader,nounits"],
+def clocks_under_load(torch, smi: str | None, size: int = 8192) -> dict:
+    """Every GPU's clocks event reasons and power limits as nvidia-smi reads them while bf16 matmuls run on cuda:0,
+    after the timed ones: a slowdown the load brings (a failing cooler, a lowered power limit) shows only here."""
+    if not smi:
+        return {"ok": True, "not_read": "no nvidia-smi in the container"}
+    a = torch.randn(size, size, device="cuda:0", dtype=torch.bfloat16)
+
+    def load() -> None:
+        a @ a
+        torch.cuda.synchronize(0)
+
+    load()
+    return read_clocks_while(smi, load)
+
+
+def read_clocks_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
+    """CLOCKS_QUERY per GPU while `load` runs; where the driver predates the clocks_event_reasons names, again under
+    their older clocks_throttle_reasons names (the rows keep the newer)."""
+    read = read_link_while(smi, load, env, CLOCKS_QUERY)
+    if not read["ok"] and "is not a valid field" in read["error"]:
+        read = read_link_while(smi, load, env, tuple(CLOCKS_ALIAS.get(field, field) for field in CLOCKS_QUERY))
+        renamed = {alias: field for field, alias in CLOCKS_ALIAS.items()}
+        read["rows"] = [{renamed.get(key, key): value for key, value in row.items()} for row in read.get("rows", [])]
+    return read
+
+
+def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None = None,
+                    fields: tuple[str, ...] = LINK_QUERY) -> dict:
+    """nvidia-smi's fields per GPU (the link's unless told), asked while `load` runs again and again (at most
+    LINK_READ_TIMEOUT_S)."""
+    query = subprocess.Popen([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + LINK_READ_TIMEOUT_S
     while query.poll() is None and time.monotonic() < deadline:
@@ -146,9 +180,9 @@ def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None 
         query.communicate()
         return {"ok": False, "error": f"nvidia-smi did not answer in {LINK_READ_TIMEOUT_S}s"}
     rows = [[value.strip() for value in line.split(",")] for line in output.splitlines() if line.strip()]
-    if query.returncode or not rows or any(len(row) != len(LINK_QUERY) for row in rows):
+    if query.returncode or not rows or any(len(row) != len(fields) for row in rows):
         return {"ok": False, "error": f"nvidia-smi exit {query.returncode}: {output.strip()[-300:]}"}
-    return {"ok": True, "device": "cuda:0", "rows": [dict(zip(LINK_QUERY, row, strict=True)) for row in rows]}
+    return {"ok": True, "device": "cuda:0", "rows": [dict(zip(fields, row, strict=True)) for row in rows]}
 
 
 def all_reduce_bus_bandwidth(torch, count: int) -> dict:
@@ -268,7 +302,7 @@ def bf16_shortfall(gpu: dict, health: dict) -> Shortfall | None:
         return None
     return Shortfall(f"the bf16 matmul ran at {figure['tflops']} TFLOPS, {figure['ratio']:.0%} of {figure['device']}'s "
                      f"{figure['peak_tflops']} dense peak, below the {BF16_FLOOR:.0%} floor",
-                     host_causes(health, ("clocks",), _cuda0(gpu, health)))
+                     load_causes(health, _cuda0(gpu, health) or []))
 
 
 def copy_shortfall(gpu: dict, health: dict) -> Shortfall | None:

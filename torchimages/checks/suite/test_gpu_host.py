@@ -16,8 +16,8 @@ from torchimages.checks.gpu_speed import (
 )
 from torchimages.checks.plugin import HostWarning
 
-UNEXPLAINED = ("and the host's health explains none of it (no memory errors, no clock slowdown, no degraded link): "
-               "the image's CUDA libraries are the suspects; verify on another node of this model to tell")
+UNEXPLAINED = ("and the host's health explains none of it (no memory errors, no clock slowdown under load, no degraded "
+               "link): the image's CUDA libraries are the suspects; verify on another node of this model to tell")
 
 
 @pytest.fixture(scope="session")
