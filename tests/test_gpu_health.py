@@ -501,7 +501,9 @@ def test_the_peak_table_names_models_exactly_and_knows_no_peak_for_a_share_of_a_
     assert gpu_speed.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert gpu_speed.peak_tflops("NVIDIA A100 80GB PCIe") == 312.0
     assert gpu_speed.peak_tflops("NVIDIA L40S") == 362.05 and gpu_speed.peak_tflops("NVIDIA L40") == 181.05
-    assert gpu_speed.peak_tflops("NVIDIA GB200") == 2500.0 and gpu_speed.peak_tflops("NVIDIA H100 NVL") == 835.0
+    assert gpu_speed.peak_tflops("NVIDIA GB200") == 2500.0
+    # D15: the H100 datasheet's NVL BF16 is 1,671 TFLOPS with sparsity: 835.5 dense, as the H200 NVL entry has it
+    assert gpu_speed.peak_tflops("NVIDIA H100 NVL") == 835.5
     for vgpu in ("GRID A100D-20C", "GRID A100-4C", "GRID A100D-1-10C", "NVIDIA A100D-80C", "NVIDIA H100XM-1-10C"):
         assert gpu_speed.peak_tflops(vgpu) is None and gpu_speed.shared_device(vgpu), vgpu
 

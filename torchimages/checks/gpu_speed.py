@@ -22,13 +22,14 @@ except ImportError:  # beside the probe in a container, a top-level module (veri
 
 # Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by the model torch's device name starts with ("NVIDIA " and the
 # model, then the name's end or a character that is no letter or digit: "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA
-# RTX A1000", a 72-Tensor-core GA107 card, is not); the first match wins (H200 NVL before H200). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5,
-# NVL 835: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200
-# datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense), A100 (A100 datasheet: 312),
-# L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121), GB200 (GB200 NVL72 datasheet:
-# 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet: 2.25 PFLOPS dense per GPU).
+# RTX A1000", a 72-Tensor-core GA107 card, is not); the first match wins (H200 NVL before H200). NVIDIA datasheets:
+# H100 (SXM5 989.4, PCIe 756.5, NVL 835.5: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity,
+# halved), H200 and GH200 (H200 datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense),
+# A100 (A100 datasheet: 312), L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121),
+# GB200 (GB200 NVL72 datasheet: 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet:
+# 2.25 PFLOPS dense per GPU).
 PEAK_BF16_DENSE_TFLOPS = (
-    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
+    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.5), ("H100", 989.4),
     ("A100", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0), ("GB200", 2500.0), ("B200", 2250.0),
 )
 # Issue 44's floor: half the dense peak. The real H100 SXM gave 794-805 TFLOPS, 80-81% (docs/gpu-records/).
