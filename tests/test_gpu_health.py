@@ -676,3 +676,29 @@ def test_the_speed_figures_are_timed_after_the_probes_own_gpu_work_has_ended(hos
     assert len(timed) == 5 and len(collected) == 4, order
     assert max(collected) < min(timed) and order[-1] == "device-side assert", order
     assert facts["gpu"]["multi_gpu"] == {"ok": True} and facts["gpu"]["bf16_matmul"]["ok"]
+
+
+# ------------------------------------------------------------------ what a vGPU guest and a GeForce card answer (D13)
+
+@pytest.mark.parametrize(("name", "capability", "answer"), [
+    ("GRID A100D-20C", "8.0", "[Not Supported]"),  # a vGPU guest: reset_status "not for vGPUs" (nvidia-smi docs)
+    ("NVIDIA GeForce RTX 4090", "8.9", "[N/A]"),  # a GeForce card: no ECC, no row remapper
+])
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_a_gpu_that_lacks_the_health_counters_is_neither_sick_nor_a_failed_image(host, name, capability, answer,
+                                                                                 tmp_path, monkeypatch):
+    """D13: the stand-in answers a vGPU guest's and a GeForce card's "not supported" fields as nvidia-smi prints them
+    (--format=csv,nounits: "[Not Supported]", "[N/A]"), GPU idle at rest and under load alike; the probe reads them,
+    finds nothing, and judges no speed it has no peak for (a vGPU profile, a model the table lacks)."""
+    scenario = _as_device(host, name, capability)
+    absent = ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+              "remapped_rows.pending", "remapped_rows.failure", "reset_status.reset_required", "power.limit",
+              "power.default_limit")
+    scenario = with_health(scenario, **{field: answer for field in absent}, **{"clocks_event_reasons.active": "0x1"})
+    scenario["speed"] = {"bf16_tflops": 60.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    health = gpu_health.host_health(gpu)
+    assert health["findings"] == [] and health["healthy"] is not False
+    assert gpu[gpu_health.CLOCKS_UNDER_LOAD]["rows"][0]["power.limit"] == answer
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == "not judged"
+    assert checks["gpu"]["status"] != "failed", checks["gpu"]["message"]
