@@ -409,6 +409,8 @@ def test_a_records_lane_host_keeps_the_health_fields_and_the_speed_figures(host,
     recorded, original = written["nvidia_smi"]["gpus"][0]["health"], host["nvidia_smi"]["gpus"][0]["health"]
     assert {field: recorded[field] for field in original} == original
     assert written["speed"] == host["speed"]
+    # what it printed under load too (D4, D13: the link while copies ran), so that the replay reads it as it did
+    assert written["nvidia_smi"]["gpus"][0]["health_under_load"]["pcie.link.width.current"] == "4"
 
 
 # ------------------------------------------------------------------ the link as read under load (D7, D12)
