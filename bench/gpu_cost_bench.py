@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """What issue 44's GPU work adds to one image's verification, timed on a GPU host (issue 44 item 5: at most 60 s per
-image on one GPU): the host-health read (nvidia-smi's health query, checks/gpu_health.py) and the speed floors'
-measurements (the bf16 matmul, pinned host<->device copies, and with 2+ GPUs the NCCL all-reduce's bus bandwidth,
-checks/gpu_speed.py), each called as the probe calls it. Prints one JSON line.
+image on one GPU): the host-health read (checks/gpu_health.py: three nvidia-smi calls, R535's --query-gpu fields,
+the later ones and --query-remapped-rows, and one call per field more where a driver refuses a name; the calls made
+are counted) and the speed floors' measurements (the bf16 matmul, the clocks read while matmuls run, pinned
+host<->device copies, the link read while copies run, and with 2+ GPUs the NCCL all-reduce's bus bandwidth,
+checks/gpu_speed.py), each called as the probe calls it. Prints one JSON line; until it has run on a GPU host, every
+duration here is "not measured" (docs/benchmarks.md).
 
 Needs only python3 and a CUDA build of torch on a host with a GPU: no Docker, no network, no installed package (the
 probe's modules are imported from this checkout, as the container has them beside the probe). Where torch or a GPU
@@ -60,14 +63,23 @@ def measure() -> dict:
     count = probe_base.cuda_device_count(torch)
     start_cuda(torch, count)
     smi = shutil.which("nvidia-smi")
-    health_s, health = timed(gpu_health.read_health, smi, probe_base.run_tool) if smi else (0.0, {"rows": []})
+    calls: list[list[str]] = []
+
+    def counted(command: list[str], timeout: float = probe_base.TOOL_TIMEOUT_S) -> dict:
+        calls.append(command)
+        return probe_base.run_tool(command, timeout)
+
+    health_s, health = timed(gpu_health.read_health, smi, counted) if smi else (0.0, {"rows": []})
     bf16_s, bf16 = timed(probe_gpu.bf16_matmul_throughput, torch)
+    clocks_s, _ = timed(gpu_speed.clocks_under_load, torch, smi)
     copies_s, copies = timed(gpu_speed.pinned_copy_bandwidth, torch)
+    link_s, _ = timed(gpu_speed.link_under_load, torch, smi)
     reduce_s, reduced = timed(gpu_speed.all_reduce_bus_bandwidth, torch, count) if count > 1 else (0.0, {})
-    added = round(health_s + bf16_s + copies_s + reduce_s, 3)
+    added = round(health_s + bf16_s + clocks_s + copies_s + link_s + reduce_s, 3)
     return {"device": torch.cuda.get_device_name(0), "gpus": count, "torch": torch.__version__,
-            "nvidia_smi": smi, "health_rows": len(health["rows"]),
-            "seconds": {"health_read": health_s, "bf16_matmul": bf16_s, "pinned_copies": copies_s,
+            "nvidia_smi": smi, "health_rows": len(health["rows"]), "health_calls": len(calls),
+            "seconds": {"health_read": health_s, "bf16_matmul": bf16_s, "clocks_under_load": clocks_s,
+                        "pinned_copies": copies_s, "link_under_load": link_s,
                         "all_reduce": reduce_s if count > 1 else None, "added": added},
             "figures": {"bf16_tflops": bf16.get("tflops"), "h2d_gbps": copies.get("h2d_gbps"),
                         "d2h_gbps": copies.get("d2h_gbps"), "busbw_gbps": reduced.get("busbw_gbps")},

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchimages.checks import gpu_health, gpu_speed, probe_gpu
+from torchimages.checks import gpu_health, gpu_speed, probe_gpu, rules
 from torchimages.checks.rules import arch_flags_for
 from torchimages.trust import attestations
 from torchimages.trust.attestations import verified_on
@@ -54,7 +54,8 @@ def test_a_sick_host_fails_nothing_of_the_image_and_the_gpu_check_says_host(host
     assert not [name for name in GPU_CHECKS if checks[name]["status"] == "failed"]
     assert checks["gpu"]["blame"] == "host" and "host: GPU 0" in checks["gpu"]["message"]
     health = gpu_health.host_health(gpu)
-    assert health["healthy"] is False and [finding["field"] for finding in health["findings"]] == [SICK_HOSTS[host["name"]]]
+    fields = {finding["field"] for finding in health["findings"]}
+    assert health["healthy"] is False and fields == {SICK_HOSTS[host["name"]]}
 
 
 @pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
@@ -408,6 +409,8 @@ def test_a_records_lane_host_keeps_the_health_fields_and_the_speed_figures(host,
     recorded, original = written["nvidia_smi"]["gpus"][0]["health"], host["nvidia_smi"]["gpus"][0]["health"]
     assert {field: recorded[field] for field in original} == original
     assert written["speed"] == host["speed"]
+    # what it printed under load too (D4, D13: the link while copies ran), so that the replay reads it as it did
+    assert written["nvidia_smi"]["gpus"][0]["health_under_load"]["pcie.link.width.current"] == "4"
 
 
 # ------------------------------------------------------------------ the link as read under load (D7, D12)
@@ -477,3 +480,227 @@ def test_copies_on_a_c2c_superchip_are_not_judged_against_pcie(host, c2c_mode, t
     assert copies["host_link"] == "c2c" and copies["link"] is None and copies["verdict"] == "not judged"
     test = next(test for test in checks["gpu"]["tests"] if "pinned_copies" in test["test"])
     assert test["status"] == "skipped" and "C2C" in test["message"]
+
+
+# ------------------------------------------------------------------ the peak table names models exactly (D6)
+
+def _as_device(scenario: dict, name: str, capability: str) -> dict:
+    """The host with its one GPU named and numbered as another device reports itself (torch and nvidia-smi alike)."""
+    changed = copy.deepcopy(scenario)
+    for gpu in changed["nvidia_smi"]["gpus"]:
+        gpu.update({"name": name, "compute_cap": capability})
+    for device in changed["torch_cuda"].get("devices") or []:
+        device.update({"name": name, "capability": capability})
+    return changed
+
+
+def test_the_peak_table_names_models_exactly_and_knows_no_peak_for_a_share_of_a_gpu():
+    """D6: "A100" is not the RTX A1000 (GA107, 72 Tensor cores at 50 W against the A100's 432: the RTX A1000/A400
+    announcement and datasheet), the L40 not the L40S; a vGPU profile (nvidia-smi in a guest: Product Name "GRID
+    A100-4C", Virtualization Mode "VGPU"; NVIDIA's profile list: GRID A100D-4C ... -80C time-sliced, -1-10C ... -4-40C
+    MIG-backed) has a share of the GPU's time or SMs, as a MIG slice has, so no datasheet peak."""
+    assert gpu_speed.peak_tflops("NVIDIA RTX A1000") is None and gpu_speed.peak_tflops("NVIDIA A10") is None
+    assert gpu_speed.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert gpu_speed.peak_tflops("NVIDIA A100 80GB PCIe") == 312.0
+    assert gpu_speed.peak_tflops("NVIDIA L40S") == 362.05 and gpu_speed.peak_tflops("NVIDIA L40") == 181.05
+    assert gpu_speed.peak_tflops("NVIDIA GB200") == 2500.0
+    # D15: the H100 datasheet's NVL BF16 is 1,671 TFLOPS with sparsity: 835.5 dense, as the H200 NVL entry has it
+    assert gpu_speed.peak_tflops("NVIDIA H100 NVL") == 835.5
+    for vgpu in ("GRID A100D-20C", "GRID A100-4C", "GRID A100D-1-10C", "NVIDIA A100D-80C", "NVIDIA H100XM-1-10C"):
+        assert gpu_speed.peak_tflops(vgpu) is None and gpu_speed.shared_device(vgpu), vgpu
+
+
+@pytest.mark.parametrize(("name", "capability", "tflops"), [
+    ("NVIDIA RTX A1000", "8.6", 30.0),  # a healthy RTX A1000: a tenth of an A100's 312
+    ("GRID A100D-20C", "8.0", 70.0),  # a quarter of the A100's time: the VM's share of its 312
+    ("GRID A100D-1-10C", "8.0", 40.0),  # one seventh of the A100's SMs
+])
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_a_healthy_gpu_that_is_no_a100_is_not_failed_against_the_a100s_peak(host, name, capability, tflops, tmp_path,
+                                                                              monkeypatch):
+    """D6 on the lane: each device's healthy matmul is not judged against the whole A100's 312 dense TFLOPS (before:
+    gpu failed, blamed on the image)."""
+    scenario = _as_device(host, name, capability)
+    scenario["speed"] = {"bf16_tflops": tflops}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    figure = gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]
+    assert figure["peak_tflops"] is None and figure["verdict"] == "not judged"
+    assert checks["gpu"]["status"] != "failed", checks["gpu"]["message"]
+
+
+# ------------------------------------------------------------------ NVLink only where peer access says so (D10)
+
+@pytest.mark.parametrize("host", ["gh200-aarch64"], indirect=True)
+def test_two_superchips_without_a_gpu_peer_path_are_not_judged_against_the_nvswitch_floor(host, tmp_path, monkeypatch):
+    """D10: a dual GH200 workstation, two superchips joined on the CPU side: "no GPU peer path between the two Hoppers
+    ... GPU0 to GPU1 topology reported as SYS ... confirmed by nvidia-smi topo -p2p n" (dnhkng.github.io/posts/
+    gh200-benchmarking). The probe records CUDA's can_device_access_peer as False for both pairs; the all-reduce
+    through the Grace CPUs (here 20 GB/s) is not NVSwitch's, and its names ("GH200") do not make it one (before: the
+    100 GB/s NVSwitch floor, multi-gpu failed, blame image). Its copies cross C2C, so no PCIe floor either: not judged."""
+    scenario = copy.deepcopy(host)
+    second = {**scenario["nvidia_smi"]["gpus"][0], "uuid": "GPU-7a6b5c4d-3e2f-1a0b-9c8d-7e6f5a4b3c2d"}
+    scenario["nvidia_smi"]["gpus"].append(second)
+    scenario["torch_cuda"] = {"available": True, "device_count": 2}
+    scenario.update(peer_access=False, speed={"busbw_gbps": 20.0})
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch, row="2.14.1-cuda13.0-cudnn9-runtime-arm64")
+    assert gpu["multi_gpu"]["peer_access"] == {"0->1": False, "1->0": False}
+    figure = gpu_speed.all_reduce_figure(gpu, gpu_health.host_health(gpu))
+    assert figure["topology"] == "pcie" and figure["floor_gbps"] is None
+    assert checks["multi-gpu"]["status"] != "failed", checks["multi-gpu"]["message"]
+    # the same node with peer access over NVLink would be judged against the NVSwitch floor
+    scenario["peer_access"] = True
+    gpu, checks = gathered(scenario, tmp_path / "peer", monkeypatch, row="2.14.1-cuda13.0-cudnn9-runtime-arm64")
+    assert gpu_speed.all_reduce_figure(gpu, gpu_health.host_health(gpu))["topology"] == "nvlink"
+    assert checks["multi-gpu"]["status"] == "failed" and checks["multi-gpu"]["blame"] == "image"
+
+
+# ------------------------------------------------------------------ clocks read under load explain a slow matmul (D4)
+
+def _loaded_clocks(scenario: dict, idle: dict, loaded: dict) -> dict:
+    """Every GPU healthy at rest (the health read before any GPU work) with these clocks fields idle and under load."""
+    healthy = gpu_hosts.load("h100-hw-slowdown")["nvidia_smi"]["gpus"][0]["health"]
+    changed = with_health(scenario, **{**healthy, **idle})
+    for entry in changed["nvidia_smi"]["gpus"]:
+        entry["health_under_load"] = loaded
+    return changed
+
+
+@pytest.mark.parametrize(("limit", "status", "blame"), [("500.00", "passed", "host"), ("1000.00", "failed", "image")])
+@pytest.mark.parametrize("host", ["b200-r580-ptx-only"], indirect=True)
+def test_a_power_limit_set_below_the_default_explains_a_slow_matmul_under_load(host, limit, status, blame, tmp_path,
+                                                                              monkeypatch):
+    """D4: a B200 whose operator ran `nvidia-smi -pl 500` (default 1000 W) reads GPU idle (0x1) before any work and SW
+    power cap (0x4, NVML nvmlClocksEventReasonSwPowerCap; --help-query-gpu: "SW power cap limit can be changed with
+    nvidia-smi --power-limit=") under the matmul, which runs at 36% of 2,250 (a GB300 capped to 500 of 1400 W ran
+    cuBLAS GEMMs at ~617 of ~1600-2174 TFLOPS: facebookexperimental/triton#2023): the host's setting, a warning. At the
+    default limit the cap is the GPU working as designed: nothing of the host explains the shortfall, the image's."""
+    power = {"power.limit": limit, "power.default_limit": "1000.00"}
+    scenario = _loaded_clocks(host, {"clocks_event_reasons.active": "0x0000000000000001", **power},
+                              {"clocks_event_reasons.active": "0x0000000000000004"})
+    scenario["speed"] = {"bf16_tflops": 810.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    assert gpu[gpu_health.CLOCKS_UNDER_LOAD]["rows"][0]["clocks_event_reasons.active"] == "0x0000000000000004"
+    assert checks["gpu"]["status"] == status and checks["gpu"]["blame"] == blame, checks["gpu"]["message"]
+    capped = "power limit of 500.0 W, set below the default 1000.0 W"
+    assert (capped in checks["gpu"]["message"]) == (blame == "host")
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == blame
+
+
+@pytest.mark.parametrize("host", ["h100-hw-slowdown"], indirect=True)
+def test_a_slowdown_seen_only_under_load_explains_the_matmul_and_an_idle_one_alone_does_not(host, tmp_path,
+                                                                                           monkeypatch):
+    """D4: an H100 whose cooling fails under load reads 0x1 (GPU idle) before any work and 0x48 (HW slowdown, HW
+    thermal slowdown: nvidia-smi --help-query-gpu, clocks_event_reasons.hw_slowdown "reducing the core clocks by a
+    factor of 2 or more ... temperature being too high") under the matmul at 41% of 989.4: charged to the host (before:
+    the idle read saw nothing, gpu failed, blame image). A slowdown read idle but not under load explains nothing of a
+    figure measured under load: it stays a warning, and the shortfall is the image's."""
+    gpu, checks = gathered(host, tmp_path, monkeypatch)
+    health = gpu_health.host_health(gpu)
+    assert health["gpus"][0]["slowdowns"] == [] and health["gpus"][0]["under_load"]["slowdowns"] == [
+        "HW slowdown", "HW thermal slowdown"]
+    assert checks["gpu"]["status"] == "passed" and checks["gpu"]["blame"] == "host"
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == "host"
+
+    idle_only = _loaded_clocks(host, {"clocks_event_reasons.active": "0x0000000000000020"},
+                               {"clocks_event_reasons.active": "0x0000000000000000"})
+    gpu, checks = gathered(idle_only, tmp_path / "idle", monkeypatch)
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == "image"
+    assert checks["gpu"]["status"] == "failed" and checks["gpu"]["blame"] == "image"
+    assert [finding["cause"] for finding in gpu_health.host_health(gpu)["findings"]] == [
+        "the GPU's clocks are held down: SW thermal slowdown"]
+
+
+def test_the_clocks_are_read_again_under_their_older_names_where_the_driver_refuses_the_newer(tmp_path):
+    """Before driver 535 the reasons were clocks_throttle_reasons.* (nvidia-smi --help-query-gpu; R535 keeps both):
+    a refused name is asked again under the older one, and the row keeps the newer name the judging reads."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$1\" in *clocks_event_reasons*) echo 'Field \"clocks_event_reasons.active\" is "
+                   "not a valid field to query.'; exit 2;; esac\necho 'GPU-1, 0x0000000000000040, 300.00, 300.00'\n")
+    smi.chmod(0o755)
+    read = gpu_speed.read_clocks_while(str(smi), lambda: None)
+    assert read["ok"] and read["rows"][0]["clocks_event_reasons.active"] == "0x0000000000000040"
+
+
+# ------------------------------------------------------------------ the speed figures are timed alone (D8)
+
+@pytest.mark.parametrize("host", ["h100x8-nvlink"], indirect=True)
+def test_the_speed_figures_are_timed_after_the_probes_own_gpu_work_has_ended(host, tmp_path, monkeypatch):
+    """D8: max-autotune benchmarks candidate kernels on cuda:0 and torchrun's NCCL ranks run collectives on every GPU;
+    whatever overlaps the 20-repeat matmul (27 ms on an H100: the real record's section took 0.038 s,
+    docs/gpu-records/) or the copies lowers their figures. The project already runs one image at a time on a GPU host
+    for that reason (verify.run.verification_jobs). So the main part collects its compile child, extension build,
+    DataLoader child and torchrun before it times anything (bf16 matmul, clocks and link under load, copies, the
+    multi-GPU process's NCCL bus bandwidth); the device-side assert, which poisons the context, stays last."""
+    import torch
+
+    from torchimages.checks import probe, probe_base, probe_smoke
+
+    for name, value in gpu_hosts.stand_in_nvidia_smi(host, tmp_path / "bin").items():
+        monkeypatch.setenv(name, value)
+    order: list[str] = []
+
+    def logged(what: str, result: dict | None = None):
+        return lambda *args, **kwargs: order.append(what) or dict(result or {"ok": True})
+
+    class Child:
+        def __init__(self, name, timeout, function, *args):
+            self.name = name
+
+        def result(self):
+            order.append(f"collected {self.name}")
+            return {"ok": True}
+
+    class Torchrun:
+        def __init__(self, *args):
+            pass
+
+        def result(self):
+            order.append("collected torchrun")
+            return {"ok": True}
+
+    monkeypatch.setattr(probe_base, "ChildSection", Child)
+    monkeypatch.setattr(probe_gpu, "AllReduceRun", Torchrun)
+    for owner, name, what in [(probe_gpu, "bf16_matmul_throughput", "timed bf16"),
+                              (probe_gpu, "multi_gpu_in_subprocess", "timed NCCL"),
+                              (gpu_speed, "clocks_under_load", "timed clocks"),
+                              (gpu_speed, "pinned_copy_bandwidth", "timed copies"),
+                              (gpu_speed, "link_under_load", "timed link"),
+                              (probe_smoke, "smoke_gpu_errors", "device-side assert")]:
+        monkeypatch.setattr(owner, name, logged(what))
+    monkeypatch.setattr(probe_smoke, "smoke_eager", logged("eager smoke"))
+    monkeypatch.setattr(probe, "cpu_bf16_autocast", logged("cpu autocast"))
+    monkeypatch.setattr(probe.probe_files, "loaded_libraries", lambda: [])
+    facts: dict = {"torch": {"arch_flags": ["sm_90"]}, "shm": {}}
+    with gpu_hosts.simulated_cuda(torch, host, "13.0", ["sm_90"], rules.arch_covers):
+        probe.add_torch_facts(facts, torch, True, False, ["9.0"])
+    timed = [index for index, what in enumerate(order) if what.startswith("timed")]
+    collected = [index for index, what in enumerate(order) if what.startswith("collected")]
+    assert len(timed) == 5 and len(collected) == 4, order
+    assert max(collected) < min(timed) and order[-1] == "device-side assert", order
+    assert facts["gpu"]["multi_gpu"] == {"ok": True} and facts["gpu"]["bf16_matmul"]["ok"]
+
+
+# ------------------------------------------------------------------ what a vGPU guest and a GeForce card answer (D13)
+
+@pytest.mark.parametrize(("name", "capability", "answer"), [
+    ("GRID A100D-20C", "8.0", "[Not Supported]"),  # a vGPU guest: reset_status "not for vGPUs" (nvidia-smi docs)
+    ("NVIDIA GeForce RTX 4090", "8.9", "[N/A]"),  # a GeForce card: no ECC, no row remapper
+])
+@pytest.mark.parametrize("host", ["h100-r580-real"], indirect=True)
+def test_a_gpu_that_lacks_the_health_counters_is_neither_sick_nor_a_failed_image(host, name, capability, answer,
+                                                                                 tmp_path, monkeypatch):
+    """D13: the stand-in answers a vGPU guest's and a GeForce card's "not supported" fields as nvidia-smi prints them
+    (--format=csv,nounits: "[Not Supported]", "[N/A]"), GPU idle at rest and under load alike; the probe reads them,
+    finds nothing, and judges no speed it has no peak for (a vGPU profile, a model the table lacks)."""
+    scenario = _as_device(host, name, capability)
+    absent = ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+              "remapped_rows.pending", "remapped_rows.failure", "reset_status.reset_required", "power.limit",
+              "power.default_limit")
+    scenario = with_health(scenario, **{field: answer for field in absent}, **{"clocks_event_reasons.active": "0x1"})
+    scenario["speed"] = {"bf16_tflops": 60.0}
+    gpu, checks = gathered(scenario, tmp_path, monkeypatch)
+    health = gpu_health.host_health(gpu)
+    assert health["findings"] == [] and health["healthy"] is not False
+    assert gpu[gpu_health.CLOCKS_UNDER_LOAD]["rows"][0]["power.limit"] == answer
+    assert gpu_speed.host_report(gpu)["performance"]["bf16_matmul"]["verdict"] == "not judged"
+    assert checks["gpu"]["status"] != "failed", checks["gpu"]["message"]

@@ -8,7 +8,8 @@ torch.cuda.device_count() answers before CUDA is initialised; default: the GPUs 
 `device_error`, `init_error` (what torch.cuda.init() raises where CUDA cannot start) and `devices` (name, uuid,
 capability, total_memory in CUDA's order; default: derived from nvidia-smi). These are the answers with
 CUDA_VISIBLE_DEVICES unset, or set as `cuda_visible_devices` says; a run that sets another value gets them as CUDA
-and torch apply it (`cuda_visible`). `build.py gpu-record` writes a real host's answers in this format, with its
+and torch apply it (`cuda_visible`). `peer_access: false` says no pair of GPUs can reach the other's memory (CUDA's
+can_device_access_peer; default: every pair can). `build.py gpu-record` writes a real host's answers in this format, with its
 verdicts as the run's expectations."""
 from __future__ import annotations
 
@@ -326,7 +327,7 @@ def simulated_cuda(torch, scenario: dict, cuda: str, arch_flags: list[str], cove
         (cuda, "set_device", lambda index: properties(index) and None),
         (cuda, "synchronize", lambda device=None: lazy_init()),
         (cuda, "is_bf16_supported", lambda including_emulation=True: first_device_capability() >= (8, 0)),
-        (cuda, "can_device_access_peer", lambda a, b: True),
+        (cuda, "can_device_access_peer", lambda a, b: bool(scenario.get("peer_access", True))),
         (cuda.nccl, "all_reduce", all_reduce),
         (torch, "autocast", autocast), (torch.amp, "GradScaler", scaler),
         (torch.nn.Module, "cuda", lambda module, device=None: module),
@@ -375,7 +376,13 @@ def recorded_speed(probe, scenario: dict):
             return NOT_MEASURED
         return gpu_speed.read_link_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
 
+    def clocks_under_load(torch, smi):
+        if not smi or "bf16_tflops" not in speed:
+            return NOT_MEASURED
+        return gpu_speed.read_clocks_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
+
     stand_ins = [(probe, "bf16_matmul_throughput", bf16), (gpu_speed, "pinned_copy_bandwidth", copies),
+                 (gpu_speed, "clocks_under_load", clocks_under_load),
                  (gpu_speed, "all_reduce_bus_bandwidth", all_reduce), (gpu_speed, "link_under_load", link_under_load)]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
     for owner, name, value in stand_ins:

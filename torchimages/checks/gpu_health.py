@@ -34,6 +34,16 @@ HEALTH_QUERY_TIMEOUT_S = 10  # one nvidia-smi call; a hung NVML must not hold th
 HEALTH_BUDGET_S = 20  # all calls together, the one-field-at-a-time fallback included
 # The facts' key for cuda:0's link as read while pinned copies ran on it (gpu_speed.link_under_load).
 LINK_UNDER_LOAD = "link_under_load"
+# The facts' key for the clocks event reasons and power limits as read while bf16 matmuls ran on cuda:0
+# (gpu_speed.clocks_under_load): what explains a slow matmul there, where the idle read sees "GPU idle".
+CLOCKS_UNDER_LOAD = "clocks_under_load"
+# NVML's nvmlClocksEventReasonSwPowerCap: the clocks held at the power limit. Under the default limit that is the GPU
+# working as designed; under a limit set lower (`nvidia-smi --power-limit`, --help-query-gpu's own example) it is the
+# host's setting (a GB300 capped to 500 W of 1400 W ran cuBLAS GEMMs at ~617 of ~1600-2174 TFLOPS:
+# facebookexperimental/triton#2023).
+SW_POWER_CAP = 0x4
+POWER_LIMIT_FIELDS = ("power.limit", "power.default_limit")
+MAX_WATTS = 10_000.0  # no GPU draws more: a larger figure is a misread
 # NVML's clocks event reason bits (nvml.h, nvmlClocksEventReason*): those that say the host slows the GPU down.
 # SW power cap and GPU idle are normal (a GPU at its power limit under load, or idle at the query); sync boost,
 # application and display clock settings are configuration, not sickness.
@@ -166,9 +176,35 @@ def _pcie(row: dict, loaded: dict | None) -> dict:
             "under_load": loaded is not None}
 
 
-def gpu_health(row: dict, loaded: dict | None = None) -> dict:
+def _watts(text: object) -> float | None:
+    try:
+        value = float(str(text or "").strip().removesuffix(" W"))
+    except ValueError:
+        return None
+    return value if 0 < value < MAX_WATTS else None
+
+
+def _slowdowns(reasons: int | None) -> list[str] | None:
+    return None if reasons is None else [why.split(" (")[0] for bit, why in SLOWDOWN_BITS.items() if reasons & bit]
+
+
+def _under_load(clocks: dict | None) -> dict | None:
+    """The clocks as read while matmuls ran on the GPU: its slowdowns, and whether the SW power cap held it under a
+    power limit set below the default (None where not read)."""
+    if clocks is None:
+        return None
+    reasons = _bitmask(clocks.get("clocks_event_reasons.active"))
+    limit, default = (_watts(clocks.get(field)) for field in POWER_LIMIT_FIELDS)
+    capped = None if reasons is None else bool(reasons & SW_POWER_CAP)
+    return {"slowdowns": _slowdowns(reasons), "power_limit_w": limit, "default_power_limit_w": default,
+            "capped_below_default": bool(capped and limit and default and limit < default) if capped is not None
+            else None}
+
+
+def gpu_health(row: dict, loaded: dict | None = None, clocks: dict | None = None) -> dict:
     """One GPU's health fields as values (None wherever nvidia-smi did not give a usable one); `loaded`: its link's
-    fields as read while copies ran on it, where they did."""
+    fields as read while copies ran on it, `clocks`: its clocks fields as read while matmuls ran on it, where they
+    did."""
     reasons = _bitmask(row.get("clocks_event_reasons.active"))
     return {"uuid": str(row.get("uuid") or ""),
             "ecc_mode": _one_of_words(row.get("ecc.mode.current"), ("Enabled", "Disabled")),
@@ -179,8 +215,7 @@ def gpu_health(row: dict, loaded: dict | None = None) -> dict:
             "reset_required": _flag(row.get("reset_status.reset_required")),
             # c2c.mode: Enabled where NVLink-C2C, not PCIe, carries the GPU's host traffic (GH200, GB200).
             "c2c": {"Enabled": True, "Disabled": False}.get(str(row.get("c2c.mode") or "").strip()),
-            "slowdowns": None if reasons is None else [why.split(" (")[0] for bit, why in SLOWDOWN_BITS.items()
-                                                       if reasons & bit],
+            "slowdowns": _slowdowns(reasons), "under_load": _under_load(clocks),
             "pcie": _pcie(row, loaded)}
 
 
@@ -219,14 +254,33 @@ def gpu_findings(index: int, health: dict) -> list[Finding]:
         add("retired_pages.pending", "memory", "a page retirement is pending (it takes effect when the driver reloads)",
             reset)
     for slowdown in health["slowdowns"] or []:
-        add("clocks_event_reasons.active", "clocks", f"the GPU's clocks are held down: {slowdown}",
-            "check the node's cooling, power supply and `nvidia-smi -q -d PERFORMANCE`")
+        add("clocks_event_reasons.active", "clocks", f"the GPU's clocks are held down: {slowdown}", CLOCKS_FIX)
+    # Under load: what the idle read could not see (a slowdown seen idle too is found once, above).
+    for cause in load_slowdowns(health):
+        if not any(slowdown in cause for slowdown in health["slowdowns"] or []):
+            add("power.limit" if "power limit" in cause else "clocks_event_reasons.active", "clocks", cause,
+                POWER_FIX if "power limit" in cause else CLOCKS_FIX)
     pcie = health["pcie"]
     if pcie["width_current"] and pcie["width_max"] and pcie["width_current"] < pcie["width_max"]:
         add("pcie.link.width.current", "link",
             f"the PCIe link runs x{pcie['width_current']} of x{pcie['width_max']}" + _gen_note(pcie),
             "reseat the GPU or its riser and check the slot's lanes in the BIOS")
     return found
+
+
+CLOCKS_FIX = "check the node's cooling, power supply and `nvidia-smi -q -d PERFORMANCE`"
+POWER_FIX = "restore the GPU's default power limit (`nvidia-smi -q -d POWER` shows both)"
+
+
+def load_slowdowns(health: dict) -> list[str]:
+    """What held one GPU's clocks down while matmuls ran on it: a thermal or power slowdown, or the SW power cap under
+    a power limit set below the default (at the default, the cap is the GPU working as designed)."""
+    loaded = health.get("under_load") or {}
+    causes = [f"under load, the GPU's clocks are held down: {slowdown}" for slowdown in loaded.get("slowdowns") or []]
+    if loaded.get("capped_below_default"):
+        causes.append(f"under load, the SW power cap holds the clocks at a power limit of {loaded['power_limit_w']} W, "
+                      f"set below the default {loaded['default_power_limit_w']} W")
+    return causes
 
 
 def _gen_note(pcie: dict) -> str:
@@ -239,10 +293,11 @@ def _strip(uuid: object) -> str:
     return str(uuid or "").strip().removeprefix("GPU-")
 
 
-def loaded_rows(gpu_facts: dict) -> dict[str, dict]:
-    """The link fields read under load, by UUID as torch prints it: cuda:0's only (the copies ran there), matched by
-    UUID (CUDA's order is not nvidia-smi's), or the only row where the host has one GPU."""
-    read = gpu_facts.get(LINK_UNDER_LOAD) if isinstance(gpu_facts, dict) else None
+def loaded_rows(gpu_facts: dict, key: str = LINK_UNDER_LOAD) -> dict[str, dict]:
+    """The fields read under load (the link's unless told), by UUID as torch prints it: cuda:0's only (the copies and
+    matmuls ran there), matched by UUID (CUDA's order is not nvidia-smi's), or the only row where the host has one
+    GPU."""
+    read = gpu_facts.get(key) if isinstance(gpu_facts, dict) else None
     rows = [row for row in read.get("rows") or [] if isinstance(row, dict)] if isinstance(read, dict) else []
     devices = gpu_facts.get("devices") if isinstance(gpu_facts.get("devices"), list) else []
     first = _strip(devices[0].get("uuid")) if devices and isinstance(devices[0], dict) else ""
@@ -258,10 +313,13 @@ def host_health(gpu_facts: dict) -> dict:
     raw = gpu_facts.get("health") if isinstance(gpu_facts, dict) else None
     rows: list = raw["rows"] if isinstance(raw, dict) and isinstance(raw.get("rows"), list) else []
     loaded = loaded_rows(gpu_facts) if isinstance(gpu_facts, dict) else {}
-    gpus = [gpu_health(row, loaded.get(_strip(row.get("uuid")))) for row in rows if isinstance(row, dict)]
+    clocks = loaded_rows(gpu_facts, CLOCKS_UNDER_LOAD) if isinstance(gpu_facts, dict) else {}
+    gpus = [gpu_health(row, loaded.get(_strip(row.get("uuid"))), clocks.get(_strip(row.get("uuid"))))
+            for row in rows if isinstance(row, dict)]
     findings = [finding for index, health in enumerate(gpus) for finding in gpu_findings(index, health)]
     unreadable = list(raw.get("unreadable") or []) if isinstance(raw, dict) else []
-    read = any(value is not None for health in gpus for key, value in health.items() if key not in ("uuid", "pcie"))
+    read = any(value is not None for health in gpus for key, value in health.items()
+               if key not in ("uuid", "pcie", "under_load"))
     remaps_read = "remapped_rows.failure" not in unreadable
     return {"healthy": (not findings if remaps_read else None) if read or findings else None,
             "findings": [finding._asdict() for finding in findings], "gpus": gpus, "unreadable": unreadable}
@@ -285,6 +343,17 @@ def work_spoilers(health: dict, uuids: typing.Collection[str]) -> list[str]:
         wanted = {_strip(health["gpus"][0]["uuid"])}
     return [f"host: GPU {finding['gpu']} ({finding['uuid'] or 'no UUID'}): {finding['cause']}; {finding['fix']}"
             for finding in health["findings"] if finding["field"] in SPOILS_WORK and _strip(finding["uuid"]) in wanted]
+
+
+def load_causes(health: dict, uuids: typing.Collection[str]) -> list[str]:
+    """What held these GPUs' clocks down under load, as sentences that charge the host: what explains a slow figure
+    measured on them. An idle read explains nothing: a GPU idle at the query reports "GPU idle" and no slowdown, and
+    the idle read's own slowdowns are warnings, not the cause of a figure measured later."""
+    wanted = {_strip(uuid) for uuid in uuids}
+    return [f"host: GPU {index} ({gpu['uuid'] or 'no UUID'}): {cause}; "
+            f"{POWER_FIX if 'power limit' in cause else CLOCKS_FIX}"
+            for index, gpu in enumerate(health["gpus"]) if _strip(gpu["uuid"]) in wanted
+            for cause in load_slowdowns(gpu)]
 
 
 def pcie_below_max(health: dict) -> list[str]:

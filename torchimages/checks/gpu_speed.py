@@ -10,23 +10,26 @@ after a warm-up (its duration on a GPU is not measured; docs/benchmarks.md).
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import time
 import typing
 
 try:
-    from .gpu_health import host_causes, host_health, pcie_below_max
+    from .gpu_health import host_causes, host_health, load_causes, pcie_below_max
 except ImportError:  # beside the probe in a container, a top-level module (verify.container.copy_probe)
-    from gpu_health import host_causes, host_health, pcie_below_max  # type: ignore[no-redef]
+    from gpu_health import host_causes, host_health, load_causes, pcie_below_max  # type: ignore[no-redef]
 
-# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by a part of the device name torch reports; the first match
-# wins (GH200 before H200, GB200 before B200, L40S and L40 before L4). NVIDIA datasheets: H100 (SXM5 989.4, PCIe 756.5,
-# NVL 835: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity, halved), H200 and GH200 (H200
-# datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense), A100 (A100 datasheet: 312),
-# L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121), GB200 (GB200 NVL72 datasheet:
-# 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet: 2.25 PFLOPS dense per GPU).
+# Dense (no sparsity) BF16 Tensor Core peaks, TFLOPS, by the model torch's device name starts with ("NVIDIA " and the
+# model, then the name's end or a character that is no letter or digit: "NVIDIA A100-SXM4-80GB" is an A100, "NVIDIA
+# RTX A1000", a 72-Tensor-core GA107 card, is not); the first match wins (H200 NVL before H200). NVIDIA datasheets:
+# H100 (SXM5 989.4, PCIe 756.5, NVL 835.5: "H100 Tensor Core GPU" datasheet, BF16 1,979/1,513/1,671 with sparsity,
+# halved), H200 and GH200 (H200 datasheet, GH200 datasheet: 989.4 dense; H200 NVL 1,671 with sparsity, 835.5 dense),
+# A100 (A100 datasheet: 312), L40S (L40S datasheet: 362.05), L40 (L40 datasheet: 181.05), L4 (L4 datasheet: 121),
+# GB200 (GB200 NVL72 datasheet: 360 PFLOPS with sparsity for 72 GPUs, 2,500 dense each), B200 (HGX B200 datasheet:
+# 2.25 PFLOPS dense per GPU).
 PEAK_BF16_DENSE_TFLOPS = (
-    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.0), ("H100", 989.4),
+    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.5), ("H100 NVL", 835.5), ("H100", 989.4),
     ("A100", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0), ("GB200", 2500.0), ("B200", 2250.0),
 )
 # Issue 44's floor: half the dense peak. The real H100 SXM gave 794-805 TFLOPS, 80-81% (docs/gpu-records/).
@@ -54,6 +57,12 @@ C2C_BOARDS = ("GH200", "GB200", "GB300")
 # cuda:0's link as nvidia-smi reads it while copies load it (gpu_health.LINK_UNDER_LOAD); one call, bounded.
 LINK_QUERY = ("uuid", "pcie.link.gen.current", "pcie.link.width.current")
 LINK_READ_TIMEOUT_S = 10
+# The GPUs' clocks event reasons and power limits as nvidia-smi reads them while a bf16 matmul loads cuda:0
+# (gpu_health.CLOCKS_UNDER_LOAD): idle, a GPU reports "GPU idle" (0x1) and no slowdown a failing cooler or a lowered
+# power limit (`nvidia-smi -pl`) causes under load. power.limit and power.default_limit (--help-query-gpu) tell a
+# lowered limit from the GPU at its design limit.
+CLOCKS_QUERY = ("uuid", "clocks_event_reasons.active", "power.limit", "power.default_limit")
+CLOCKS_ALIAS = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}  # its name before driver 535
 
 COPY_BYTES = 256 << 20
 COPY_REPEATS = 5
@@ -61,12 +70,30 @@ ALL_REDUCE_BYTES = 64 << 20
 ALL_REDUCE_REPEATS = 5
 
 
-def peak_tflops(device_name: str) -> float | None:
-    """The device's dense bf16 peak; None for a MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), which has a part of
-    the GPU's SMs, not its peak."""
+# A vGPU guest's device: "GRID A100D-20C" (a time-sliced profile: the VM's share of the GPU's time) or "GRID
+# A100D-1-10C" (MIG-backed: one slice's SMs), named by the profile: the model, the frame buffer in GB, a MIG slice's
+# size, and the series letter (NVIDIA vGPU documentation, virtual GPU types: A, B, C, Q). nvidia-smi in a guest prints
+# Product Name "GRID A100-4C", Virtualization Mode "VGPU".
+VGPU_NAME = re.compile(r"^GRID |-\d+(?:-\d+)?[ABCQ]$")
+
+
+def shared_device(device_name: str) -> str:
+    """Why the device is a share of a GPU, not a whole one (a MIG slice, a vGPU profile), or ""."""
     if " MIG " in device_name:
+        return "a MIG slice has part of the GPU's SMs"
+    if VGPU_NAME.search(device_name.strip()):
+        return "a vGPU profile has a share of the GPU's time or one MIG slice's SMs"
+    return ""
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak: the model named exactly; None for a share of a GPU (shared_device), which has a
+    part of the GPU's SMs or time, not its peak, and for a model the table lacks."""
+    if shared_device(device_name):
         return None
-    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS if part in device_name), None)
+    name = device_name.strip().removeprefix("NVIDIA ")
+    return next((peak for part, peak in PEAK_BF16_DENSE_TFLOPS
+                 if re.match(re.escape(part) + r"(?![A-Za-z0-9])", name)), None)
 
 
 # ---------------------------------------------------------------- measured in the container
@@ -112,9 +139,37 @@ def link_under_load(torch, smi: str | None) -> dict:
     return read_link_while(smi, load)
 
 
-def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
-    """nvidia-smi's link fields per GPU, asked while `load` runs again and again (at most LINK_READ_TIMEOUT_S)."""
-    query = subprocess.Popen([smi, f"--query-gpu={','.join(LINK_QUERY)}", "--format=csv,noheader,nounits"],
+def clocks_under_load(torch, smi: str | None, size: int = 8192) -> dict:
+    """Every GPU's clocks event reasons and power limits as nvidia-smi reads them while bf16 matmuls run on cuda:0,
+    after the timed ones: a slowdown the load brings (a failing cooler, a lowered power limit) shows only here."""
+    if not smi:
+        return {"ok": True, "not_read": "no nvidia-smi in the container"}
+    a = torch.randn(size, size, device="cuda:0", dtype=torch.bfloat16)
+
+    def load() -> None:
+        a @ a
+        torch.cuda.synchronize(0)
+
+    load()
+    return read_clocks_while(smi, load)
+
+
+def read_clocks_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
+    """CLOCKS_QUERY per GPU while `load` runs; where the driver predates the clocks_event_reasons names, again under
+    their older clocks_throttle_reasons names (the rows keep the newer)."""
+    read = read_link_while(smi, load, env, CLOCKS_QUERY)
+    if not read["ok"] and "is not a valid field" in read["error"]:
+        read = read_link_while(smi, load, env, tuple(CLOCKS_ALIAS.get(field, field) for field in CLOCKS_QUERY))
+        renamed = {alias: field for field, alias in CLOCKS_ALIAS.items()}
+        read["rows"] = [{renamed.get(key, key): value for key, value in row.items()} for row in read.get("rows", [])]
+    return read
+
+
+def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None = None,
+                    fields: tuple[str, ...] = LINK_QUERY) -> dict:
+    """nvidia-smi's fields per GPU (the link's unless told), asked while `load` runs again and again (at most
+    LINK_READ_TIMEOUT_S)."""
+    query = subprocess.Popen([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + LINK_READ_TIMEOUT_S
     while query.poll() is None and time.monotonic() < deadline:
@@ -126,9 +181,9 @@ def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None 
         query.communicate()
         return {"ok": False, "error": f"nvidia-smi did not answer in {LINK_READ_TIMEOUT_S}s"}
     rows = [[value.strip() for value in line.split(",")] for line in output.splitlines() if line.strip()]
-    if query.returncode or not rows or any(len(row) != len(LINK_QUERY) for row in rows):
+    if query.returncode or not rows or any(len(row) != len(fields) for row in rows):
         return {"ok": False, "error": f"nvidia-smi exit {query.returncode}: {output.strip()[-300:]}"}
-    return {"ok": True, "device": "cuda:0", "rows": [dict(zip(LINK_QUERY, row, strict=True)) for row in rows]}
+    return {"ok": True, "device": "cuda:0", "rows": [dict(zip(fields, row, strict=True)) for row in rows]}
 
 
 def all_reduce_bus_bandwidth(torch, count: int) -> dict:
@@ -215,13 +270,22 @@ def copy_figure(gpu: dict, health: dict) -> dict:
             "host_link": host_link(gpu, health), "link": link, "floor": COPY_FLOOR}
 
 
+def every_pair_has_peer_access(gpu: dict) -> bool:
+    """Whether CUDA said every ordered pair of GPUs can reach the other's memory (the probe's own
+    torch.cuda.can_device_access_peer, multi_gpu.peer_access); False where any pair cannot or it was not recorded."""
+    peers = _section(_section(gpu, "multi_gpu"), "peer_access")
+    return bool(peers) and all(value is True for value in peers.values())
+
+
 def topology(gpu: dict) -> str:
-    """nvlink where every device is an NVSwitch board's, else pcie."""
+    """nvlink where every device is an NVSwitch board's and every pair has peer access, else pcie. The names alone do
+    not say it: two GH200 superchips joined on the CPU side have no GPU peer path (topology SYS, `nvidia-smi topo -p2p
+    n`: dnhkng.github.io/posts/gh200-benchmarking), and their all-reduce crosses the Grace CPUs."""
     devices: list = gpu["devices"] if isinstance(gpu.get("devices"), list) else []
     names = [str(device.get("name") or "") for device in devices if isinstance(device, dict)]
     nvlink = names and all(any(part in name for part in NVLINK_BOARDS)
                            and not any(part in name for part in PCIE_BOARDS) for name in names)
-    return "nvlink" if nvlink else "pcie"
+    return "nvlink" if nvlink and every_pair_has_peer_access(gpu) else "pcie"
 
 
 def all_reduce_figure(gpu: dict, health: dict) -> dict:
@@ -239,7 +303,7 @@ def bf16_shortfall(gpu: dict, health: dict) -> Shortfall | None:
         return None
     return Shortfall(f"the bf16 matmul ran at {figure['tflops']} TFLOPS, {figure['ratio']:.0%} of {figure['device']}'s "
                      f"{figure['peak_tflops']} dense peak, below the {BF16_FLOOR:.0%} floor",
-                     host_causes(health, ("clocks",), _cuda0(gpu, health)))
+                     load_causes(health, _cuda0(gpu, health) or []))
 
 
 def copy_shortfall(gpu: dict, health: dict) -> Shortfall | None:

@@ -244,16 +244,19 @@ def main_facts(devel: bool, cuda_extension: bool, arch_list: list[str], budget_s
 
 def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_list: list[str],
                     budget_s: float | None = None, checks: typing.AbstractSet[str] | None = None) -> None:
-    # Fork first, before anything starts CUDA or CPU thread pools: the children run beside everything below. The
-    # two long ones, the smoke test's compiles and the extension build, each get a child from the start. Under an
-    # exclusive compute mode a GPU takes one CUDA context at a time: the children stay off the GPUs, and torchrun's
-    # ranks and the multi-GPU process run to their end before this process makes its own contexts. The work of a
-    # check that is not selected (`checks`) is not started at all.
+    # Fork first, before anything starts CUDA or CPU thread pools: the children run beside the GPU work that is not
+    # timed. The two long ones, the smoke test's compiles and the extension build, each get a child from the start.
+    # Under an exclusive compute mode a GPU takes one CUDA context at a time: the children stay off the GPUs, and
+    # torchrun's ranks and the multi-GPU process run to their end before this process makes its own contexts. The
+    # speed figures are timed once every child is collected, with nothing else of the probe's on the GPUs (the compile
+    # child's max-autotune and torchrun's NCCL ranks would lower them). The work of a check that is not selected
+    # (`checks`) is not started at all.
     host = probe_gpu.driver_facts()
     limits = rules.compute_mode_limits(host)
     skip_gpu, exclusive = limits.children_skip, limits.exclusive
     smoke = runs_work_of(checks, "smoke")
-    compiles = (probe_base.ChildSection("the torch.compile process", probe_base.compile_timeout(budget_s),
+    after = probe_base.timed_work_s(len(host.get("nvidia_smi_gpus") or []))
+    compiles = (probe_base.ChildSection("the torch.compile process", probe_base.compile_timeout(budget_s, after),
                                         probe_smoke.smoke_compiles, torch, skip_gpu) if smoke else None)
     extension = (probe_base.ChildSection("the extension build", probe_base.bound(probe_base.EXTENSION_TIMEOUT_S),
                                          probe_smoke.build_extension, torch, cuda_extension, arch_list, skip_gpu)
@@ -274,18 +277,19 @@ def add_torch_facts(facts: dict, torch, devel: bool, cuda_extension: bool, arch_
     facts["amp_cpu"] = probe_base.section(cpu_bf16_autocast, torch)
     if smoke:
         facts["smoke"] = probe_smoke.smoke_eager(torch)
-    facts["gpu"] = probe_base.section(probe_gpu.gpu_facts, torch, facts["torch"]["arch_flags"], True, availability, host,
-                                      multi_gpu)
+    facts["gpu"] = probe_base.section(probe_gpu.gpu_work_facts, torch, facts["torch"]["arch_flags"], availability, host)
     if dataloader:
         facts["shm"]["dataloader"] = dataloader_facts(dataloader)
     if extension:
         facts["extension"] = extension.result()
     if compiles:
         facts["smoke"]["compiles"] = compiles.result()
-        if probe_smoke.gpu_devices(torch):  # its device-side assert poisons the CUDA context: the last GPU work
-            facts["smoke"]["gpu_errors"] = probe_base.section(probe_smoke.smoke_gpu_errors, torch)
     if all_reduce and not exclusive:
         facts["distributed"] = all_reduce.result()
+    facts["gpu"] = probe_gpu.timed_gpu_facts(torch, facts["gpu"], True, multi_gpu)
+    # the device-side assert poisons the CUDA context: the last GPU work
+    if compiles and probe_smoke.gpu_devices(torch):
+        facts["smoke"]["gpu_errors"] = probe_base.section(probe_smoke.smoke_gpu_errors, torch)
     facts["libraries_loaded"] = probe_files.loaded_libraries()
 
 

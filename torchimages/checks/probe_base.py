@@ -219,9 +219,19 @@ def cuda_device_count(torch) -> int:
     return torch.cuda.device_count()
 
 
-def compile_timeout(budget_s: float | None) -> float:
+def compile_timeout(budget_s: float | None, after_s: float = 0) -> float:
     """The compile child's bound: inside the kill budget the probe was given (the container's `timeout -s KILL`),
-    counted from the probe's start, so that a slow compile is reported as such and never costs every fact."""
+    counted from the probe's start, less `after_s` for the work that must follow the compiles (the speed figures, timed
+    with nothing else on the GPUs), so that a slow compile is reported as such and never costs every fact."""
     if budget_s is None:
         return bound(SMOKE_COMPILE_TIMEOUT_S)
-    return max(1.0, budget_s - (time.monotonic() - PROBE_STARTED) - bound(BUDGET_MARGIN_S))
+    return max(1.0, budget_s - (time.monotonic() - PROBE_STARTED) - bound(BUDGET_MARGIN_S + after_s))
+
+
+# The speed figures' bound after the compiles: the matmul, the copies and two nvidia-smi reads under load (10 s each
+# at most, gpu_speed.LINK_READ_TIMEOUT_S), and with 2+ GPUs the multi-GPU process that times the NCCL all-reduce.
+TIMED_WORK_S = 30
+
+
+def timed_work_s(gpus_listed: int) -> float:
+    return TIMED_WORK_S + (MULTI_GPU_TIMEOUT_S if gpus_listed >= 2 else 0)

@@ -253,45 +253,69 @@ def gpu_facts(torch, flags: list[str], throughput: bool = False, availability: d
               host: dict | None = None, multi_gpu: dict | None = None) -> dict:
     """What torch does with the GPUs it sees; `availability`, `host` and `multi_gpu` when the caller already has
     them (the first CUDA call, nvidia-smi's view, a multi-GPU run done before this process made its contexts)."""
+    return timed_gpu_facts(torch, gpu_work_facts(torch, flags, availability, host), throughput, multi_gpu)
+
+
+def gpu_work_facts(torch, flags: list[str], availability: dict | None = None, host: dict | None = None) -> dict:
+    """Whether torch's work on each GPU is right (kernels, cuDNN, attention, AMP): nothing timed, so it may run beside
+    the probe's other children."""
     availability = availability or cuda_availability(torch)
     facts = {"ok": True, **availability, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              **(host or driver_facts())}
     facts["unusable"] = rules.compute_mode_limits(facts).unusable or rules.mig_without_devices_reason(facts)
     if not facts["available"] or facts["unusable"]:
         return facts
-    count = facts["device_count"]
-    facts["devices"] = [device_facts(torch, index, flags) for index in range(count)]
-    mig_reason = rules.mig_multi_gpu_reason(count, facts, [device["name"] for device in facts["devices"]])
+    facts["devices"] = [device_facts(torch, index, flags) for index in range(facts["device_count"])]
     facts["cudnn"] = probe_base.section(cudnn_conv, torch)
     facts["cudnn_attention"] = probe_base.section(cudnn_attention, torch)
     facts["amp_fp16"] = probe_base.section(fp16_grad_scaler, torch)
     facts["amp_bf16"] = probe_base.section(bf16_on_gpu, torch)
-    if throughput and facts["amp_bf16"].get("supported"):
-        facts["bf16_matmul"] = probe_base.section(bf16_matmul_throughput, torch)
-    if throughput:
-        facts["copy_bandwidth"] = probe_base.section(gpu_speed.pinned_copy_bandwidth, torch)
-        # Idle, the link reads slower than it is (power saving): its state is judged as read under load only.
-        facts[gpu_health.LINK_UNDER_LOAD] = probe_base.section(gpu_speed.link_under_load, torch,
-                                                               facts.get("nvidia_smi"))
+    return facts
+
+
+def timed_gpu_facts(torch, facts: dict, throughput: bool = True, multi_gpu: dict | None = None) -> dict:
+    """The multi-GPU part (peer copies, NCCL and its bus bandwidth) and the speed figures, added to gpu_work_facts'
+    facts. Timed: run with none of the probe's own GPU work beside them (its compile child's max-autotune and
+    torchrun's NCCL ranks collected before), as two images' checks would halve each other's figures."""
+    if not isinstance(facts.get("devices"), list) or not facts.get("available") or facts.get("unusable"):
+        return facts
+    count = facts["device_count"]
+    mig_reason = rules.mig_multi_gpu_reason(count, facts, [device["name"] for device in facts["devices"]])
     if count < 2:
         facts["multi_gpu"] = {"ok": True, "skipped": f"{count} GPU visible"}
     elif mig_reason:
         facts["multi_gpu"] = {"ok": True, "skipped": mig_reason}
     else:
-        facts["multi_gpu"] = multi_gpu or multi_gpu_in_subprocess()
+        # one run before this process made its contexts (an exclusive compute mode), else now
+        facts["multi_gpu"] = multi_gpu or facts.get("multi_gpu") or multi_gpu_in_subprocess()
+    if throughput and facts.get("amp_bf16", {}).get("supported"):
+        facts["bf16_matmul"] = probe_base.section(bf16_matmul_throughput, torch)
+        # Idle, a GPU reads "GPU idle": what slows the matmul down shows under load only (a failing cooler, a lowered
+        # power limit), read per GPU while matmuls run again on cuda:0.
+        facts[gpu_health.CLOCKS_UNDER_LOAD] = probe_base.section(gpu_speed.clocks_under_load, torch,
+                                                                 facts.get("nvidia_smi"))
+    if throughput:
+        facts["copy_bandwidth"] = probe_base.section(gpu_speed.pinned_copy_bandwidth, torch)
+        # Idle, the link reads slower than it is (power saving): its state is judged as read under load only.
+        facts[gpu_health.LINK_UNDER_LOAD] = probe_base.section(gpu_speed.link_under_load, torch,
+                                                               facts.get("nvidia_smi"))
     return facts
 
 
-def record_gpu_facts(torch, flags: list[str]) -> dict:
-    """gpu_facts with the bf16 throughput, for the record: under an exclusive compute mode the multi-GPU process runs
-    to its end before this process makes its own contexts (it would find every GPU busy after)."""
-    host = driver_facts()
+def record_gpu_facts(torch, flags: list[str], host: dict | None = None) -> dict:
+    """gpu_work_facts for the record, with the multi-GPU part where it must run first: under an exclusive compute mode
+    the multi-GPU process runs to its end before this process makes its own contexts (it would find every GPU busy
+    after). The caller adds the timed facts (timed_gpu_facts) once nothing else runs on the GPUs."""
+    host = host or driver_facts()
     availability = cuda_availability(torch)
     exclusive = rules.compute_mode_limits(host).exclusive
     count = availability["device_count"]
     multi_gpu = (multi_gpu_in_subprocess() if exclusive and count >= 2 and not rules.mig_multi_gpu_reason(count, host)
                  else None)
-    return gpu_facts(torch, flags, True, availability, host, multi_gpu)
+    facts = gpu_work_facts(torch, flags, availability, host)
+    if multi_gpu:
+        facts["multi_gpu"] = multi_gpu
+    return facts
 
 
 # nvidia-smi's per-GPU fields a record keeps, as printed: what a lane host (tests/gpu_hosts/*.yaml) lists per GPU.
@@ -326,14 +350,18 @@ def gpu_only_facts(budget_s: float | None = None) -> dict:
     host = record_host_facts()
     if torch is None:
         return {"part": "gpu-only", "torch": facts, "host": host}
-    skip_gpu = rules.compute_mode_limits(driver_facts()).children_skip
-    compiles = probe_base.ChildSection("the torch.compile process", probe_base.compile_timeout(budget_s),
+    driver = driver_facts()
+    skip_gpu = rules.compute_mode_limits(driver).children_skip
+    after = probe_base.timed_work_s(len(driver.get("nvidia_smi_gpus") or []))
+    compiles = probe_base.ChildSection("the torch.compile process", probe_base.compile_timeout(budget_s, after),
                                        probe_smoke.smoke_compiles, torch, skip_gpu)
     facts.update(probe_base.torch_versions(torch))
-    result = {"part": "gpu-only", "torch": facts, "host": host,
-              "gpu": probe_base.section(record_gpu_facts, torch, facts["arch_flags"])}
+    gpu = probe_base.section(record_gpu_facts, torch, facts["arch_flags"], driver)
+    result = {"part": "gpu-only", "torch": facts, "host": host, "gpu": gpu}
     smoke = probe_smoke.smoke_eager(torch)
     smoke["compiles"] = compiles.result()
+    # The speed figures once the compile child has ended: nothing of the probe's own runs beside them.
+    result["gpu"] = timed_gpu_facts(torch, gpu)
     if probe_smoke.gpu_devices(torch):
         smoke["gpu_errors"] = probe_base.section(probe_smoke.smoke_gpu_errors, torch)
     result.update({"smoke": smoke, "libraries_loaded": probe_files.loaded_libraries()})

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import checklist
-from ..checks.gpu_speed import host_report, peak_tflops
+from ..checks.gpu_health import CLOCKS_UNDER_LOAD, LINK_UNDER_LOAD
+from ..checks.gpu_speed import host_report, peak_tflops, shared_device
 from ..checks.rules import arch_flags_for
 from ..files import read_json_document
 from ..model import ImageSpec, InputError, PeerError, Problem
@@ -100,7 +101,8 @@ def record(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict[st
     throughput = (gpu.get("bf16_matmul") or {}).get("tflops")
     first = devices[0]["name"] if devices else ""  # the matmul ran on cuda:0
     peak = peak_tflops(first)
-    unknown = " (peak unknown: a MIG slice has part of the GPU)" if " MIG " in first else " (peak unknown)"
+    shared = shared_device(first)
+    unknown = f" (peak unknown: {shared})" if shared else " (peak unknown)"
     bf16 = ("not measured" if throughput is None
             else f"{throughput} TFLOPS" + (f" ({throughput / peak:.0%} of {peak} dense peak)" if peak else unknown))
     host = host_report(gpu)
@@ -270,7 +272,7 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     host, gpu = facts.get("host") or {}, facts["gpu"]
     expect = {name: verdict(checks[name]) for name in checklist.GPU_CHECKS + ("amp",) if name in checks}
     smi = nvidia_smi_as_lane_host(host)
-    with_health_fields(smi.get("gpus") or [], gpu.get("health"))
+    with_health_fields(smi.get("gpus") or [], gpu.get("health"), [gpu.get(LINK_UNDER_LOAD), gpu.get(CLOCKS_UNDER_LOAD)])
     scenario = {
         "what": f"recorded on real hardware by build.py gpu-record {spec.tag} on {date} "
                 f"({host.get('hostname') or 'host unknown'}, {source}): {line}",
@@ -298,14 +300,25 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     return scenario
 
 
-def with_health_fields(gpus: list[dict], health: object) -> None:
-    """Each lane GPU gets the health fields nvidia-smi printed for its UUID (checks/gpu_health.py), as printed."""
-    rows = as_object(health).get("rows")
-    by_uuid = {str(row.get("uuid")): row for row in rows if isinstance(row, dict)} if isinstance(rows, list) else {}
+def _rows_by_uuid(read: object) -> dict[str, dict]:
+    rows = as_object(read).get("rows")
+    return {str(row.get("uuid")): row for row in rows if isinstance(row, dict)} if isinstance(rows, list) else {}
+
+
+def with_health_fields(gpus: list[dict], health: object, loaded_reads: list[object] | None = None) -> None:
+    """Each lane GPU gets the health fields nvidia-smi printed for its UUID (checks/gpu_health.py), as printed, and
+    those it printed while the probe's copies and matmuls ran (`health_under_load`: the link's, the clocks'), so that
+    the replay reads a GPU idle and under load as the real host did."""
+    by_uuid = _rows_by_uuid(health)
+    loaded = [_rows_by_uuid(read) for read in loaded_reads or []]
     for entry in gpus:
-        row = by_uuid.get(str(entry.get("uuid")))
-        if row:
-            entry["health"] = {field: str(value) for field, value in row.items() if field != "uuid"}
+        uuid = str(entry.get("uuid"))
+        if by_uuid.get(uuid):
+            entry["health"] = {field: str(value) for field, value in by_uuid[uuid].items() if field != "uuid"}
+        under_load = {field: str(value) for rows in loaded for field, value in (rows.get(uuid) or {}).items()
+                      if field != "uuid"}
+        if under_load:
+            entry["health_under_load"] = under_load
 
 
 def recorded_speed(gpu: dict) -> dict:

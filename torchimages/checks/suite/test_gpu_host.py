@@ -16,8 +16,8 @@ from torchimages.checks.gpu_speed import (
 )
 from torchimages.checks.plugin import HostWarning
 
-UNEXPLAINED = ("and the host's health explains none of it (no memory errors, no clock slowdown, no degraded link): "
-               "the image's CUDA libraries are the suspects; verify on another node of this model to tell")
+UNEXPLAINED = ("and the host's health explains none of it (no memory errors, no clock slowdown under load, no degraded "
+               "link): the image's CUDA libraries are the suspects; verify on another node of this model to tell")
 
 
 @pytest.fixture(scope="session")
@@ -46,8 +46,8 @@ def test_the_host_gpus_are_healthy(devices, health):
 def test_bf16_matmul_reaches_its_models_floor(devices, gpu, health):
     figure = bf16_figure(gpu)
     not_judged = ("no bf16 matmul figure (bf16 not native on this GPU, or not measured)" if figure["tflops"] is None
-                  else f"no published dense bf16 peak for {figure['device'] or 'this GPU'} (a MIG slice, or a model "
-                       "the table lacks)" if figure["peak_tflops"] is None else "")
+                  else f"no published dense bf16 peak for {figure['device'] or 'this GPU'} (a MIG slice or a vGPU "
+                       "profile, or a model the table lacks)" if figure["peak_tflops"] is None else "")
     _judge(bf16_shortfall(gpu, health), not_judged)
 
 
