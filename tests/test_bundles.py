@@ -258,7 +258,7 @@ CONCURRENT_ATTEST = textwrap.dedent("""
     from torchimages.trust import bundles
     from torchimages.trust.referrers import ReferrerStore
     registry = Registry({host!r}, {repository!r})
-    store = ReferrerStore(RegistryClient(registry, registry_access(registry), RetryPolicy(retries=1), print))
+    store = ReferrerStore(RegistryClient(registry, registry_access(registry), RetryPolicy(retries=3), print))
     print(store.attest(key(Path({key_file!r})), {digest!r}, {subject!r},
                        {{bundles.SIGN_PREDICATE: {{}}, "https://example.org/{name}/v1": {{"by": {name!r}}}}}))
 """)

@@ -70,7 +70,8 @@ def installed(dist, tmp_path_factory) -> Path:
 
 
 # What a user's shell passes on to the command in the engine lane: the engine, and the session's own user cache.
-PASSED_ON = ("DOCKER_HOST", "XDG_CACHE_HOME")
+# TORCHIMAGES_LOCK_WAIT: make test's engine lane waits for a folder the other process holds (the shared wheelhouse).
+PASSED_ON = ("DOCKER_HOST", "XDG_CACHE_HOME", "TORCHIMAGES_LOCK_WAIT")
 
 
 def user_run(venv: Path, *args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:

@@ -388,7 +388,7 @@ class RegistryClient:
         refused = self._http().put_index(body, tag)
         if refused is not None:
             raise RegistryError(f"registry {self.registry.host} did not take the referrers index {tag}: "
-                                f"{self.access.redact(brief(refused))}", transient=False)
+                                f"{self.access.redact(brief(refused))}", transient=refused.startswith("HTTP 5"))
 
     def _http(self) -> referrers_api.RegistryHTTP:
         if self._requests is None:

@@ -18,6 +18,7 @@ either refuses the digest.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import tempfile
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..files import brief
-from ..peers.registry import RegistryClient, RegistryError
+from ..peers.registry import RegistryClient, RegistryError, with_retries
 from ..reporting import DIGEST
 from . import bundles, keys
 from .signatures import (
@@ -193,7 +194,9 @@ class ReferrerStore:
         tag, where = bundles.referrers_tag(digest), self._where(digest)
 
         def revised() -> list[dict] | None:
-            manifest = self.registry.manifest_or_none(tag)
+            # Retried: a registry may answer 500 while another writer replaces the tag (docker-registry 2.8 does).
+            manifest = with_retries(lambda: self.registry.manifest_or_none(tag), self.registry.policy,
+                                    lambda message, delay: self.registry.log(f"{message}; retrying in {delay:g} s"))
             entries = self._entries_of(manifest.body, where) if manifest else []
             listed = {entry["digest"] for entry in entries}
             kept = [entry for entry in entries if entry["digest"] not in dropped]
@@ -204,7 +207,9 @@ class ReferrerStore:
         for _ in range(APPEND_TRIES):
             if revision is None:
                 return
-            self.registry.write_referrers_index(bundles.referrers_index(revision), tag)
+            with_retries(functools.partial(self.registry.write_referrers_index, bundles.referrers_index(revision), tag),
+                         self.registry.policy,
+                         lambda message, delay: self.registry.log(f"{message}; retrying in {delay:g} s"))
             revision = revised()
             if revision is None:
                 time.sleep(SETTLE_S)  # a writer that read the index before this write has written by now
