@@ -1,7 +1,10 @@
 """What the build tests share (test_build, test_build_inputs, test_hostile_files, test_hostile_build_inputs): a
 two-row matrix for builds that need no torch, and a small pure-Python wheel."""
+import re
 import zipfile
 from pathlib import Path
+
+from torchimages.build_inputs.container import SERVER_LABEL
 
 from .conftest import with_live_compat
 
@@ -25,3 +28,17 @@ def make_wheel(folder: Path, name: str, version: str, body: bytes = b"") -> Path
         archive.writestr(f"{name}/__init__.py", body)
         archive.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return path
+
+
+def steps_run(log: str) -> list[str]:
+    """The instructions a classic builder's log shows run, not taken from the cache, in order (a log may hold two
+    builds: the python stage for the server on the engine, then the image)."""
+    steps = re.split(r"^Step [0-9]+/[0-9]+ : ", log, flags=re.MULTILINE)[1:]
+    return [step.splitlines()[0] for step in steps if " ---> Using cache" not in step]
+
+
+def build_input_servers_left(docker_client) -> tuple[list[str], list[str]]:
+    """The containers and networks of build-input servers on the engine (the label container.py gives them)."""
+    label = {"label": SERVER_LABEL}
+    return ([c["Id"] for c in docker_client.api.containers(all=True, filters=label)],
+            [n["Name"] for n in docker_client.api.networks(filters=label)])

@@ -9,10 +9,10 @@ import pytest
 
 from torchimages.build.builder import INPUT_HASH_LABEL
 from torchimages.build.reproducible import INLINE_CACHE_KEY, saved_config
-from torchimages.build_inputs.container import SERVER_LABEL, BuildInputsContainer, ServerFailed
+from torchimages.build_inputs.container import BuildInputsContainer, ServerFailed
 from torchimages.project import DEFAULT_TEMPLATES
 
-from .build_fixtures import tiny_matrix
+from .build_fixtures import build_input_servers_left, tiny_matrix
 from .conftest import (
     CPU_SELECTOR,
     ROOT,
@@ -115,67 +115,14 @@ def test_a_rebuild_takes_the_build_stages_from_the_cache_unless_they_are_pruned(
     docker_client.images.remove("localhost:5000/test/stages:2.13.0-cpu-runtime", force=True)
 
 
-def test_the_venv_is_layered_owned_and_byte_identical_when_its_wheels_are(cpu_images, wheelhouse, tmp_path,
-                                                                         docker_client, tmp_path_factory):
-    """Issue 20: /opt/venv comes in layers (torch, then the rest, for a CPU row), one tree with one owner, mode g=u
-    and one file time; a no-cache rebuild from the same wheels gives the very same venv layers (their diff ids), so a
-    republish uploads none of them again. The rebuild fetches its wheels from the build-input server in a container
-    on the engine (as for a remote engine), the first build from this host's loopback: the layers do not depend on
-    where the server runs, and its container and network are gone afterwards. Without the cache, the devel row still
-    shares every runtime layer below its own (it takes them from its runtime, built moments before), its own steps
-    run again, and the python stage built for the server first runs once."""
+def test_the_venv_is_one_tree_with_one_owner_mode_and_file_time(cpu_images, docker_client):
+    """Issue 20: /opt/venv, written in layers (torch, then the rest, for a CPU row), is one tree with one owner, mode
+    g=u and one file time. (That a no-cache build gives the very same layers, and the devel row shares the runtime's,
+    is test_reproducible_build's: one no-cache build serves both.)"""
     name = cpu_images["2.13.0-cpu-runtime"]
     listing = docker_client.containers.run(name, ["sh", "-c", "find /opt/venv -printf '%Ts %u %g\\n' | sort -u; "
                                                   "find /opt/venv ! -type l ! -perm -g+w -print"], remove=True).decode()
     assert listing.split("\n")[:-1] == ["946684800 torch root"], listing[:2000]
-    matrix = tmp_path / "matrix.yaml"
-    matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/again"))
-    with_live_compat(matrix)
-    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # no cache: it makes every step again
-        run_cli("--matrix", str(matrix), "--reports", str(tmp_path / "reports"), "build", "2.13.0-cpu-*",
-                "--wheelhouse", str(wheelhouse), "--no-cache", "--force", "--inputs-server", "container", check_exit=0)
-    runtime_log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
-    assert "Looking in links: http://<redacted>@torchimages-build-inputs:8679/wheels/" in runtime_log  # its token
-    # The mount-points stage is no part of the python stage's chain: its one RUN (a few files) runs again, to the
-    # same layer.
-    run_steps = [step for step in steps_run(runtime_log) if step.startswith("RUN ") and "mount-points" not in step]
-    assert len(run_steps) == len(set(run_steps)), "each RUN step ran once: the image's build took the python stage " \
-                                                  "built for the server from it"
-    assert build_input_servers_left(docker_client) == ([], [])
-    again = {flavor: f"localhost:5000/test/again:2.13.0-cpu-{flavor}" for flavor in ("runtime", "devel")}
-    try:
-        first = docker_client.api.inspect_image(name)["RootFS"]["Layers"]
-        rebuilt, devel = (docker_client.api.inspect_image(again[flavor])["RootFS"]["Layers"]
-                          for flavor in ("runtime", "devel"))
-        # Every layer is the same, though every step really ran again: the venv's (issue 27: they install in the final
-        # stage) and, since issue 47, the OS steps' too (no logs, no clock times) and the entrypoint's. Before issue 47
-        # this test asserted that the useradd layer differed, as its proof that the steps ran: the log is that now.
-        assert rebuilt == first, "the same inputs built again without the cache gave other layers"
-        assert any(" useradd " in step for step in run_steps), "a no-cache build really ran the RUN steps again"
-        # devel: the runtime's layers up to the entrypoint's, then its toolchain and its own OS security layer.
-        assert devel[:-2] == rebuilt[:-1], "devel shares every runtime layer below its own"
-        cached_devel = docker_client.api.inspect_image(cpu_images["2.13.0-cpu-devel"])["RootFS"]["Layers"]
-        devel_log = (tmp_path / "reports" / "2.13.0-cpu-devel" / "build.log").read_text()
-        assert any("ninja-build" in step for step in steps_run(devel_log)), "devel's toolchain step ran again, not " \
-                                                                             "taken from an earlier build"
-        assert devel == cached_devel, "and gave the layers of the earlier build"
-    finally:
-        for image in again.values():
-            docker_client.images.remove(image, force=True)
-
-
-def steps_run(log: str) -> list[str]:
-    """The instructions a classic builder's log shows run, not taken from the cache, in order (a log may hold two
-    builds: the python stage for the server on the engine, then the image)."""
-    steps = re.split(r"^Step [0-9]+/[0-9]+ : ", log, flags=re.MULTILINE)[1:]
-    return [step.splitlines()[0] for step in steps if " ---> Using cache" not in step]
-
-
-def build_input_servers_left(docker_client) -> tuple[list[str], list[str]]:
-    """The containers and networks of build-input servers on the engine (the label container.py gives them)."""
-    label = {"label": SERVER_LABEL}
-    return ([c["Id"] for c in docker_client.api.containers(all=True, filters=label)],
-            [n["Name"] for n in docker_client.api.networks(filters=label)])
 
 
 def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_nothing(docker_client, engine_env):

@@ -74,9 +74,10 @@ def installed(dist, tmp_path_factory) -> Path:
 PASSED_ON = ("DOCKER_HOST", "XDG_CACHE_HOME", "TORCHIMAGES_LOCK_WAIT")
 
 
-def user_run(venv: Path, *args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+def user_run(venv: Path, *args: str, cwd: Path, timeout: int = 120, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": sysconfig.get_paths()["purelib"],
-           "COLUMNS": "200", **{name: os.environ[name] for name in PASSED_ON if name in os.environ}}
+           "COLUMNS": "200", **{name: os.environ[name] for name in PASSED_ON if name in os.environ}, **(env or {})}
     return subprocess.run(["torchimages", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
 
@@ -149,20 +150,32 @@ def test_a_projects_own_templates_win_over_the_packages(tmp_path):
     assert "org.example.team=ours" in (tmp_path / "images" / "2.13.0-cpu-runtime" / "Dockerfile").read_text()
 
 
-def test_the_installed_command_builds_and_verifies_an_init_projects_cpu_row(installed, tmp_path, cpu_images,
-                                                                             wheelhouse):
-    """The done-when of issue 46, on the engine: `images` through the installed command, its check suite, probe and
-    pytest.ini read from the installed package. cpu_images built the row first (the same Dockerfile), so this run
-    finds it unchanged and verifies it."""
+def test_the_installed_command_takes_an_init_project_to_a_signed_image_verify_image_accepts(
+        installed, tmp_path, cpu_images, wheelhouse, cosign, own_registry):
+    """The done-when of issues 46 and 57, on the engine, through the installed command alone (its check suite, probe
+    and pytest.ini read from the installed package): `init`, `doctor`, `images`, a key from `cosign
+    generate-key-pair`, `publish`, `verify-image`, with no workaround. cpu_images built the row first (the same
+    Dockerfile), so `images` finds it unchanged and verifies it."""
     assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
     demo = tmp_path / "demo"
-    doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", cwd=demo)
+    doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     result = user_run(installed, "images", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo,
                       timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((demo / "reports" / "2.13.0-cpu-runtime" / "verify.json").read_text())
     assert report["passed"] is True and report["checks"]["smoke"]["status"] == "passed"
+    password = {"COSIGN_PASSWORD": "first-day"}
+    subprocess.run([str(cosign), "generate-key-pair"], cwd=demo, env={**os.environ, **password}, check=True,
+                   capture_output=True, timeout=60)
+    _, host = own_registry
+    published = user_run(installed, "publish", "2.13.0-cpu-runtime", "--registry", f"{host}/first-day/pytorch",
+                         "--signing-key", "cosign.key", cwd=demo, env=password, timeout=600)
+    assert published.returncode == 0, published.stdout + published.stderr
+    verified = user_run(installed, "verify-image", f"{host}/first-day/pytorch:2.13.0-cpu-runtime", "--key",
+                        "cosign.pub", cwd=demo)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "build.py" not in "".join(run.stdout + run.stderr for run in (doctor, result, published, verified))
 
 
 def test_the_workflow_init_writes_passes_actionlint(tmp_path):
