@@ -156,7 +156,8 @@ def test_the_installed_command_builds_and_verifies_an_init_projects_cpu_row(inst
     finds it unchanged and verifies it."""
     assert user_run(installed, "init", "demo", cwd=tmp_path).returncode == 0
     demo = tmp_path / "demo"
-    doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", cwd=demo)
+    # The wheelhouse the build takes: doctor checks it holds the row's wheels (no index probe from this host).
+    doctor = user_run(installed, "doctor", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     result = user_run(installed, "images", "2.13.0-cpu-runtime", "--wheelhouse", str(wheelhouse), cwd=demo,
                       timeout=1200)
