@@ -34,6 +34,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from torchimages.build import offline_base
+from torchimages.build.offline_base import FOREIGN_NAMESPACES, MIRRORS  # noqa: F401 (devtools/cosign.py takes MIRRORS)
 from torchimages.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,33 +62,14 @@ ENV_FILE = STATE / "env"
 LOCK_FILE = STATE / "lock"
 
 # Images the engine must hold because nothing can be pulled. Each is "[<namespace>/]<distro>:<suite>" and is built by
-# debootstrap from MIRRORS[distro]; adding e.g. "debian:trixie" needs nothing else. A namespace of FOREIGN_NAMESPACES
-# is Docker Hub's per-architecture repository of the same official image (arm64v8/debian: the aarch64 rows' base).
+# debootstrap from MIRRORS[distro] (torchimages/build/offline_base.py, which `torchimages base` runs too); adding e.g.
+# "debian:trixie" needs nothing else. A namespace of FOREIGN_NAMESPACES is Docker Hub's per-architecture repository of
+# the same official image (arm64v8/debian: the aarch64 rows' base).
 SEEDED_BASES = ("debian:bookworm", "arm64v8/debian:bookworm")
-# Docker Hub's per-architecture namespaces -> (Debian architecture, the OCI platform's architecture, uname -m).
-FOREIGN_NAMESPACES = {"arm64v8": ("arm64", "arm64", "aarch64")}
 # Images for another machine (aarch64 on an x86_64 host) are built and run under qemu: Debian's qemu-user-static
 # registers its handlers with binfmt_misc with fix_binary set, so containers need no qemu inside them.
 BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
 QEMU_BINFMT_CONFS = (Path("/usr/lib/binfmt.d"), Path("/usr/share/binfmts"))
-MIRRORS = {"debian": "http://deb.debian.org/debian"}
-# debootstrap only writes the release suite; the official images also follow updates and security fixes.
-APT_SOURCES = {"debian": """\
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: {suite} {suite}-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: http://deb.debian.org/debian-security
-Suites: {suite}-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-"""}
-# What `docker import` cannot know from a bare rootfs; matches the official debian images.
-BASE_IMAGE_CHANGES = ('CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-
 # Debian package -> the program we need from it.
 # skopeo: publishing talks to registries through it (torchimages/peers/registry.py).
 # pigz: dockerd and containerd decompress gzip layers with unpigz when it is on their PATH (doctor's advice, measured
@@ -262,63 +245,18 @@ def _seed_bases(client: docker.DockerClient, docker_host: str, names: list[str])
         if _has_image(client, name):
             continue
         tarball = _rootfs_tarball(name)
-        repository, tag = name.split(":")
+        base = offline_base.parse_base(name)
         _log(f"importing {name} from {tarball}")
-        if _namespace(name) in FOREIGN_NAMESPACES:
-            _import_foreign(tarball, name, docker_host)
-        else:
-            client.api.import_image(src=str(tarball), repository=repository, tag=tag,
-                                    changes=list(BASE_IMAGE_CHANGES))
+        if base.foreign:
+            _ensure_tools(["skopeo"])
+        CACHE.mkdir(parents=True, exist_ok=True)
+        offline_base.import_base(client.api, tarball, base, docker_host, _run_debootstrap_logged, CACHE)
         if not _has_image(client, name):
             raise EngineError(f"importing {tarball} did not create {name}")
 
 
 def _namespace(name: str) -> str:
     return name.split("/")[0] if "/" in name else ""
-
-
-def _import_foreign(tarball: Path, name: str, docker_host: str) -> None:
-    """Load another machine's rootfs as an image whose config says that machine: dockerd 20.10's import ignores
-    --platform and would call it amd64, so it goes in as a one-layer OCI image through skopeo."""
-    _, architecture, _ = FOREIGN_NAMESPACES[_namespace(name)]
-    layout = CACHE / f"{tarball.stem}.oci"
-    shutil.rmtree(layout, ignore_errors=True)
-    _write_oci_layout(layout, tarball, architecture)
-    try:
-        _ensure_tools(["skopeo"])
-        _run_logged([_program("skopeo"), "copy", "--quiet", "--dest-daemon-host", docker_host, f"oci:{layout}",
-                     f"docker-daemon:{name}"], DEBOOTSTRAP_LOG)
-    finally:
-        shutil.rmtree(layout, ignore_errors=True)
-
-
-def _write_oci_layout(layout: Path, tarball: Path, architecture: str) -> None:
-    """An OCI image layout holding tarball as its one (uncompressed) layer, with the official images' CMD and PATH."""
-    blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def blob(data: bytes | None = None, path: Path | None = None) -> dict:
-        digest = hashlib.sha256()
-        if path is not None:
-            with open(path, "rb") as source:
-                while chunk := source.read(1 << 20):
-                    digest.update(chunk)
-            shutil.copyfile(path, blobs / digest.hexdigest())
-            return {"digest": f"sha256:{digest.hexdigest()}", "size": path.stat().st_size}
-        digest.update(data)
-        (blobs / digest.hexdigest()).write_bytes(data)
-        return {"digest": f"sha256:{digest.hexdigest()}", "size": len(data)}
-
-    layer = blob(path=tarball)
-    config = json.dumps({"architecture": architecture, "os": "linux", "rootfs": {"type": "layers",
-                         "diff_ids": [layer["digest"]]},
-                         "config": {"Cmd": ["bash"], "Env": [BASE_IMAGE_CHANGES[1].removeprefix("ENV ")]}}).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
-                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer}]}).encode()
-    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest)}]}))
-    (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
 
 
 def _ensure_emulation() -> None:
@@ -359,57 +297,22 @@ def _has_image(client: docker.DockerClient, name: str) -> bool:
 
 
 def _rootfs_tarball(name: str) -> Path:
-    """The cached root filesystem for name, debootstrapped on first use so that a lost data root re-seeds quickly."""
-    namespace = _namespace(name)
-    distro, suite = name.split("/")[-1].split(":")
-    tarball = CACHE / f"{name.replace('/', '-').replace(':', '-')}.tar"
+    """The cached root filesystem for name, debootstrapped on first use so that a lost data root re-seeds quickly:
+    the updates and security suites in its apt sources, no cached .debs (offline_base.py says why)."""
+    base = offline_base.parse_base(name)
+    tarball = CACHE / f"{base.file_stem}.tar"
     if tarball.is_file():
         return tarball
     _require_root(f"{name} is not in the engine and building it with debootstrap")
     _ensure_tools(["debootstrap"])
     CACHE.mkdir(parents=True, exist_ok=True)
-    rootfs = tarball.with_suffix(".rootfs")
-    _remove_tree(rootfs)  # what an interrupted run left
     # Another machine's packages configure under qemu (_ensure_emulation): many minutes instead of a few.
-    arch = ["--arch", FOREIGN_NAMESPACES[namespace][0]] if namespace in FOREIGN_NAMESPACES else []
-    _log(f"debootstrapping {name} from {MIRRORS[distro]} (a few minutes; log {DEBOOTSTRAP_LOG})")
-    _run_logged([_program("debootstrap"), "--variant=minbase", *arch, suite, str(rootfs), MIRRORS[distro]],
-                DEBOOTSTRAP_LOG)
-    _finish_rootfs(rootfs, distro, suite)
-    partial = tarball.with_name(tarball.name + ".partial")
-    # Device nodes and the API filesystems are supplied by the engine at run time, as in the official images.
-    _run_logged(["tar", "--numeric-owner", "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*",
-                 "-C", str(rootfs), "-cf", str(partial), "."], DEBOOTSTRAP_LOG)
-    os.replace(partial, tarball)
-    _remove_tree(rootfs)
-    return tarball
+    _log(f"debootstrapping {name} from {base.mirror} (a few minutes; log {DEBOOTSTRAP_LOG})")
+    return offline_base.make_tarball(base, tarball, _run_debootstrap_logged)
 
 
-def _finish_rootfs(rootfs: Path, distro: str, suite: str) -> None:
-    if distro in APT_SOURCES:
-        (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
-        (rootfs / f"etc/apt/sources.list.d/{distro}.sources").write_text(APT_SOURCES[distro].format(suite=suite))
-    # Package lists and downloaded debs are stale the moment the image exists; images run `apt-get update` anyway.
-    for pattern in ("var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb"):
-        for path in rootfs.glob(pattern):
-            if path.is_file():
-                path.unlink()
-
-
-def _remove_tree(path: Path) -> None:
-    """rmtree that first unmounts what a failed debootstrap may have left mounted inside (its /proc, /sys)."""
-    if not path.exists():
-        return
-    inside = [mount for mount in _mount_points() if mount == path or path in mount.parents]
-    for mount in sorted(inside, key=lambda mount: len(mount.parts), reverse=True):
-        subprocess.run(["umount", "--lazy", str(mount)], check=False)
-    shutil.rmtree(path)
-
-
-def _mount_points() -> list[Path]:
-    with open("/proc/self/mounts") as mounts:
-        # Field two is the mount point, with spaces and the like written as octal escapes.
-        return [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[1])) for line in mounts]
+def _run_debootstrap_logged(command: list[str]) -> None:
+    _run_logged(command, DEBOOTSTRAP_LOG)
 
 
 # ------------------------------------------------------------------------------------------------------------ registry

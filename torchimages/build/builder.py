@@ -98,7 +98,9 @@ def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool, to
              f"extra-index-url = {options.extra_index_url or PYPI}"]
     if options.ca_bundle:
         lines.append("cert = {ca_bundle}")
-    if served_wheels:
+    if served_wheels or options.wheelhouse is not None:
+        # --wheelhouse promises no index: pip is given none even where the row's folder is missing (refused before
+        # the build, wheels.check_wheelhouse), so that a gap fails the build instead of reaching the network.
         # Plain HTTP on loopback, to a server this build started: pip needs to be told it may trust it.
         lines += ["no-index = true", f"find-links = {authorized_url(token)}/wheels/", f"trusted-host = {BUILD_INPUTS_HOST}"]
     return "\n".join(lines) + "\n"

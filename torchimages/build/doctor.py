@@ -1,8 +1,8 @@
 """Before a long build or a 6 GB pull: what this host can do with the selected rows.
 
-The engine answers; it can give containers GPUs; its disk holds the images; it finds unpigz for gzip layers; skopeo
-is there for publishing; and, on a
-GPU host, each GPU row's minimum driver and arch list fit this host's driver and every GPU's compute capability
+The engine answers; it holds the base images the rows build FROM (or says how to pull or make them); the build's pip
+reaches the rows' indexes, or a wheelhouse holds their wheels; it can give containers GPUs; its disk holds the
+images; it finds unpigz for gzip layers; skopeo is there for publishing; and, on a GPU host, each GPU row's minimum driver and arch list fit this host's driver and every GPU's compute capability
 (which is what "no kernel image is available" and "CUDA driver version is insufficient" mean at run time).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import selectors
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +24,11 @@ from ..checks.rules import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for,
 from ..checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
 from ..model import ImageSpec, InputError, parse_size
 from ..peers import engine
-from ..redaction import inert
+from ..redaction import Secrets, inert
 from ..reporting import human_size
-from .builder import local_name
+from . import offline_base, wheels
+from .builder import base_reference, local_name
+from .context import wheel_dir
 
 NVIDIA_SMI_QUERY = ["--query-gpu=name,compute_cap,driver_version,compute_mode,mig.mode.current", "--format=csv,noheader"]
 # A driver that does not know a field refuses the whole query ('Field "mig.mode.current" is not a valid field to
@@ -247,13 +250,13 @@ def disk_finding(free: int, to_build: list[ImageSpec]) -> Finding:
     (at most: rows of one torch and CUDA share most of their layers)."""
     budgets = [parse_size(spec.size_budget) for spec in to_build if spec.size_budget]
     needed = int(sum(budgets) + max(budgets, default=0))
+    unbuilt = "the row not built yet" if len(to_build) == 1 else f"the {len(to_build)} rows not built yet"
     if needed and free < needed:
-        return Finding("disk", "warn", f"{human_size(free)} free where the engine keeps images; the {len(to_build)} "
-                                       f"rows not built yet may need up to {human_size(needed)} (their size budgets "
-                                       f"and one build stage, less the layers they share): free space "
-                                       f"(`docker image prune`), or build fewer rows at once")
-    return Finding("disk", "ok", f"{human_size(free)} free" + (f", at most {human_size(needed)} needed for the "
-                                                                f"{len(to_build)} rows not built yet" if needed else ""))
+        return Finding("disk", "warn", f"{human_size(free)} free where the engine keeps images; {unbuilt} may need up "
+                                       f"to {human_size(needed)} (size budgets and one build stage, less the layers "
+                                       f"rows share): free space (`docker image prune`), or build fewer rows at once")
+    return Finding("disk", "ok", f"{human_size(free)} free" + (f", at most {human_size(needed)} needed for {unbuilt}"
+                                                                if needed else ""))
 
 
 def gzip_finding(unpigz: str | None) -> Finding:
@@ -263,6 +266,99 @@ def gzip_finding(unpigz: str | None) -> Finding:
                                               f"gzip layers with Go's gzip, slower: {UNPIGZ_MEASURED}; install pigz "
                                               "(apt-get install pigz, dnf install pigz) and restart dockerd")
     return Finding("gzip layers", "ok", f"{unpigz} decompresses gzip layers for dockerd and containerd")
+
+
+def _rows(specs: list[ImageSpec]) -> str:
+    """The rows a finding is about: named where there are a few, counted where there are many."""
+    tags = [spec.tag for spec in specs]
+    return ", ".join(tags) if len(tags) <= 3 else f"{len(tags)} rows ({tags[0]}, …)"
+
+
+def _selector(specs: list[ImageSpec]) -> str:
+    return " ".join(f"'{spec.tag}'" for spec in specs)
+
+
+def base_findings(specs: list[ImageSpec], images_dir: Path | None,
+                  image_id: Callable[[str], str | None]) -> list[Finding]:
+    """Each base the rows would build FROM (the rendered Dockerfile's, a lock-pinned digest where there is one): on
+    the engine, or absent with how to pull or make it. Absent is a failure: the build fails at once without it
+    (unless --pull reaches its registry)."""
+    by_base: dict[str, list[ImageSpec]] = {}
+    for spec in specs:
+        try:
+            reference = base_reference(spec, images_dir) if images_dir is not None else spec.base_image
+        except InputError:  # not rendered yet: the matrix's base is what render will write
+            reference = spec.base_image
+        by_base.setdefault(reference, []).append(spec)
+    findings = []
+    for reference, rows in by_base.items():
+        found = image_id(reference)
+        if found:
+            findings.append(Finding("base images", "ok", f"{reference} is on the engine (image {found[:19]}), for "
+                                                         f"{_rows(rows)}"))
+            continue
+        findings.append(Finding("base images", "fail", f"{reference} is not on the engine, and {_rows(rows)} "
+                                                       f"build{'s' if len(rows) == 1 else ''} FROM it: "
+                                                       f"{base_remedy(reference, rows[0].base_image)}"))
+    return findings
+
+
+def base_remedy(reference: str, name: str) -> str:
+    """How to get a missing base: pull it where its registry answers; else make it offline, with `torchimages base`
+    where that makes it, or by hand as the docs say."""
+    pull = f"pull it where its registry is reachable (`docker pull {reference}`, or build with --pull)"
+    try:
+        offline_base.parse_base(name)
+    except InputError:
+        return f"{pull}; with no registry, make {name} as docs/building.md, \"Offline bases\", says"
+    made = f"`torchimages base {name}` (root, debootstrap)"
+    if "@sha256:" in reference:
+        return f"{pull}; with no registry, make {name} with {made} and pin it again (`torchimages lock`)"
+    return f"{pull}; with no registry, make it with {made}"
+
+
+# ------------------------------------------------------------------------------------------------------ the wheels
+
+def wheel_findings(specs: list[ImageSpec], sources: wheels.WheelSources,
+                   probe: Callable[[str, Path | None], str | None] = wheels.probe_index) -> list[Finding]:
+    """Whether each row's build gets its wheels: from the wheelhouse given (it holds what `wheels` fetches for the
+    row), or from its indexes, probed from this host at once, each within wheels.INDEX_PROBE_TIMEOUT_S."""
+    if sources.wheelhouse is not None:
+        return wheelhouse_findings(specs, sources.wheelhouse)
+    pages = list(dict.fromkeys(page for spec in specs for page in wheels.index_pages(spec, sources)))
+    answers = wheels.probe_all(pages, lambda page: probe(page, sources.ca_bundle))
+    secrets = Secrets.in_urls(sources.index_url, sources.extra_index_url)
+    by_pages: dict[tuple[str, ...], list[ImageSpec]] = {}
+    for spec in specs:
+        by_pages.setdefault(tuple(wheels.index_pages(spec, sources)), []).append(spec)
+    findings = []
+    for row_pages, rows in by_pages.items():
+        failed = [(page, why) for page in row_pages if (why := answers[page])]
+        indexes = " and ".join(dict.fromkeys(secrets.redact(page.rsplit("/", 2)[0]) for page in row_pages))
+        if not failed:
+            findings.append(Finding("wheels", "ok", f"the build's pip reaches {indexes}, for {_rows(rows)}"))
+            continue
+        said = "; ".join(f"{secrets.redact(page.rsplit('/', 2)[0])}: {why}" for page, why in failed)
+        tls = any(wheels.CA_BUNDLE_REMEDY in why for _, why in failed)
+        remedy = (f"{'' if tls else 'behind a TLS-intercepting proxy, --ca-bundle FILE; '}where the build cannot reach "
+                  f"it, fetch the wheels on a host that can (`torchimages wheels {_selector(rows)} --dest DIR`) and "
+                  "build with --wheelhouse DIR")
+        findings.append(Finding("wheels", "fail", f"the build of {_rows(rows)} cannot reach its index ({said}); "
+                                                  f"{remedy}"))
+    return findings
+
+
+def wheelhouse_findings(specs: list[ImageSpec], wheelhouse: Path) -> list[Finding]:
+    """A wheelhouse covers a row when its folder holds a wheel of each of the row's requirements (wheels.py)."""
+    findings = []
+    covered: dict[Path, list[ImageSpec]] = {}
+    for spec in specs:
+        if wheels.wheelhouse_gaps(spec, wheelhouse):
+            findings.append(Finding("wheels", "fail", wheels.wheelhouse_refusal(spec, wheelhouse)))
+        else:
+            covered.setdefault(wheel_dir(wheelhouse, spec), []).append(spec)
+    return [Finding("wheels", "ok", f"{folder} holds the wheels of {_rows(rows)}: the build needs no index")
+            for folder, rows in covered.items()] + findings
 
 
 # ---------------------------------------------------------------------------------------------------- the host
@@ -367,7 +463,7 @@ def run_bounded(command: list[str], timeout_s: float, limit: int) -> tuple[int |
     return returncode, stdout, stderr
 
 
-def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
+def engine_findings(specs: list[ImageSpec], images_dir: Path | None = None) -> list[Finding]:
     try:
         client = engine.client(timeout=engine.PING_TIMEOUT_S)
     except InputError as error:
@@ -377,6 +473,7 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
     findings = [Finding("engine", "ok", f"Docker {info.get('ServerVersion', '?')} ({info.get('OSType', '?')}/"
                                         f"{info.get('Architecture', '?')})")]
     findings += arch_findings(specs, str(info.get("Architecture") or platform.machine()), emulated_machines())
+    findings += base_findings(specs, images_dir, lambda reference: _engine_image_id(client, reference))
     gpu_rows = [spec.tag for spec in specs if spec.is_gpu]
     if gpu_rows:
         findings.append(gpu_access_finding(engine.gpu_access(client)))
@@ -390,6 +487,11 @@ def engine_findings(specs: list[ImageSpec]) -> list[Finding]:
                                                 "its free space was not checked"))
     client.close()
     return findings
+
+
+def _engine_image_id(client, reference: str) -> str | None:
+    inspected = engine.inspect_image(client, reference)
+    return inspected["Id"] if inspected else None
 
 
 def tool_findings() -> list[Finding]:
@@ -416,6 +518,9 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
     return findings + [finding for spec in specs for finding in row_findings(spec, gpus, specs)]
 
 
-def diagnose(specs: list[ImageSpec]) -> list[Finding]:
-    return engine_findings(specs) + tool_findings() + gpu_findings(specs)
+def diagnose(specs: list[ImageSpec], images_dir: Path | None = None,
+             sources: wheels.WheelSources | None = None) -> list[Finding]:
+    """Every finding for the rows: the engine and its bases, the wheels, the tools, the GPUs."""
+    return (engine_findings(specs, images_dir) + wheel_findings(specs, sources or wheels.WheelSources()) + tool_findings()
+            + gpu_findings(specs))
 

@@ -2,17 +2,28 @@
 from __future__ import annotations
 
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import certifi
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from ..files import make_folder
-from ..model import PROXY_ARGS, PYPI, ImageSpec, PeerError
-from ..redaction import Secrets
+from ..model import PROXY_ARGS, PYPI, ImageSpec, InputError, PeerError, Problem
+from ..redaction import Secrets, inert
 from .context import wheel_dir
 
 OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag torch's dependencies use
@@ -35,6 +46,53 @@ def platform_tags(glibc: str, machine: str = "x86_64") -> list[str]:
     newest = int(glibc.split(".")[1])
     tags = [f"manylinux_2_{minor}_{machine}" for minor in range(newest, OLDEST_MANYLINUX_MINOR - 1, -1)]
     return tags + [f"manylinux2014_{machine}", f"linux_{machine}"]
+
+
+def wheelhouse_gaps(spec: ImageSpec, wheelhouse: Path) -> list[str]:
+    """The row's requirements (what `wheels` fetches for it) that its folder in the wheelhouse holds no wheel for,
+    by name and pinned version; [] when it has them all. Their own dependencies are pip's to find there: a build from
+    a wheelhouse runs pip with no index, so a gap among them fails that build without a byte from the network."""
+    folder = wheel_dir(wheelhouse, spec)
+    held: dict[str, list] = {}
+    for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
+        try:
+            name, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        held.setdefault(str(name), []).append(version)
+    gaps = []
+    for text in requirements(spec):
+        try:
+            wanted = Requirement(text)
+        except InvalidRequirement:  # compat.yaml's own pins: not expected, and then not this check's to judge
+            continue
+        versions = held.get(canonicalize_name(wanted.name), [])
+        if not any(wanted.specifier.contains(version, prereleases=True) for version in versions):
+            gaps.append(text)
+    return gaps
+
+
+def uncovered_rows(specs: list[ImageSpec], wheelhouse: Path) -> list[ImageSpec]:
+    """The rows whose wheels the wheelhouse lacks (wheelhouse_gaps)."""
+    return [spec for spec in specs if wheelhouse_gaps(spec, wheelhouse)]
+
+
+def wheelhouse_refusal(spec: ImageSpec, wheelhouse: Path) -> str:
+    """The one line for a row a wheelhouse does not cover, with the command that fills it."""
+    folder, gaps = wheel_dir(wheelhouse, spec), wheelhouse_gaps(spec, wheelhouse)
+    # A folder that holds some of them says which are missing (another release's wheels, an interrupted fetch).
+    partial = len(gaps) < len(requirements(spec))
+    return (f"--wheelhouse {wheelhouse} has no wheels for {spec.tag} ({folder.name}"
+            f"{' lacks ' + ', '.join(gaps) if partial else ''}): run `torchimages wheels '{spec.tag}' --dest "
+            f"{wheelhouse}`")
+
+
+def check_wheelhouse(specs: list[ImageSpec], wheelhouse: Path) -> None:
+    """Before anything is built: --wheelhouse promises a build with no network to an index, so a row it does not
+    cover is refused (exit 2), never left to fall back on the index (newcomer trial 2, finding 5)."""
+    lacking = uncovered_rows(specs, wheelhouse)
+    if lacking:
+        raise InputError([Problem(str(wheelhouse), 0, wheelhouse_refusal(spec, wheelhouse)) for spec in lacking])
 
 
 @dataclass(frozen=True)
@@ -139,3 +197,84 @@ def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_
 
 class WheelFetchError(PeerError):
     """pip, or the index behind it, could not give the wheels (exit 1, one line, as every peer's error)."""
+
+
+# ------------------------------------------------------------------------------- can the build reach its index?
+
+# A probe of an index waits at most this long: doctor answers in seconds, and a build's pip would wait 15 s per try.
+INDEX_PROBE_TIMEOUT_S = 5.0
+CA_BUNDLE_REMEDY = ("a TLS-intercepting proxy: pass --ca-bundle FILE (its CA's PEM; the host may trust it, the build's "
+                    "pip trusts only its own CAs and that file)")
+
+
+@dataclass(frozen=True)
+class WheelSources:
+    """Where the build would take the rows' wheels from: doctor's --wheelhouse, --pip-index-url, --extra-index-url and
+    --ca-bundle, as build takes them."""
+    wheelhouse: Path | None = None
+    index_url: str | None = None
+    extra_index_url: str | None = None
+    ca_bundle: Path | None = None
+
+
+def index_pages(spec: ImageSpec, sources: WheelSources) -> list[str]:
+    """The index pages the row's build asks first (builder.pip_settings): torch's on its index, NumPy's on the extra
+    one (PyPI unless told), where torch's dependencies come from."""
+    pages = [f"{(sources.index_url or spec.index_url).rstrip('/')}/torch/",
+             f"{(sources.extra_index_url or PYPI).rstrip('/')}/numpy/"]
+    return list(dict.fromkeys(pages))
+
+
+def probe_index(url: str, ca_bundle: Path | None, timeout: float = INDEX_PROBE_TIMEOUT_S) -> str | None:
+    """None when an HTTP GET of url answers as a package index would (through the environment's proxies, trusting
+    the CAs the build's pip trusts: certifi's and ca_bundle); else why not, with what to do about it."""
+    if urlsplit(url).scheme not in ("http", "https"):
+        return "a build's pip cannot read this host's files: build with --wheelhouse"
+    context = ssl.create_default_context(cafile=certifi.where())
+    if ca_bundle is not None:
+        try:
+            context.load_verify_locations(cafile=str(ca_bundle))
+        except (OSError, ssl.SSLError) as error:
+            return f"--ca-bundle {ca_bundle} is not a readable PEM CA file ({inert(str(error))[:200]})"
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+    try:
+        with opener.open(urllib.request.Request(url), timeout=timeout):  # the headers only: no body is read
+            return None
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403, 407):
+            return f"it refused access (HTTP {error.code}): give the index's login in the URL, or the proxy's"
+        return f"it answered HTTP {error.code}" if error.code >= 500 else None  # 404, 405: the index is there
+    except (urllib.error.URLError, OSError) as error:
+        return unreachable_reason(getattr(error, "reason", error), timeout)
+
+
+def unreachable_reason(cause: object, timeout: float) -> str:
+    """Why a probe got no answer, in the words that point at the fix."""
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"its TLS certificate is not trusted ({inert(cause.verify_message or str(cause))[:120]}): {CA_BUNDLE_REMEDY}"
+    if isinstance(cause, socket.gaierror):
+        return "its host name does not resolve here"
+    if isinstance(cause, (TimeoutError, socket.timeout)):
+        return f"no answer within {timeout:g} s"
+    if isinstance(cause, ConnectionRefusedError):
+        return "the connection was refused"
+    return inert(str(cause))[:200]
+
+
+def probe_all(pages: list[str], probe: Callable[[str], str | None],
+              bound_s: float = INDEX_PROBE_TIMEOUT_S + 0.5) -> dict[str, str | None]:
+    """Every page probed at once, the whole within bound_s: a socket timeout bounds neither a name lookup nor an
+    answer that trickles, so a probe still running then is "no answer", and its thread (a daemon) is left behind."""
+    answers: dict[str, str | None] = {}
+
+    def one(page: str) -> None:
+        answers[page] = probe(page)
+
+    threads = [threading.Thread(target=one, args=(page,), daemon=True) for page in pages]
+    deadline = time.monotonic() + bound_s
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {page: answers[page] if page in answers else f"no answer within {INDEX_PROBE_TIMEOUT_S:g} s"
+            for page in pages}

@@ -26,12 +26,14 @@ COMMANDS = {
     "build": Command("images", "build images on the Docker engine"),
     "images": Command("images", "the main job: build and verify (CPU rows on hosts without GPUs)"),
     "test": Command("images", f"verify images inside containers ({', '.join(checklist.NAMES)})"),
-    "doctor": Command("images", "what this host can do with the rows: engine, GPU runtime, disk, skopeo, driver and "
-                                "arch fit"),
+    "doctor": Command("images", "what this host can do with the rows: engine, base images, wheels (index or "
+                                "wheelhouse), GPU runtime, disk, skopeo, driver and arch fit"),
     "gpu-record": Command("images", "on a GPU host: run the GPU side, judge it with the GPU checks, print the record "
                                     "line of docs/gpu-validation.md and keep every raw fact as a simulation-lane host "
                                     "under REPORTS/gpu-record/ (exit 1 when a GPU check failed, 2 for another torch "
                                     "build)"),
+    "base": Command("base", "where no registry is reachable: make a Debian base on the engine with debootstrap "
+                            "(security suite in its sources, no cached .debs)"),
     "lock": Command("publishing", "pin every base image to a digest in bases.lock.json"),
     "publish": Command("publishing", "push verified images: pinned, floating and alias tags"),
     "prune": Command("publishing", "delete dated tags beyond the newest N of each row"),

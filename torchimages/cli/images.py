@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from rich.table import Table
@@ -11,7 +12,6 @@ from rich.text import Text
 
 from .. import verify
 from ..build import builder, debs, doctor, render, wheels
-from ..build.context import wheel_dir
 from ..checks import checklist
 from ..files import atomic_write
 from ..model import ImageSpec, InputError, Problem
@@ -123,6 +123,8 @@ def cmd_test(project: Project, args) -> int:
 
 def run_builds(project: Project, specs: list[ImageSpec], args) -> list[builder.BuildResult]:
     options = build_options(project, args)
+    if options.wheelhouse is not None:
+        wheels.check_wheelhouse(specs, options.wheelhouse)
     with ConsoleDisplay(errors()).building([spec.tag for spec in specs]) as progress:
         return builder.Builder(engine.client(), options, progress).build_all(specs)
 
@@ -140,7 +142,7 @@ def cmd_images(project: Project, args) -> int:
     docker_client = engine.client()
     specs = project.select(args.selectors) if args.selectors else default_selection(project, docker_client)
     if args.wheelhouse:
-        missing = [spec for spec in specs if not list(wheel_dir(args.wheelhouse, spec).glob("torch-*.whl"))]
+        missing = wheels.uncovered_rows(specs, args.wheelhouse)
         if missing:
             wheels.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
     results = run_builds(project, specs, args)
@@ -157,12 +159,27 @@ def cmd_images(project: Project, args) -> int:
     return EXIT_OK if all_built and all(outcome.passed for outcome in verified) else EXIT_FAILED
 
 
+DOCTOR_LOG_WIDTH = 100  # doctor's lines where stdout is no terminal
+
+
 def cmd_doctor(project: Project, args) -> int:
     """What this host can do with the selected rows, before a long build or pull."""
-    findings = doctor.diagnose(project.select(args.selectors))
+    for name in ("wheelhouse", "ca_bundle"):
+        path = getattr(args, name)
+        if path is not None and not path.exists():
+            raise InputError([Problem(str(path), 0, f"--{name.replace('_', '-')} {path} does not exist")])
+    sources = wheels.WheelSources(args.wheelhouse, args.pip_index_url, args.extra_index_url, args.ca_bundle)
+    findings = doctor.diagnose(project.select(args.selectors), project.images, sources)
     failed = any(finding.status == "fail" for finding in findings)
     if args.format == "json":
         print(json.dumps([dataclasses.asdict(finding) for finding in findings], indent=2))
+        return EXIT_FAILED if failed else EXIT_OK
+    if not sys.stdout.isatty():
+        # A log or a pipe: a line per finding, wrapped, not a table as wide as the longest detail (trial 2, #24).
+        for finding in findings:
+            print(textwrap.fill(finding.detail, DOCTOR_LOG_WIDTH, initial_indent=f"{finding.status:<4}  "
+                                f"{finding.subject}: ", subsequent_indent=" " * 6, break_long_words=False,
+                                break_on_hyphens=False))
         return EXIT_FAILED if failed else EXIT_OK
     table = Table(title="what this host can do")
     for column in ("", "subject", "detail"):
@@ -298,7 +315,16 @@ def register(commands) -> None:
     checking = add_command(commands, "doctor", description="Exit 0: the rows can be built (and, on a GPU host, run) here, perhaps with warnings; 1: something "
                     "will fail, with the fix.")
     add_selectors(checking)
-    checking.add_argument("--format", choices=("table", "json"), default="table")
+    checking.add_argument("--format", choices=("table", "json"), default="table",
+                          help="table: a table on a terminal, a wrapped line per finding elsewhere; json: the findings")
+    checking.add_argument("--wheelhouse", type=Path, metavar="DIR",
+                          help="the wheelhouse the build would be given: does it hold each row's wheels? (default: "
+                               "probe the rows' indexes from this host, each within "
+                               f"{wheels.INDEX_PROBE_TIMEOUT_S:g} s)")
+    add_source_arguments(checking)
+    checking.add_argument("--ca-bundle", type=Path, metavar="FILE",
+                          help="the CA bundle the build would be given (a TLS-intercepting proxy's): the probes trust "
+                               "it, beside the CAs the build's pip trusts")
     checking.set_defaults(handler=cmd_doctor)
     recording = add_command(commands, "gpu-record")
     recording.add_argument("tag", help="the row whose expectations apply (driver floor, arch list, cuDNN)")
