@@ -30,13 +30,18 @@ H100 = HostGpu("NVIDIA H100 80GB HBM3", (9, 0), "580.95.05")
 P100 = HostGpu("Tesla P100-PCIE-16GB", (6, 0), "580.95.05")
 
 
+# doctor probes the rows' indexes: in tests, a loopback port nothing listens on (refused at once), never a public host.
+NO_PUBLIC_INDEX = ("--pip-index-url", "http://127.0.0.1:9/simple/", "--extra-index-url", "http://127.0.0.1:9/simple/")
+
+
 def statuses(findings: list[Finding]) -> list[str]:
     return [finding.status for finding in findings]
 
 
 def doctor(*selectors: str, env: dict) -> tuple[int, dict[str, list[Finding]]]:
     """`build.py doctor --format json` on the fixture project's rows: its exit code, and its findings by subject."""
-    result = run_cli("--project", str(FIXTURE_PROJECT), "doctor", *selectors, "--format", "json", env=env)
+    result = run_cli("--project", str(FIXTURE_PROJECT), "doctor", *selectors, *NO_PUBLIC_INDEX, "--format", "json",
+                     env=env)
     assert "Traceback" not in result.stderr, result.stderr
     found: dict[str, list[Finding]] = {}
     for finding in json.loads(result.stdout):
@@ -110,7 +115,7 @@ def test_without_an_engine_doctor_fails_saying_how_to_start_one(tmp_path):
     assert code == 1 and engine.status == "fail"
     assert "no Docker engine answers" in engine.detail and "make engine" in engine.detail
     assert "host gpus" not in found  # CPU rows: the GPUs are not asked about
-    table = run_cli("--project", str(FIXTURE_PROJECT), "doctor", "2.13.0-cpu-*", env=env)
+    table = run_cli("--project", str(FIXTURE_PROJECT), "doctor", "2.13.0-cpu-*", *NO_PUBLIC_INDEX, env=env)
     assert table.returncode == 1 and "no Docker engine answers" in table.stdout
 
 

@@ -568,7 +568,8 @@ def test_an_engine_describing_an_image_without_id_is_named_when_verifying(scratc
 
 def test_engine_info_that_stalls_after_a_good_ping_is_named(scratch, make_engine, bounds_cut):
     fake = make_engine(engine_answering(info=(STALL, None)))
-    result = run_in(scratch, "doctor", CPU_RUNTIME, env=fake.env)
+    result = run_in(scratch, "doctor", CPU_RUNTIME, "--pip-index-url", "http://127.0.0.1:9/simple/",
+                    "--extra-index-url", "http://127.0.0.1:9/simple/", env=fake.env)
     assert_names_the_peer(result, str(fake.path), "did not answer GET /info", "within 0.5 s")
 
 
@@ -622,7 +623,8 @@ ENGINE_GARBAGE = {
 @pytest.mark.parametrize("said", sorted(ENGINE_GARBAGE))
 def test_engine_info_of_the_wrong_shape_names_the_engine(scratch, make_engine, said):
     fake = make_engine(engine_answering(info=ENGINE_GARBAGE[said]))
-    result = run_in(scratch, "doctor", CPU_RUNTIME, env=fake.env)
+    result = run_in(scratch, "doctor", CPU_RUNTIME, "--pip-index-url", "http://127.0.0.1:9/simple/",
+                    "--extra-index-url", "http://127.0.0.1:9/simple/", env=fake.env)
     assert_names_the_peer(result, str(fake.path), "/info", said)
 
 
@@ -638,7 +640,8 @@ INFO_FIELDS_OF_THE_WRONG_TYPE = {
 def test_engine_info_fields_of_the_wrong_type_name_the_engine(scratch, make_engine, case):
     command, info = INFO_FIELDS_OF_THE_WRONG_TYPE[case]
     fake = make_engine(engine_answering(info=(200, {"ServerVersion": "20.10", **info})))
-    result = run_in(scratch, command, env=fake.env)
+    local_index = ("--pip-index-url", "http://127.0.0.1:9/simple/") if command == "doctor" else ()  # not a public one
+    result = run_in(scratch, command, *local_index, env=fake.env)
     assert_names_the_peer(result, str(fake.path), "/info", case.split()[0])
     assert not (scratch / "reports").exists(), "nothing built on an engine whose answer was not understood"
 
