@@ -60,7 +60,8 @@ def test_second_run_skips_both_and_reports_it(cpu_images, wheelhouse, tmp_path):
     report = json.loads((tmp_path / "build-report.json").read_text())
     assert {entry["tag"]: entry["status"] for entry in report["images"]} == {tag: "skipped" for tag in cpu_images}
     assert all(entry["image_id"].startswith("sha256:") for entry in report["images"])
-    assert "skipped" in result.stdout + result.stderr
+    # said "up to date" with its image id: "skipped" is what a check not run says
+    assert all(f"{tag}: up to date (sha256:" in result.stdout + result.stderr for tag in cpu_images)
 
 
 def test_changed_input_is_rebuilt(cpu_images, wheelhouse, tmp_path, docker_client):
@@ -231,6 +232,11 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_ima
         process.kill()
         pytest.fail("Ctrl-C did not stop the build within 120 s")
     assert process.returncode == 130
+    # The interrupted build's log is kept beside build.log (none here: no build of the row finished before), and the
+    # run says what each row has now.
+    row = tmp_path / "reports" / "2.13.0-cpu-runtime"
+    assert token in (row / "build.interrupted.log").read_text() and not (row / "build.log").exists()
+    assert "build interrupted: " in process.stderr.read()
     # The engine removes a cancelled build's RUN container itself, just after the client goes.
     wait_until(lambda: not sleepers(), "the cancelled builds' containers being removed", timeout_s=60)
     assert build_input_servers_left(docker_client) == ([], [])

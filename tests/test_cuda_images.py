@@ -20,7 +20,7 @@ from .conftest import (
     run_cli,
     run_cli_side_by_side,
 )
-from .verify_fixtures import assert_only_check_failed, containers_left, report_of, selection_for
+from .verify_fixtures import assert_only_check_failed, containers_left, image_report_of, report_of, selection_for
 
 pytestmark = pytest.mark.engine
 
@@ -132,5 +132,5 @@ def broken_cuda_verdicts(broken_cuda_images, tmp_path_factory) -> dict[str, tupl
 def test_a_broken_cuda_image_fails_exactly_its_check(case, broken_cuda_verdicts, cuda_baseline, docker_client):
     result, reports = broken_cuda_verdicts[case.name]
     assert result.returncode == 1, result.stdout + result.stderr
-    assert_only_check_failed(report_of(reports, case.row), cuda_baseline["by_tag"][case.row], case.check, case.says)
+    assert_only_check_failed(image_report_of(reports, case.row, case.image), cuda_baseline["by_tag"][case.row], case.check, case.says)
     assert not containers_left(docker_client, reports)

@@ -417,7 +417,7 @@ def test_a_catalog_from_before_index_pins_loads_and_pruned_pins_are_forgotten(tm
 def test_the_main_job_takes_the_rows_for_the_engines_own_machine():
     """`build.py images` with no selector: an x86_64 engine takes the x86_64 images, a Grace host's engine the -arm64
     ones; an engine that does not say its machine takes every row, as before."""
-    from torchimages.cli.images import for_machine
+    from torchimages.cli.rows import for_machine
 
     specs = list(GRACE.values())
     assert X86 in [spec.tag for spec in for_machine(specs, "x86_64")]

@@ -101,7 +101,7 @@ def test_inputs_are_compared_only_with_the_build_the_catalog_published():
 def test_a_current_engine_image_skips_the_build_but_not_the_publish():
     unsigned = state(signing_key="fedcba9876543210")
     assert build_reasons(unsigned) == [] and decision(unsigned) == "verify, publish"
-    assert "the engine's image has today's inputs: the build is skipped" in explain(unsigned)
+    assert "the engine's image has today's inputs: up to date, not built again" in explain(unsigned)
 
 
 def test_no_engine_image_is_a_build_reason():

@@ -59,6 +59,7 @@ from .conftest import FIXTURE_MATRIX, ROOT, interruptible, run_cli, run_cli_side
 from .verify_fixtures import (
     assert_only_check_failed,
     containers_left,
+    image_report_of,
     report_of,
     selection_for,
 )
@@ -495,7 +496,7 @@ def broken_verdicts(broken_images, tmp_path_factory) -> dict[str, tuple[subproce
 @pytest.mark.parametrize("case", BROKEN_IMAGES, ids=lambda case: case.name)
 def test_a_broken_image_fails_exactly_its_check(case, broken_images, broken_verdicts, baseline, docker_client):
     result, reports = broken_verdicts[case.name]
-    report = report_of(reports, case.row)
+    report = image_report_of(reports, case.row, case.image)
     assert result.returncode == 1, result.stdout + result.stderr
     assert report["image_id"] == broken_images[case.name] and report["passed"] is False
     assert report["selection"] == ({"skip": ["smoke"]} if selection_for(case.check) else {})

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from torchimages.verify import VERIFY_LABEL
+from torchimages.verify.plan import image_folder
 
 
 def selection_for(check: str) -> tuple[str, ...]:
@@ -24,6 +25,11 @@ def containers_left(docker_client, reports: Path) -> list[str]:
 
 def report_of(reports: Path, tag: str) -> dict:
     return json.loads((reports / tag / "verify.json").read_text())
+
+
+def image_report_of(reports: Path, tag: str, image: str) -> dict:
+    """The verification of an image given by `test --image`: apart from the row's own (reports/<tag>/verify.json)."""
+    return json.loads((reports / tag / image_folder(image) / "verify.json").read_text())
 
 
 def statuses(report: dict) -> dict[str, str]:

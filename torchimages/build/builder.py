@@ -66,6 +66,14 @@ class BuildResult:
     log: str = ""
 
 
+def status_words(result: BuildResult) -> str:
+    """A result's status as the console shows it: a build left out because nothing changed is "up to date" with its
+    image id ("skipped" means a check not run elsewhere)."""
+    if result.status == "skipped":
+        return f"up to date (sha256:{result.image_id.removeprefix('sha256:')[:12]})"
+    return result.status
+
+
 def local_name(spec: ImageSpec) -> str:
     return f"{spec.repository}:{spec.tag}"
 
@@ -160,6 +168,11 @@ class Builder:
         self._step_images: list[str] = []
         self._buildkit_builds: set[str] = set()  # the ids of the BuildKit builds running, to cancel them by
         self._lock = threading.Lock()
+        # For the line an interrupted run ends with: the rows it set out to build, the image each had before, and
+        # the status of each build that ended.
+        self._todo: list[ImageSpec] = []
+        self._previous: dict[str, str] = {}
+        self._ended: dict[str, str] = {}
 
     def input_hash(self, spec: ImageSpec) -> str | None:
         """The input hash of spec as it would be built now, also on an engine without its base (nothing pulled);
@@ -211,7 +224,12 @@ class Builder:
                 self.progress.finished(decided)
             elif context:
                 todo.append((spec, context))
-        check_destinations([self._log_path(spec) for spec, _ in todo], self.options.reports_dir)
+        check_destinations([path for spec, _ in todo for path in self._log_paths(spec)], self.options.reports_dir)
+        self._todo = [spec for spec, _ in todo]
+        for spec in self._todo:
+            previous = engine.inspect_image(self.client, local_name(spec))
+            if previous:
+                self._previous[spec.tag] = previous["Id"]
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.jobs))
         try:
             futures = {}
@@ -242,6 +260,18 @@ class Builder:
             results.setdefault(spec.tag, BuildResult(spec.tag, "cancelled", error="not started: build cancelled"))
         return [results[spec.tag] for spec in specs if spec.tag in results]
 
+    def interrupted_line(self) -> str:
+        """After Ctrl-C: what each row this run was building has now ("" when every build had ended)."""
+        parts = []
+        for spec in self._todo:
+            if self._ended.get(spec.tag) == "built":
+                continue
+            previous = self._previous.get(spec.tag)
+            log = f"this build's log: {self._interrupted_log_path(spec)}" if spec.tag in self._ended else "not started"
+            parts.append(f"{spec.tag}: the previous image sha256:{previous.removeprefix('sha256:')[:12]} was kept, "
+                         f"and its build.log ({log})" if previous else f"{spec.tag}: no image, none before ({log})")
+        return f"build interrupted: {'; '.join(parts)}" if parts else ""
+
     def cancel(self) -> None:
         """Stop every running build by removing the container of its current step; the engine then
         fails that build, and any step that starts afterwards is removed as soon as it appears."""
@@ -261,6 +291,9 @@ class Builder:
         if self.cancelled.is_set():
             return BuildResult(spec.tag, "cancelled", error="not started: build cancelled")
         log_path = self._log_path(spec)
+        # Written beside build.log and moved into place when the build ends: an interrupted build leaves the last
+        # finished build's log as build.log, and its own as build.interrupted.log.
+        running_log = self._running_log_path(spec)
         started = time.monotonic()
         self.progress.started(spec.tag)
         result = BuildResult(spec.tag, "failed", local_name(spec), input_hash=context.input_hash, log=str(log_path))
@@ -270,7 +303,7 @@ class Builder:
         token = new_token()  # this build's own: its server answers no one else
         try:
             pins = self.options.pinned_debs.get(spec.tag)
-            with open_new(log_path, self.options.reports_dir) as log, context_tar(context) as tar, \
+            with open_new(running_log, self.options.reports_dir) as log, context_tar(context) as tar, \
                     self._served_debs(pins) as debs, \
                     self._inputs_server(api, spec, context, tar, log, fresh, token, debs) as served:
                 python_stage = served.image if isinstance(served, BuildInputsContainer) else None
@@ -293,6 +326,10 @@ class Builder:
                 result.status, result.error = "cancelled", "build cancelled"
         finally:
             api.close()
+        if result.status == "cancelled":
+            result.log = str(self._interrupted_log_path(spec))
+        _put_log_in_place(running_log, Path(result.log))
+        self._ended[spec.tag] = result.status
         result.duration = round(time.monotonic() - started, 2)
         if result.status == "failed":
             result.error = _with_log_tail(result.error, log_path)
@@ -473,6 +510,24 @@ class Builder:
 
     def _log_path(self, spec: ImageSpec) -> Path:
         return self.options.reports_dir / spec.tag / "build.log"
+
+    def _running_log_path(self, spec: ImageSpec) -> Path:
+        return self.options.reports_dir / spec.tag / "build.running.log"
+
+    def _interrupted_log_path(self, spec: ImageSpec) -> Path:
+        return self.options.reports_dir / spec.tag / "build.interrupted.log"
+
+    def _log_paths(self, spec: ImageSpec) -> list[Path]:
+        return [self._log_path(spec), self._running_log_path(spec), self._interrupted_log_path(spec)]
+
+
+def _put_log_in_place(running: Path, final: Path) -> None:
+    """The log of a build that ended, renamed to the name it keeps (its folder was checked for links before the
+    build: check_destinations; a rename replaces a link at the name itself, never what it points to)."""
+    try:
+        os.replace(running, final)
+    except FileNotFoundError:
+        pass  # the build ended before its log was opened
 
 
 class BuildFailed(TorchImagesError):

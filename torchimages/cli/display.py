@@ -13,10 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import verify
-from ..build.builder import BuildResult, Progress
+from ..build.builder import BuildResult, Progress, status_words
 from ..reporting import human_size
 
-STATUS_STYLE = {"built": "green", "skipped": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
+STATUS_STYLE = {"built": "green", "skipped": "cyan", "up to date": "cyan", "failed": "red", "cancelled": "yellow", "building": "white"}
 CHECK_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 
@@ -55,7 +55,8 @@ class PlainProgress(Progress):
         self._print(f"{tag}: step {step}/{total} ({self._elapsed(tag)})")
 
     def finished(self, result: BuildResult) -> None:
-        self._print(f"{result.tag}: {result.status} ({result.duration:.1f}s)")
+        self._print(f"{result.tag}: {status_words(result)}" if result.status == "skipped"
+                    else f"{result.tag}: {result.status} ({result.duration:.1f}s)")
         if result.status == "failed":
             self._print(f"{result.tag}: {result.error}\n{result.tag}: full log: {result.log}")
 
@@ -93,7 +94,8 @@ class LiveProgress(PlainProgress):
         self.live.update(self._table())
 
     def finished(self, result: BuildResult) -> None:
-        self.rows[result.tag] = [result.status, self.rows.get(result.tag, ["", "", ""])[1], f"{result.duration:.1f}s"]
+        self.rows[result.tag] = [status_words(result), self.rows.get(result.tag, ["", "", ""])[1],
+                                 f"{result.duration:.1f}s"]
         self.live.update(self._table())
 
     def _table(self) -> Table:
@@ -101,7 +103,7 @@ class LiveProgress(PlainProgress):
         for column in ("image", "status", "step", "elapsed"):
             table.add_column(column)
         for tag, (status, step, elapsed) in self.rows.items():
-            table.add_row(tag, Text(status, STATUS_STYLE.get(status, "white")), step, elapsed)
+            table.add_row(tag, Text(status, STATUS_STYLE.get(status.split(" (")[0], "white")), step, elapsed)
         return table
 
 
@@ -111,8 +113,8 @@ def build_summary(results: list[BuildResult]) -> Table:
         table.add_column(column, no_wrap=column != "log")
     for result in results:
         size = human_size(result.size) if result.size else "-"
-        table.add_row(result.tag, Text(result.status, STATUS_STYLE[result.status]), size, f"{result.duration:.1f}s",
-                      result.log)
+        table.add_row(result.tag, Text(status_words(result), STATUS_STYLE[result.status]), size,
+                      "-" if result.status == "skipped" else f"{result.duration:.1f}s", result.log)
     return table
 
 

@@ -19,10 +19,12 @@ from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..reporting import human_size
 from ..verify import emulation
+from ..verify.reuse import reuse_line
 from .commands import add_command
 from .console import console, errors, log
 from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table
 from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, integer, writes_reports
+from .rows import default_rows
 
 
 def cmd_list(project: Project, args) -> int:
@@ -94,8 +96,9 @@ def cmd_debs(project: Project, args) -> int:
 
 
 def cmd_build(project: Project, args) -> int:
-    specs = project.select(args.selectors)
-    results = run_builds(project, specs, args)
+    options = build_options(project, args)  # bad flags refused before the engine is asked for the default rows
+    specs = project.select(args.selectors) if args.selectors else default_rows(project, engine.client())
+    results = run_builds(specs, options)
     path = builder.write_report(project.reports, results)
     show_build_results(results)
     print(f"report: {path}")
@@ -107,26 +110,41 @@ def cmd_test(project: Project, args) -> int:
     specs = project.select(args.selectors)
     options = verify.VerifyOptions(reports_dir=project.reports, gpus=args.gpus, shm_size=args.shm_size, image=args.image,
                             timeout=args.timeout, matrix_specs=tuple(project.load().specs), jobs=args.jobs,
-                            selection=selection)
+                            selection=selection, force=args.force)
     docker_client = engine.client()
     with ConsoleProgress(errors()) as progress:
         results = verify.verify_images(docker_client, specs, options, progress)
     out = console()
     for result in results:
         out.print(checks_table(result))
+        if result.reused_from:
+            out.print(reuse_line(result), markup=False, highlight=False)
         if not selection.full:
             out.print(f"{result.tag}: {verify.selective_note(result)}", markup=False, highlight=False)
-    out.print(f"reports: {project.reports}/<tag>/verify.json, junit.xml; summary: {project.reports / 'verify-summary.md'}",
-              markup=False, highlight=False)
+    if args.image:
+        # Kept apart from the row's own verification (reports/<tag>/verify.json), which publish reads.
+        [result] = results
+        out.print(f"reports of {args.image}: {result.report_dir}/ (verify.json, junit.xml, verify-summary.md); the "
+                  f"row's own verification in {project.reports / result.tag} is left as it was",
+                  markup=False, highlight=False)
+    else:
+        out.print(f"reports: {project.reports}/<tag>/verify.json, junit.xml; summary: "
+                  f"{project.reports / 'verify-summary.md'}", markup=False, highlight=False)
     return EXIT_OK if all(result.passed for result in results) else EXIT_FAILED
 
 
-def run_builds(project: Project, specs: list[ImageSpec], args) -> list[builder.BuildResult]:
-    options = build_options(project, args)
+def run_builds(specs: list[ImageSpec], options: builder.BuildOptions) -> list[builder.BuildResult]:
     if options.wheelhouse is not None:
-        wheels.check_wheelhouse(specs, options.wheelhouse)
+        wheels.check_wheelhouse(specs, options.wheelhouse)  # refused before building: it never falls back to an index
     with ConsoleDisplay(errors()).building([spec.tag for spec in specs]) as progress:
-        return builder.Builder(engine.client(), options, progress).build_all(specs)
+        building = builder.Builder(engine.client(), options, progress)
+        try:
+            return building.build_all(specs)
+        except KeyboardInterrupt:
+            line = building.interrupted_line()
+            if line:
+                errors().print(line, markup=False, highlight=False, soft_wrap=True)
+            raise
 
 
 def show_build_results(results: list[builder.BuildResult]) -> None:
@@ -140,20 +158,24 @@ def show_build_results(results: list[builder.BuildResult]) -> None:
 def cmd_images(project: Project, args) -> int:
     """The main job: fetch missing wheels, build (skipping what is unchanged), verify what was built."""
     docker_client = engine.client()
-    specs = project.select(args.selectors) if args.selectors else default_selection(project, docker_client)
+    options = build_options(project, args)  # bad flags refused before the engine is asked for the default rows
+    specs = project.select(args.selectors) if args.selectors else default_rows(project, docker_client)
     if args.wheelhouse:
         missing = wheels.uncovered_rows(specs, args.wheelhouse)
         if missing:
             wheels.fetch_wheels(missing, args.wheelhouse, args.pip_index_url, args.extra_index_url, log)
-    results = run_builds(project, specs, args)
+    results = run_builds(specs, options)
     builder.write_report(project.reports, results)
     show_build_results(results)
     ready = [spec for spec, result in zip(specs, results, strict=False) if result.status in ("built", "skipped")]
-    options = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs), jobs=args.jobs)
+    checking = verify.VerifyOptions(reports_dir=project.reports, matrix_specs=tuple(project.load().specs),
+                                    jobs=args.jobs, force=args.force)
     with ConsoleProgress(errors()) as progress:
-        verified = verify.verify_images(docker_client, ready, options, progress) if ready else []
+        verified = verify.verify_images(docker_client, ready, checking, progress) if ready else []
     for outcome in verified:
         console().print(checks_table(outcome))
+        if outcome.reused_from:
+            console().print(reuse_line(outcome), markup=False, highlight=False)
     print(f"reports: {project.reports}/<tag>/ (build.log, verify.json, junit.xml), {project.reports / 'verify-summary.md'}")
     all_built = len(ready) == len(specs)
     return EXIT_OK if all_built and all(outcome.passed for outcome in verified) else EXIT_FAILED
@@ -228,29 +250,7 @@ def cmd_gpu_record(project: Project, args) -> int:
     return EXIT_OK if result.passed else EXIT_FAILED
 
 
-def default_selection(project: Project, docker_client) -> list[ImageSpec]:
-    """The rows for the engine's own machine, saying so when that leaves any out; of those, every row on an engine
-    that can give containers GPUs, the CPU rows elsewhere, saying so."""
-    every = project.load().specs
-    machine = str(engine.daemon_info(docker_client).get("Architecture") or "")
-    specs = for_machine(every, machine)
-    if len(specs) < len(every):
-        others = ", ".join(spec.tag for spec in every if spec not in specs)
-        print(f"taking the rows for this engine's machine ({machine}); another machine's images build and verify "
-              f"here only under emulation, about {emulation.SLOWDOWN}x slower: name them to take them ({others})",
-              file=sys.stderr)
-    if engine.has_gpu_runtime(docker_client):
-        return specs
-    cpu_rows = [spec for spec in specs if not spec.is_gpu]
-    print(f"no NVIDIA runtime on this Docker engine: taking the CPU rows ({', '.join(s.tag for s in cpu_rows)}); "
-          "name tags or globs to build GPU rows anyway", file=sys.stderr)
-    return cpu_rows
-
-
-def for_machine(specs: list[ImageSpec], machine: str) -> list[ImageSpec]:
-    """The rows whose images are for this machine (`uname -m` or an OCI architecture; every row when unknown)."""
-    own = emulation.oci_architecture(machine)
-    return [spec for spec in specs if spec.platform.split("/")[1] == own] if own else list(specs)
+HOST_ROWS = "the rows for the engine's machine: every one where the engine has GPUs, else the CPU rows"
 
 
 def register(commands) -> None:
@@ -279,13 +279,14 @@ def register(commands) -> None:
     keeping.set_defaults(handler=cmd_debs, writes=lambda project, args: [args.dest])
 
     building = add_command(commands, "build")
-    add_selectors(building)
+    add_selectors(building, default=HOST_ROWS)
     add_build_arguments(building)
     building.set_defaults(handler=cmd_build, writes=writes_reports)
 
     main_job = add_command(commands, "images")
-    add_selectors(main_job, default="every row where the engine has GPUs, else the CPU rows")
-    add_build_arguments(main_job)
+    add_selectors(main_job, default=HOST_ROWS)
+    add_build_arguments(main_job, force_help="rebuild even when the inputs are unchanged, and verify again even where "
+                                             "the image's last verification passed")
     main_job.set_defaults(handler=cmd_images, writes=lambda project, args: [project.reports, *filter(None, [args.wheelhouse])])
     testing = add_command(commands, "test", description="Exit 0: every selected check (all by default) passed or was skipped with a reason; 1: a check "
                     "failed; 2: bad input (unknown tag or check, missing image, GPUs requested from an engine without "
@@ -307,6 +308,9 @@ def register(commands) -> None:
     testing.add_argument("--only", action="append", metavar="CHECK[,CHECK]",
                          help="run only these checks (repeatable or comma-separated), the others reported skipped: "
                               "to re-run a failing check quickly; never enough to publish")
+    testing.add_argument("--force", action="store_true",
+                         help="run the checks again where the last verification of the same image id, the same way, "
+                              "passed (kept by default)")
     testing.add_argument("--skip", action="append", metavar="CHECK[,CHECK]",
                          help="run every check but these (repeatable or comma-separated), reported skipped; not with "
                               "--only; never enough to publish")

@@ -31,6 +31,7 @@ from .options import (
     publish_options,
     writes_everything,
 )
+from .rows import default_rows
 
 
 def cmd_plan(project: Project, args) -> int:
@@ -43,9 +44,14 @@ def cmd_plan(project: Project, args) -> int:
 def cmd_nightly(project: Project, args) -> int:
     check_step_summary()
     matrix = project.load()
-    specs = shard_rows(project, project.select(args.selectors), args)
+    # A shard takes its rows from the plan (made where there may be no engine, over every row), never the host's;
+    # those are asked of the engine once every flag is known to be good.
+    named = bool(args.selectors or args.shard or args.plan)
+    specs = shard_rows(project, project.select(args.selectors), args) if named else []
     options = NightlyOptions(build=build_options(project, args), publish=publish_options(project, args),
                              retention=args.retention, gpus=args.gpus, shard=args.shard or "")
+    if not named:
+        specs = default_rows(project, engine.client())
     summary = Nightly(project, matrix, specs, options, ConsoleDisplay(errors()), log).run()
     print(write_summary(project.reports, summary), end="")
     if summary.nothing_to_do:
@@ -140,7 +146,8 @@ def register(commands) -> None:
 
     nightly = add_command(commands, "nightly", description="Exit 0: every row is built, verified and published (or already was); 1: a row failed "
                     "(the others are still published); 2: bad input.")
-    add_selectors(nightly)
+    add_selectors(nightly, default="the rows for the engine's machine: every one where the engine has GPUs, else the "
+                                   "CPU rows; with --shard, the shard's of every row")
     nightly.add_argument("--shard", metavar="i/n", help="run only shard i of n (see `plan`)")
     nightly.add_argument("--plan", type=Path, metavar="FILE",
                          help="take the shard's rows from this `plan --format json` output instead of planning again")

@@ -41,12 +41,13 @@ def add_selectors(parser: argparse.ArgumentParser, required: bool = False, defau
 
 # -------------------------------------------------------------------------------------------------------- building
 
-def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+def add_build_arguments(parser: argparse.ArgumentParser,
+                        force_help: str = "rebuild even when the inputs are unchanged") -> None:
     parser.add_argument("--jobs", "-j", type=integer, default=2, help="parallel builds (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true",
                         help="take no layer from earlier builds (a row's flavors still share the layers this run makes)")
     parser.add_argument("--pull", action="store_true", help="refresh base images from their registry")
-    parser.add_argument("--force", action="store_true", help="rebuild even when the inputs are unchanged")
+    parser.add_argument("--force", action="store_true", help=force_help)
     parser.add_argument("--fail-fast", action="store_true", help="stop all builds at the first failure")
     parser.add_argument("--prune-build-stages", action="store_true",
                         help="remove the build stages' images after the run (kept by default: a rebuild takes them "

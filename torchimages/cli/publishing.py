@@ -8,7 +8,9 @@ from collections import Counter
 
 from ..build import lock
 from ..build.bases_lock import read_lock, write_lock
+from ..build.builder import local_name
 from ..files import atomic_write
+from ..model import ImageSpec, InputError, Problem
 from ..peers import engine
 from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
 from ..peers.registry_address import parse_registry
@@ -25,6 +27,7 @@ from ..publish.catalog import (
 )
 from ..security import sbom, vex
 from ..trust import referrers
+from ..verify.reports import read_verify_report, verify_report_path
 from .commands import add_command
 from .console import log
 from .options import (
@@ -39,6 +42,7 @@ from .options import (
     publish_options,
     writes_catalog,
 )
+from .rows import leaving_line, leaving_reasons, publishable_rows
 
 
 def cmd_lock(project: Project, args) -> int:
@@ -66,11 +70,12 @@ def cmd_lock(project: Project, args) -> int:
 
 
 def cmd_publish(project: Project, args) -> int:
-    specs = project.select(args.selectors)
     options = publish_options(project, args)
     sbom.refuse_expired(options.allowlist, dt.date.today())
     vex.preflight(options.allowlist, dt.date.today())
-    results = publisher.Publisher(engine.client(), options, log).publish_all(specs)
+    client = engine.client()
+    specs = project.select(args.selectors) if args.selectors else verified_rows(project, client)
+    results = publisher.Publisher(client, options, log).publish_all(specs)
     print_results(results, options.registry.name)
     if options.signing_key is None and any(result.status in ("published", "unchanged") for result in results):
         print("unsigned: no --signing-key (or $TORCHIMAGES_SIGNING_KEY) was given, so nothing carries a signature or "
@@ -79,6 +84,28 @@ def cmd_publish(project: Project, args) -> int:
     counts = Counter(result.status for result in results)
     print(f"{', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}; report: {path}")
     return EXIT_FAILED if counts["failed"] or counts["refused"] else EXIT_OK
+
+
+def verified_rows(project: Project, client) -> list[ImageSpec]:
+    """publish's rows when it names none: those whose image now tagged may be published on its verification (as
+    publish itself decides), saying which it leaves; bad input when that leaves none."""
+    every = project.load().specs
+    refusals = {}
+    for spec in every:
+        path = verify_report_path(project.reports, spec.tag)
+        try:
+            refusals[spec.tag] = publisher.verification_refusal(
+                spec, engine.inspect_image(client, local_name(spec)), read_verify_report(path), path)
+        except InputError as error:  # a damaged report leaves its own row only
+            refusals[spec.tag] = "; ".join(problem.message for problem in error.problems)
+    taken, left = publishable_rows(every, refusals)
+    if not taken:
+        raise InputError([Problem("SELECTOR", 0, f"no row is verified for publishing ({leaving_reasons(left)}): verify "
+                                                 "them first (`torchimages images`), or name the rows to publish")])
+    line = leaving_line(taken, left)
+    if line:
+        print(line, file=sys.stderr)
+    return taken
 
 
 def print_results(results: list[publisher.PublishResult], repository: str) -> None:
@@ -151,7 +178,7 @@ def register(commands) -> None:
                          writes=lambda project, args: [] if args.check else [project.lock_file.parent])
 
     publishing = add_command(commands, "publish")
-    add_selectors(publishing)
+    add_selectors(publishing, default="the rows whose image now tagged passed its verification")
     add_publish_arguments(publishing)
     publishing.set_defaults(handler=cmd_publish,
                             writes=lambda project, args: [project.reports, *writes_catalog(project, args)])

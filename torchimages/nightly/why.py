@@ -53,6 +53,26 @@ def input_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     return changes
 
 
+WHEEL = "wheel "  # the build inputs a served wheel adds (build/context.py build_inputs): "wheel <file name>"
+FROM_WHEELHOUSE = "inputs differ only in where the wheels come from: pass --wheelhouse as the build did"
+FROM_INDEX = ("inputs differ only in where the wheels come from: the build installed them from the package index; "
+              "leave out --wheelhouse as it did")
+
+
+def wheel_source_change(before: dict[str, str], now: dict[str, str] | None) -> str:
+    """FROM_WHEELHOUSE or FROM_INDEX where the two sets of inputs are the same but for the wheels, which one of them
+    was served (from a wheelhouse, by name and size) and the other installed from the index; "" otherwise. Where the
+    wheels come from is not itself an input: a wheelhouse in another folder holding the same wheels changes nothing."""
+    if not before or now is None:
+        return ""
+    def others(inputs: dict[str, str]) -> dict[str, str]:
+        return {name: value for name, value in inputs.items() if not name.startswith(WHEEL)}
+    served_before, served_now = (any(name.startswith(WHEEL) for name in inputs) for inputs in (before, now))
+    if served_before == served_now or others(before) != others(now):
+        return ""
+    return FROM_WHEELHOUSE if served_before else FROM_INDEX
+
+
 def publish_reasons(state: RowState) -> list[str]:
     """Why the nightly runs this row at all; empty when it is published with today's inputs, as asked."""
     if state.forced:
@@ -76,7 +96,9 @@ def publish_reasons(state: RowState) -> list[str]:
     if state.input_hash is None:
         reasons.append("nothing identifies its base: not on the engine and not in bases.lock.json")
     elif state.input_hash != entry.input_hash:
-        reasons.append(f"its inputs changed since it was published (input hash {entry.input_hash or 'none'} -> "
+        source = _wheel_source_after(state.built_inputs, state.inputs, entry.input_hash)
+        reasons.append(f"{source} (input hash {entry.input_hash or 'none'} -> {state.input_hash})" if source else
+                       f"its inputs changed since it was published (input hash {entry.input_hash or 'none'} -> "
                        f"{state.input_hash}){_changes_after(state.built_inputs, state.inputs, entry.input_hash)}")
     for tag, digest in sorted((state.registry_digests or {}).items()):
         if digest != entry.digest:
@@ -91,8 +113,23 @@ def build_reasons(state: RowState) -> list[str]:
     if state.engine_hash is None:
         return ["the engine has no image of it"]
     if state.input_hash != state.engine_hash:
-        return [f"the engine's image was built from other inputs{_changes_after(state.built_inputs, state.inputs)}"]
+        source = _wheel_source_after(state.built_inputs, state.inputs, state.engine_hash)
+        return [f"the engine's image was built with the same inputs, but {source}" if source else
+                f"the engine's image was built from other inputs{_changes_after(state.built_inputs, state.inputs)}"]
     return []
+
+
+def _wheel_source_after(built: dict[str, str], now: dict[str, str] | None, compared_hash: str | None) -> str:
+    """wheel_source_change since the last build here, when that build is the one compared with (its hash)."""
+    return wheel_source_change(built, now) if built and compared_hash and input_hash(built) == compared_hash else ""
+
+
+def wheels_only(state: RowState) -> str:
+    """The wheel-source message where it is the one reason the row would run ("" otherwise): then the row is as
+    published, given the wheels the build had."""
+    reasons = publish_reasons(state)
+    return next((source for source in (FROM_WHEELHOUSE, FROM_INDEX) if len(reasons) == 1
+                 and reasons[0].startswith(source)), "")
 
 
 def _changes_after(built: dict[str, str], now: dict[str, str] | None, published_hash: str | None = None) -> str:
@@ -139,7 +176,7 @@ def decision(state: RowState) -> str:
     """nothing: published with today's inputs; verify and publish: the engine's image is current; else build."""
     if not publish_reasons(state):
         return "rebuild the OS security layer, verify, publish" if state.security_fixes else "nothing"
-    return "build, verify, publish" if build_reasons(state) else "verify, publish"
+    return wheels_only(state) or ("build, verify, publish" if build_reasons(state) else "verify, publish")
 
 
 def decision_document(state: RowState) -> dict:
@@ -151,6 +188,9 @@ def decision_document(state: RowState) -> dict:
 def explain(state: RowState) -> str:
     document = decision_document(state)
     lines = [f"{state.tag}: {document['decision']}"]
+    if wheels_only(state):
+        return "\n".join([*lines, "  with the build's wheels its inputs are the published ones; as given, it would be "
+                                   "built again"])
     if not document["publish_reasons"]:
         asked = "its tags on the registry name the catalog's digest" if document["registry_asked"] else \
             "the registry was not asked (--offline)"
@@ -161,6 +201,15 @@ def explain(state: RowState) -> str:
             lines.append(f"  its OS's security fixes could not be looked up: {state.security_unknown}")
     lines += [f"  - {reason}" for reason in document["publish_reasons"]]
     if document["publish_reasons"]:
-        lines.append("  the engine's image has today's inputs: the build is skipped" if not document["build_reasons"]
-                     else f"  builds because {'; '.join(document['build_reasons'])}")
+        lines.append("  the engine's image has today's inputs: up to date, not built again" if not document["build_reasons"]
+                     else f"  builds because {'; '.join(_not_again(document['build_reasons'], document['publish_reasons']))}")
     return "\n".join(lines)
+
+
+def _not_again(reasons: list[str], above: list[str]) -> list[str]:
+    """reasons, each list of changed inputs that a line above already gives (the same build compared) left out."""
+    shown = []
+    for reason in reasons:
+        cause, _, changes = reason.partition(": ")
+        shown.append(f"{cause} (the changes above)" if changes and any(changes in line for line in above) else reason)
+    return shown

@@ -49,7 +49,7 @@ def create_container(docker_client: docker.DockerClient, plan: Plan, name: str, 
     Labels find leftovers (`docker ps -a --filter label=io.torchimages.verify`) and tell whose they are. An arm64
     image the engine emulates gets its stand-in CPU identity (emulation.py), written under the image's reports folder,
     and qemu emulates the core it names."""
-    mounts = emulation.cpu_mounts(plan.standin_cpus, Path(reports) / plan.spec.tag, Path(reports))
+    mounts = emulation.cpu_mounts(plan.standin_cpus, plan.report_dir(Path(reports)), Path(reports))
     return docker_client.containers.create(
         plan.image_id, name=name,
         # Keep the container alive without the image's entrypoint; removal with force kills it at once.

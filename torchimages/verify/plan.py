@@ -1,6 +1,8 @@
 """Verification, step 1: what to verify and how, decided and checked before any container starts."""
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +95,7 @@ class VerifyOptions:
     suite: Path = SUITE
     jobs: int = 1  # images verified at once where no GPU is given (verification.jobs says why not with GPUs)
     selection: CheckSelection = CheckSelection()  # the checks to run (--only/--skip); by default every one
+    force: bool = False  # verify again where a passing verification of the same image id is kept (reuse.py)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class VerifyResult:
     cpu_standin: str = ""  # why the CPU identity the image saw was a stand-in (emulation.py); "" for the engine's own
     selection: CheckSelection = CheckSelection()  # the checks it ran: a selective result is never one to publish
     host: dict = field(default_factory=dict)  # the GPUs' health and speed figures (checks/gpu_speed.host_report)
+    reused_from: str = ""  # when the passing verification kept instead of running it again finished ("": it ran now)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,25 @@ class Plan:
     # 0 where the engine runs the image's machine itself.
     standin_cpus: int = 0
     slowdown: int = 1  # what every time bound is multiplied by: emulation.SLOWDOWN under emulation, 1 natively
+    # The folder below reports/<tag>/ for an image given by --image (image_folder): its checks never stand in the
+    # row's own verify.json, which publish reads. "" for the row's own image.
+    folder: str = ""
+
+    def report_dir(self, reports_dir: Path) -> Path:
+        return reports_dir / self.spec.tag / self.folder if self.folder else reports_dir / self.spec.tag
+
+
+IMAGE_FOLDER_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+", re.ASCII)
+IMAGE_FOLDER_MAX = 100
+
+
+def image_folder(reference: str) -> str:
+    """reports/<tag>/<this>/ for the checks of an image given by --image: image-<the reference, every character a
+    file name should not hold made _>, cut short with 12 characters of its sha256 where it is long (a digest)."""
+    name = "image-" + IMAGE_FOLDER_CHARACTERS.sub("_", reference)
+    if len(name) > IMAGE_FOLDER_MAX:
+        name = f"{name[:IMAGE_FOLDER_MAX - 13]}-{hashlib.sha256(reference.encode()).hexdigest()[:12]}"
+    return name
 
 
 class Progress:
@@ -171,7 +194,8 @@ def _plan(docker_client: docker.DockerClient, spec: ImageSpec, options: VerifyOp
     timeout = options.timeout or ((DEVEL_TIMEOUT_S if spec.builds_extensions else RUNTIME_TIMEOUT_S)
                                   + (GPU_EXTRA_S if gpus.wanted else 0))
     return Plan(spec, image, inspected["Id"], gpus, shm_size, timeout,
-                image_architecture=str(inspected.get("Architecture") or ""))
+                image_architecture=str(inspected.get("Architecture") or ""),
+                folder=image_folder(options.image) if options.image else "")
 
 
 def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, progress: Progress, tag: str) -> dict:

@@ -13,7 +13,7 @@ import docker
 import docker.errors
 
 from ..files import atomic_write, atomic_write_json, check_destinations, make_folder, remove_file
-from ..model import ImageSpec, TorchImagesError
+from ..model import ImageSpec, InputError, TorchImagesError
 from ..peers import engine
 from . import emulation
 from .container import (
@@ -25,7 +25,8 @@ from .container import (
     remove_containers_of,
 )
 from .plan import Plan, Progress, VerifyOptions, VerifyResult, parse_gpus, plan_all
-from .reports import FACTS_NAME, REPORT_NAME, judged_host, summary_markdown, verify_report
+from .reports import FACTS_NAME, REPORT_NAME, judged_host, read_verify_report, summary_markdown, verify_report
+from .reuse import reusable, reused_result
 from .suite import (
     expectations,
     failed_start_checks,
@@ -97,7 +98,7 @@ def verify_all(docker_client: docker.DockerClient, plans: list[Plan], options: V
 def verify_one(docker_client: docker.DockerClient, plan: Plan, options: VerifyOptions, host_gpu_runtime: bool,
                progress: Progress, cancelled: threading.Event | None = None) -> VerifyResult:
     tag, started_at, started = plan.spec.tag, datetime.now(timezone.utc), time.monotonic()
-    report_dir = options.reports_dir / tag
+    report_dir = plan.report_dir(options.reports_dir)
     make_folder(report_dir, options.reports_dir)
     # No verify.json while a run is under way: an interrupted run must not leave an older verdict looking current;
     # nor an older run's facts, which the report's host part and publishing read (a container that never started
@@ -199,7 +200,28 @@ def verify_images(docker_client: docker.DockerClient, specs: list[ImageSpec], op
     access, info = engine.gpu_access(docker_client), engine.daemon_info(docker_client)
     plans = [for_this_engine(plan, access, info, options.timeout is not None)
              for plan in plan_all(docker_client, specs, options, progress)]
-    check_destinations([options.reports_dir / plan.spec.tag / REPORT_NAME for plan in plans], options.reports_dir)
-    results = verify_all(docker_client, plans, options, bool(access.path), progress)
-    atomic_write(options.reports_dir / "verify-summary.md", summary_markdown(results))
+    check_destinations([plan.report_dir(options.reports_dir) / REPORT_NAME for plan in plans], options.reports_dir)
+    kept = {} if options.force else kept_verifications(plans, options)
+    ran = verify_all(docker_client, [plan for plan in plans if plan.spec.tag not in kept], options, bool(access.path),
+                     progress)
+    by_tag = {**kept, **{result.tag: result for result in ran}}
+    results = [by_tag[plan.spec.tag] for plan in plans]
+    # The checks of an image given by --image keep their summary in their own folder, apart from the rows'.
+    folder = plans[0].report_dir(options.reports_dir) if options.image and plans else options.reports_dir
+    atomic_write(folder / "verify-summary.md", summary_markdown(results), root=options.reports_dir)
     return results
+
+
+def kept_verifications(plans: list[Plan], options: VerifyOptions) -> dict[str, VerifyResult]:
+    """tag -> the passing verification kept for its plan (reuse.py): the report its folder holds, read back; one that
+    cannot be read is not kept, and this run writes a new one."""
+    kept = {}
+    for plan in plans:
+        folder = plan.report_dir(options.reports_dir)
+        try:
+            report = read_verify_report(folder / REPORT_NAME)
+        except InputError:
+            continue
+        if report is not None and reusable(report, plan, options.selection):
+            kept[plan.spec.tag] = reused_result(report, plan, folder)
+    return kept
