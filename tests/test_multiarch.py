@@ -381,7 +381,7 @@ def test_the_page_says_how_to_pin_pull_and_verify_a_multi_arch_tag_on_either_mac
             ) in page
     assert f"| `{repository}:latest` | `{digest('a')}` | `{X86}-20260102` |" in page, "the index's floating tags"
     assert f"| `{repository}:{X86}-20260101` | `{digest('d')}` | 2026-01-01 |" in page, "an older pin until pruned"
-    key = f"../catalog/keys/{'f' * 16}.pub"
+    key = f"catalog/keys/{'f' * 16}.pub"  # from the project's root, where the commands are run
     reference = f"{repository}@{digest('a')}"
     # The index is attested as an image is: cosign's attestation check and ours, for every platform, work on it.
     assert (f"| {X86} (manifest list) | `{digest('f')}` | "

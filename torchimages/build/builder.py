@@ -29,6 +29,7 @@ from . import buildkit
 from . import debs as deb_pins
 from .bases_lock import LOCK_NAME, read_lock
 from .context import BuildContext, BuildOptions, base_identity, build_context, context_tar, input_hash
+from .failure import diagnose, failure_line, strip_ansi
 from .render import PINNED_DEBS_ENTRY
 from .reproducible import base_entries, settle_image, source_date
 
@@ -43,7 +44,6 @@ STEP = re.compile(r"^Step ([0-9]+)/([0-9]+) : ", re.ASCII)
 BASE_ARG = re.compile(r"^ARG BASE_IMAGE=(\S+)$", re.MULTILINE | re.ASCII)
 RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$", re.MULTILINE)
-LOG_TAIL_LINES = 15
 SECURITY_REFRESH_ARG = "OS_SECURITY_REFRESH"  # the build arg the OS security layer's cache depends on
 # Where the build-input server runs: this host's loopback (the engine shares its network), or a container on the engine.
 INPUTS_SERVERS = ("loopback", "container")
@@ -332,7 +332,7 @@ class Builder:
         self._ended[spec.tag] = result.status
         result.duration = round(time.monotonic() - started, 2)
         if result.status == "failed":
-            result.error = _with_log_tail(result.error, log_path)
+            result.error = _failure(result.error, log_path, spec.tag)
         return result
 
     def _served_debs(self, pins: list[deb_pins.PinnedDeb] | None) -> AbstractContextManager[dict[str, Path]]:
@@ -373,7 +373,7 @@ class Builder:
         image_id = ""
         for event in stream:
             if "stream" in event:
-                text = self.secrets.redact(str(event["stream"]))
+                text = self.secrets.redact(strip_ansi(str(event["stream"])))
                 log.write(text)
                 log.flush()
                 self._observe(spec.tag, text)
@@ -416,14 +416,14 @@ class Builder:
             elif event.get("id") == buildkit.IMAGE_ID and isinstance(event.get("aux"), dict):
                 image_id = str(event["aux"].get("ID", ""))
             elif "stream" in event:
-                log.write(self.secrets.redact(str(event["stream"])))
+                log.write(self.secrets.redact(strip_ansi(str(event["stream"]))))
             self._fail_on_engine_error(event, log)
         return _built(image_id)
 
     def _fail_on_engine_error(self, event: dict, log) -> None:
         """The engine's error event ends the build: written to its log and raised (credentials redacted)."""
         if "error" in event:
-            message = self.secrets.redact(str(event["error"]))
+            message = self.secrets.redact(strip_ansi(str(event["error"])))
             log.write(f"ERROR: {message}\n")
             raise BuildFailed(message.strip())
 
@@ -440,7 +440,7 @@ class Builder:
                 self.progress.step(tag, *step)
         lines = plain.lines(update)
         if lines:
-            log.write(self.secrets.redact("\n".join(lines) + "\n"))
+            log.write(self.secrets.redact(strip_ansi("\n".join(lines) + "\n")))
             log.flush()
 
     def _observe(self, tag: str, text: str) -> None:
@@ -551,12 +551,18 @@ def _build_error(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _with_log_tail(error: str, log_path: Path) -> str:
+def _failure(error: str, log_path: Path, tag: str) -> str:
+    """The one line a failed build's error becomes: its cause and remedy, read from the build log and the engine's
+    error (failure.py). The log keeps the rest: the console names it, and never repeats the step's whole command."""
     try:
-        tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        text = log_path.read_text(errors="replace")
     except OSError:
-        tail = []
-    return error + ("\n" + "\n".join(tail) if tail else "")
+        text = ""
+    if error and error not in text:
+        # This host's own words (a build-input server that could not start, an engine fallen silent, a .deb pin
+        # not kept): already a cause and a remedy, which the log's last step would hide.
+        return " ".join(error.split())
+    return failure_line(*diagnose(text, tag))
 
 
 @dataclass

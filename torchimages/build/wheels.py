@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -30,6 +31,11 @@ OLDEST_MANYLINUX_MINOR = 17  # manylinux2014 = manylinux_2_17, the oldest tag to
 # pip's own socket timeout (15 s) bounds an index that falls silent, not one that trickles: a whole row's fetch has
 # this bound too. A CUDA row's set is about 4 GB: two hours is 0.5 MB/s.
 FETCH_BOUND_S = 2 * 3600
+# pip's lines about each file as it gets it: "Downloading URL-or-name (SIZE)" (PyPI's file host by name only),
+# "Using cached NAME (SIZE)", "Processing /path" (a find-links folder of pip.conf), "File was already downloaded PATH".
+PIP_DOWNLOADING = re.compile(r"^\s*(Downloading|Using cached) (\S+)(?: \(([^)]+)\))?\s*$", re.ASCII)
+PIP_LOCAL = re.compile(r"^\s*(Processing|File was already downloaded) (\S+\.whl)\s*$", re.ASCII)
+PYPI_FILES = "files.pythonhosted.org"
 
 
 def requirements(spec: ImageSpec) -> list[str]:
@@ -142,9 +148,27 @@ class Fetched:
     total_bytes: int
 
 
+def progress_line(pip_line: str) -> str | None:
+    """One wheel pip gets, from its output line, as `wheels` says it: the file, its size, and where it came from
+    (the index's host, PyPI, pip's cache or a local folder); None for pip's other lines."""
+    downloading = PIP_DOWNLOADING.match(pip_line)
+    if downloading:
+        how, where, size = downloading.groups()
+        name = where.rsplit("/", 1)[-1].replace("%2B", "+")
+        source = ("pip's cache" if how == "Using cached" else
+                  urlsplit(where).hostname or where if "://" in where else PYPI_FILES)
+        return f"  {name}{f' ({size})' if size else ''} from {source}"
+    local = PIP_LOCAL.match(pip_line)
+    if local:
+        path = Path(local.group(2))
+        return f"  {path.name} from {'this wheelhouse (fetched before)' if local.group(1).startswith('File') else path.parent}"
+    return None
+
+
 def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None = None,
                  extra_index_url: str | None = None, log: Callable[[str], None] = lambda message: None) -> list[Fetched]:
-    """Download each folder's wheel set once; say what was fetched. Raises WheelFetchError on pip failure."""
+    """Download each folder's wheel set once; say each wheel as pip gets it (a CUDA row's set is gigabytes: minutes
+    of silence otherwise) and what was fetched. Raises WheelFetchError on pip failure."""
     fetched = []
     for download in plan_downloads(specs, wheelhouse):
         make_folder(download.dest, wheelhouse)  # a linked row folder would take the wheels elsewhere
@@ -152,7 +176,7 @@ def fetch_wheels(specs: list[ImageSpec], wheelhouse: Path, index_url: str | None
         log(f"fetching {' '.join(download.requirements)} for Python {download.python}, glibc {download.glibc} "
             f"({download.index}) into {download.dest}")
         with staging(download.dest) as folder:
-            _run_pip(download, folder, index_url, extra_index_url)
+            _run_pip(download, folder, index_url, extra_index_url, log)
             for path in folder.iterdir():
                 os.replace(path, download.dest / path.name)
         files = sorted(path for path in download.dest.iterdir() if path.is_file())
@@ -175,16 +199,16 @@ def staging(dest: Path) -> Iterator[Path]:
         yield Path(folder)
 
 
-def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None) -> None:
+def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_url: str | None,
+             log: Callable[[str], None] = lambda message: None) -> None:
     command = download_command(replace(download, dest=into), index_url, extra_index_url)
     secrets = Secrets.in_urls(index_url, extra_index_url, *(os.environ.get(name) for name in PROXY_ARGS))
     # pip's temporary folders go beside the staging folder and are removed with it: a pip killed at the bound
     # removes none of its own, which would stay in the system's temporary folder.
     try:
         with tempfile.TemporaryDirectory(prefix=".pip-tmp-", dir=into.parent) as pip_tmp:
-            result = subprocess.run(command, check=False, capture_output=True, timeout=FETCH_BOUND_S,
-                                    env={**os.environ, "TMPDIR": pip_tmp},
-                                    text=True, stdin=subprocess.DEVNULL)  # pip never waits for a login typed in
+            result = _pip_said(command, {**os.environ, "TMPDIR": pip_tmp},
+                               lambda line: log(secrets.redact(line)))
     except subprocess.TimeoutExpired:  # pip is killed
         index = secrets.redact(index_url or download.index_url)
         raise WheelFetchError(f"pip did not fetch the wheels of {download.dest.name} within {FETCH_BOUND_S} s from "
@@ -193,6 +217,38 @@ def _run_pip(download: Download, into: Path, index_url: str | None, extra_index_
     if result.returncode != 0:
         said = secrets.redact(result.stderr.strip())[-2000:]  # redacted first: a cut may not split a secret
         raise WheelFetchError(f"pip could not fetch the wheels of {download.dest.name}:\n{said}")
+
+
+def _pip_said(command: list[str], env: dict[str, str], say: Callable[[str], None]) -> subprocess.CompletedProcess:
+    """pip run to its end, or killed at FETCH_BOUND_S (TimeoutExpired); each wheel said as pip names it. stderr is
+    kept for the error, in a file: a pipe left unread while stdout is read could fill and stall pip."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, env=env,
+                                   text=True, errors="replace")  # stdin: pip never waits for a login typed in
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            process.kill()
+
+        timer = threading.Timer(FETCH_BOUND_S, kill)
+        timer.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                shown = progress_line(line)
+                if shown:
+                    say(shown)
+            returncode = process.wait()
+        finally:
+            timer.cancel()
+            if process.poll() is None:  # Ctrl-C while reading: pip goes too
+                process.kill()
+                process.wait()
+        if killed.is_set():
+            raise subprocess.TimeoutExpired(command, FETCH_BOUND_S)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(command, returncode, "", stderr.read())
 
 
 class WheelFetchError(PeerError):

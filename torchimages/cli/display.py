@@ -55,10 +55,9 @@ class PlainProgress(Progress):
         self._print(f"{tag}: step {step}/{total} ({self._elapsed(tag)})")
 
     def finished(self, result: BuildResult) -> None:
+        # Only the status: why a row failed is said once, after the summary (failure_lines).
         self._print(f"{result.tag}: {status_words(result)}" if result.status == "skipped"
                     else f"{result.tag}: {result.status} ({result.duration:.1f}s)")
-        if result.status == "failed":
-            self._print(f"{result.tag}: {result.error}\n{result.tag}: full log: {result.log}")
 
     def _elapsed(self, tag: str) -> str:
         return f"{time.monotonic() - self.started_at.get(tag, time.monotonic()):.0f}s"
@@ -114,8 +113,26 @@ def build_summary(results: list[BuildResult]) -> Table:
     for result in results:
         size = human_size(result.size) if result.size else "-"
         table.add_row(result.tag, Text(status_words(result), STATUS_STYLE[result.status]), size,
-                      "-" if result.status == "skipped" else f"{result.duration:.1f}s", result.log)
+                      "-" if result.status == "skipped" else f"{result.duration:.1f}s", result.log or "-")
     return table
+
+
+def failure_lines(results: list[BuildResult], terminal: bool) -> list[str]:
+    """One line per failed row: its cause and remedy (builder.py reads them from the build log), then the log's path:
+    on that line in a CI log, on a line of its own on a terminal, where it must not be cut or wrapped to fit the
+    table. No path where no build started (nothing was logged)."""
+    lines = []
+    for result in results:
+        if result.status != "failed":
+            continue
+        cause = " ".join(result.error.split()) or "failed"
+        if not result.log:
+            lines.append(f"{result.tag} failed: {cause}")
+        elif terminal:
+            lines += [f"{result.tag} failed: {cause}", f"  full log: {result.log}"]
+        else:
+            lines.append(f"{result.tag} failed: {cause}; full log: {result.log}")
+    return lines
 
 
 class ConsoleProgress(verify.Progress):

@@ -22,7 +22,7 @@ from ..verify import emulation
 from ..verify.reuse import reuse_line
 from .commands import add_command
 from .console import console, errors, log
-from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table
+from .display import DOCTOR_STYLE, ConsoleDisplay, ConsoleProgress, build_summary, checks_table, failure_lines
 from .options import add_build_arguments, add_selectors, add_source_arguments, build_options, integer, writes_reports
 from .rows import default_rows
 
@@ -83,8 +83,9 @@ def cmd_debs(project: Project, args) -> int:
     for spec in project.select(args.selectors):
         image = builder.local_name(spec)
         if engine.inspect_image(client, image) is None:
-            raise InputError([Problem(spec.tag, 0, f"no image {image} on the engine: build it first "
-                                                   f"(`python build.py build {spec.tag}`)")])
+            raise InputError([Problem(spec.tag, 0, f"the local image {image} (a name on this engine, not pushed "
+                                                   f"anywhere) is not on the engine: build it first "
+                                                   f"(`torchimages build {spec.tag}`)")])
         pins = debs.image_pins(client.api, image)
         if not pins:
             raise InputError([Problem(spec.tag, 0, f"{image} records no .debs (built before they were recorded, or "
@@ -149,10 +150,9 @@ def run_builds(specs: list[ImageSpec], options: builder.BuildOptions) -> list[bu
 
 def show_build_results(results: list[builder.BuildResult]) -> None:
     console().print(build_summary(results))
-    for result in results:
-        if result.status == "failed":
-            errors().print(Text.assemble((f"{result.tag} failed", "red"), f": {result.error}\nfull log: {result.log}"),
-                           highlight=False)
+    stderr = errors()
+    for line in failure_lines(results, stderr.is_terminal):
+        stderr.print(line, style="red" if not line.startswith(" ") else None, highlight=False, soft_wrap=True)
 
 
 def cmd_images(project: Project, args) -> int:

@@ -113,7 +113,7 @@ def print_results(results: list[publisher.PublishResult], repository: str) -> No
         if result.status in ("published", "unchanged"):
             written = result.created + result.moved
             tags = f"; tags written: {', '.join(written)}" if written else ""
-            signed = f"; signed by {result.signing['key'][:19]}... ({referrers.signing_statuses(result.signing)})" \
+            signed = f"; {referrers.signing_statuses(result.signing)}; signed with key {result.signing['key'][:19]}..." \
                 if result.signing else ""
             print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}")
         else:
@@ -146,7 +146,8 @@ def cmd_catalog(project: Project, args) -> int:
         print(f"{len(catalog.images)} catalog entries checked against the registry: "
               f"{'all match' if not mismatches else f'{len(mismatches)} problems'}")
         return EXIT_FAILED if mismatches else EXIT_OK
-    page = catalog_page.readme(catalog, catalog_page.sbom_prefix(folder, project.images))
+    page = catalog_page.readme(catalog, catalog_page.sbom_prefix(folder, project.images),
+                               catalog_page.root_prefix(folder, project.images))
     readme_path = project.images / README_NAME
     require_folder(project.images, "the images folder (--images DIR)")
     current = current_page(readme_path)

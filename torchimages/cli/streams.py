@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..build.failure import strip_ansi
 from ..model import TorchImagesError
 from ..redaction import Secrets, workflow_commands_broken
 from .console import log
@@ -57,9 +58,12 @@ class NamedStream:
     def __init__(self, stream, name: str):
         self._stream, self._name = stream, name
         self.secrets = Secrets()
+        # Where this is not a terminal (a CI log, a file), terminal escapes are noise: pip's `ESC[91m` in a build's
+        # error, a colour rich was forced to write. FORCE_COLOR asks for them anyway (a CI that renders colours).
+        self._plain = not _is_terminal(stream) and not os.environ.get("FORCE_COLOR")
 
     def write(self, text: str) -> int:
-        shown = workflow_commands_broken(self.secrets.redact(text))
+        shown = workflow_commands_broken(self.secrets.redact(strip_ansi(text) if self._plain else text))
         try:
             self._stream.write(shown)
         except UnicodeEncodeError:
@@ -89,6 +93,13 @@ class NamedStream:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError, AttributeError):  # closed, or a stream without a descriptor
+        return False
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
 Each row lands in exactly one shard, a row built for several machines with all its per-arch images: publish writes
 the row's tag as an OCI index over every machine's image, and only in a run that has them all. Rows are weighed by their last real build time in reports/build-report.json
-(rows never built weigh the mean of those that were, or 1 when none were), then dealt heaviest first to the lightest
+(a row never built weighs the mean of those of its kind (CPU or CUDA, runtime or devel) that were, else a default
+for its kind, and its shard names it as estimated so; with no build history at all, every row weighs 1), then dealt heaviest first to the lightest
 shard. The same rows and report always give the same plan, and `plan --format json` can be handed to
 `nightly --shard i/n --plan FILE` so that every runner uses the plan the planning job made.
 """
@@ -22,6 +23,10 @@ from ..reporting import Shape, require_schema
 # Up to 18 digits: any count that long is refused by check_shard_count with the real maximum, and int() of a
 # longer run of digits is slow or refused by Python itself.
 SHARD_PATTERN = re.compile(r"([0-9]{1,18})/([0-9]{1,18})")
+# What a row never built weighs where no row of its kind was built either: about what each kind takes on a 2-core
+# runner from warm bases (a CPU runtime row 150 to 220 s; a CUDA row installs gigabytes of wheels, a devel row more).
+KIND_SECONDS = {("cpu", "runtime"): 240.0, ("cpu", "devel"): 480.0, ("cuda", "runtime"): 900.0,
+                ("cuda", "devel"): 1800.0}
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class Shard:
     count: int
     tags: tuple[str, ...]  # in matrix order
     estimated_seconds: float | None  # None when no row has a past build time
+    # The shard's rows never built: weighed by their kind (KIND_SECONDS), not by a build of their own.
+    estimated_by_kind: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -71,14 +78,32 @@ def together(specs: list[ImageSpec]) -> list[tuple[str, ...]]:
     return [tuple(tags) for tags in by_row.values()]
 
 
+def kind(spec: ImageSpec) -> tuple[str, str]:
+    return ("cuda" if spec.is_gpu else "cpu", "devel" if spec.flavor == "devel" else "runtime")
+
+
+def kind_estimates(specs: list[ImageSpec], durations: dict[str, float]) -> dict[str, float]:
+    """tag -> what each row never built weighs: the mean past build time of the rows of its kind, else its kind's
+    default. A CUDA row is never weighed by a CPU row's build."""
+    measured: dict[tuple[str, str], list[float]] = {}
+    for spec in specs:
+        if spec.tag in durations:
+            measured.setdefault(kind(spec), []).append(durations[spec.tag])
+    return {spec.tag: (sum(measured[kind(spec)]) / len(measured[kind(spec)]) if kind(spec) in measured
+                       else KIND_SECONDS.get(kind(spec), max(KIND_SECONDS.values())))
+            for spec in specs if spec.tag not in durations}
+
+
 def balance(tags: list[str], durations: dict[str, float], count: int,
-            units: list[tuple[str, ...]] | None = None) -> list[Shard]:
+            units: list[tuple[str, ...]] | None = None, estimates: dict[str, float] | None = None) -> list[Shard]:
     """Longest-processing-time-first: heaviest unit (a row, or a multi-arch row's images together; default: each tag)
-    to the least loaded shard (ties: lower shard, matrix order)."""
+    to the least loaded shard (ties: lower shard, matrix order). A tag without a past build weighs its estimate
+    (kind_estimates), else the mean of the others."""
     units = units or [(tag,) for tag in tags]
     known = [durations[tag] for tag in tags if tag in durations]
     default = sum(known) / len(known) if known else 1.0
-    weight = {unit: sum(durations.get(tag, default) for tag in unit) for unit in units}
+    guesses = (estimates or {}) if known else {}  # no history at all: every row weighs the same, estimated as nothing
+    weight = {unit: sum(durations.get(tag, guesses.get(tag, default)) for tag in unit) for unit in units}
     order = {tag: position for position, tag in enumerate(tags)}
     loads = [0.0] * count
     members: list[list[str]] = [[] for _ in range(count)]
@@ -86,14 +111,17 @@ def balance(tags: list[str], durations: dict[str, float], count: int,
         lightest = min(range(count), key=lambda index: (loads[index], index))
         loads[lightest] += weight[unit]
         members[lightest].extend(unit)
-    return [Shard(index + 1, count, tuple(sorted(members[index], key=lambda tag: order[tag])), round(loads[index], 1) if known else None)
+    return [Shard(index + 1, count, tuple(sorted(members[index], key=lambda tag: order[tag])),
+                  round(loads[index], 1) if known else None,
+                  tuple(tag for tag in sorted(members[index], key=lambda tag: order[tag]) if known and tag not in durations))
             for index in range(count)]
 
 
 def make_plan(specs: list[ImageSpec], reports_dir: Path, count: int) -> list[Shard]:
     units = together(specs)
     check_shard_count(count, len(units))  # a multi-arch row is one row: more shards than rows could only be empty
-    return balance([spec.tag for spec in specs], past_durations(reports_dir), count, units)
+    durations = past_durations(reports_dir)
+    return balance([spec.tag for spec in specs], durations, count, units, kind_estimates(specs, durations))
 
 
 PLAN_SCHEMA = 1

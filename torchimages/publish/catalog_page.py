@@ -4,6 +4,7 @@ function, `readme`; `save` writes catalog.json and the page together, as every w
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 from ..files import atomic_write
@@ -15,7 +16,8 @@ from .catalog import KEYS_DIR, README_NAME, Catalog, CatalogEntry, ManifestList,
 def save(catalog: Catalog, catalog_dir: Path, images_dir: Path) -> None:
     """Write catalog.json, then images/README.md, each atomically."""
     write_catalog(catalog, catalog_dir)
-    atomic_write(images_dir / README_NAME, readme(catalog, sbom_prefix(catalog_dir, images_dir)))
+    atomic_write(images_dir / README_NAME, readme(catalog, sbom_prefix(catalog_dir, images_dir),
+                                                  root_prefix(catalog_dir, images_dir)))
 
 
 def sbom_prefix(catalog_dir: Path, images_dir: Path) -> str:
@@ -23,8 +25,17 @@ def sbom_prefix(catalog_dir: Path, images_dir: Path) -> str:
     return Path(os.path.relpath(catalog_dir.resolve(), images_dir.resolve())).as_posix()
 
 
-def readme(catalog: Catalog, catalog_link: str) -> str:
-    """images/README.md: what to pull (pinned tag or digest), and where every floating tag points."""
+def root_prefix(catalog_dir: Path, images_dir: Path) -> str:
+    """The catalog folder as the page's commands name it: from the project's root (the images folder's parent),
+    where a developer runs them, not from images/ (a link's place)."""
+    return Path(os.path.relpath(catalog_dir.resolve(), images_dir.resolve().parent)).as_posix()
+
+
+def readme(catalog: Catalog, catalog_link: str, catalog_path: str | None = None) -> str:
+    """images/README.md: what to pull (pinned tag or digest), and where every floating tag points. catalog_link: the
+    catalog folder from images/ (the page's links); catalog_path: from the project's root (its commands; default:
+    catalog_link taken from an images folder at the root)."""
+    catalog_path = catalog_path or posixpath.normpath(posixpath.join("images", catalog_link))
     lines = [
         "# Published images",
         "",
@@ -37,22 +48,28 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
     entries = [catalog.images[tag] for tag in sorted(catalog.images)]
     if not entries:
         return "\n".join(lines + ["Nothing is published yet: run `python build.py publish --registry HOST/REPO`.", ""])
+    # What a developer choosing a tag reads first, narrow enough for a page column: tag, versions, size, the pull line.
     lines += [
-        "| image | torch | CUDA | cuDNN | Python | OS | size (download) | checks | OS fixes it lacks | published "
-        "| pull a pinned tag | pull by digest | SBOM |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| image | torch | CUDA | Python | size (download) | pull a pinned tag |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in entries:
         deprecated = f" (deprecated: {entry.deprecated})" if entry.deprecated else ""
-        text = [
-            entry.tag + deprecated, entry.versions.get("torch", ""), entry.versions.get("cuda", ""),
-            entry.versions.get("cudnn", "-"), entry.versions.get("python", ""), entry.versions.get("os", ""),
-            f"{human_size(entry.size)} ({human_size(entry.download_size)})", checks_text(entry.checks),
-            fix_age_text(entry.scan), entry.published_at[:10],
-        ]
+        text = [entry.tag + deprecated, entry.versions.get("torch", ""), entry.versions.get("cuda", ""),
+                entry.versions.get("python", ""), f"{human_size(entry.size)} ({human_size(entry.download_size)})"]
+        lines.append("| " + " | ".join([*map(markdown_cell, text),
+                                        markdown_code(f"docker pull {entry.pull_pinned()}")]) + " |")
+    lines += [
+        "", "## Details", "",
+        "| image | cuDNN | OS | checks | OS fixes it lacks | published | SBOM | pull by digest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in entries:
+        text = [entry.tag, entry.versions.get("cudnn", "-"), entry.versions.get("os", ""), checks_text(entry.checks),
+                fix_age_text(entry.scan), entry.published_at[:10]]
         lines.append("| " + " | ".join([
-            *map(markdown_cell, text), markdown_code(f"docker pull {entry.pull_pinned()}"),
-            markdown_code(f"docker pull {entry.pull_digest()}"), markdown_link("CycloneDX", f"{catalog_link}/{entry.sbom}"),
+            *map(markdown_cell, text), markdown_link("CycloneDX", f"{catalog_link}/{entry.sbom}"),
+            markdown_code(f"docker pull {entry.pull_digest()}"),
         ]) + " |")
     indexes = [catalog.manifest_lists[tag] for tag in sorted(catalog.manifest_lists)]
     lines += ["", "## Floating tags", "", "| floating tag | points to | pinned as |", "|---|---|---|"]
@@ -63,7 +80,7 @@ def readme(catalog: Catalog, catalog_link: str) -> str:
         lines.append(f"| {markdown_code(f'{repository}:{name}')} | {markdown_code(digest)} | "
                      f"{markdown_code(pinned) if pinned else '-'} |")
     lines += manifest_lists_section(indexes)
-    lines += signatures_section(entries, indexes, catalog_link)
+    lines += signatures_section(entries, indexes, catalog_link, catalog_path)
     older = [(entry.repository, pinned.tag, pinned.digest, pinned.date) for entry in entries for pinned in entry.pinned[1:]]
     older += [(index.repository, pinned.tag, pinned.digest, pinned.date) for index in indexes for pinned in index.pinned[1:]]
     if older:
@@ -102,7 +119,8 @@ def manifest_lists_section(indexes: list[ManifestList]) -> list[str]:
     return lines
 
 
-def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList], catalog_link: str) -> list[str]:
+def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList], catalog_link: str,
+                       catalog_path: str) -> list[str]:
     """How to check that a digest is ours and passed: its keys, and the cosign and verify-image commands, for each
     image and each multi-arch tag's index digest (signed and attested as an image is)."""
     signed = [entry for entry in entries if entry.signing]
@@ -114,18 +132,19 @@ def signatures_section(entries: list[CatalogEntry], indexes: list[ManifestList],
              "attested too, since cosign and admission controllers resolve the tag to it: its report passes only if "
              "every platform's image passed, and holds each one's report. "
              f"The public keys are in {markdown_link('catalog/keys/', f'{catalog_link}/{KEYS_DIR}/')}. Signatures use "
-             "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`).",
+             "no transparency log: verify with `--insecure-ignore-tlog=true` (Kyverno: `rekor: {ignoreTlog: true}`). "
+             "Run the commands below from the project's root.",
              *([] if not any("referrers" in entry.signing for entry in signed) else [
                  "", "Digests signed in both formats also carry the same statements as Sigstore bundles in OCI "
                  "referrers, cosign v3's format, which it reads first (cosign 2.5: `verify-attestation "
                  "--new-bundle-format --trusted-root ROOT`, ROOT a trusted root without logs; docs/trust.md).", ]),
              "", "| image | signed by (key fingerprint) | check it |", "|---|---|---|"]
     for entry in signed:
-        lines.append(signed_row(entry.tag, entry.signing, check_commands(catalog_link, entry.signing,
+        lines.append(signed_row(entry.tag, entry.signing, check_commands(catalog_path, entry.signing,
                                                                          entry.pull_digest())))
     for index in (index for index in indexes if index.signing):
         lines.append(signed_row(f"{index.tag} (manifest list)", index.signing,
-                                check_commands(catalog_link, index.signing, index.pull_digest(), "all")))
+                                check_commands(catalog_path, index.signing, index.pull_digest(), "all")))
     return lines
 
 
@@ -139,7 +158,7 @@ def check_commands(catalog_link: str, signing: dict, reference: str, platform: s
 
 
 def key_link(catalog_link: str, signing: dict) -> str:
-    """The public key file of a signing record's newest key, as images/README.md links to it."""
+    """The public key file of a signing record's newest key, as the page's commands name it (from the project's root)."""
     return f"{catalog_link}/{KEYS_DIR}/{signing['keys'][-1].removeprefix('sha256:')[:16]}.pub"
 
 

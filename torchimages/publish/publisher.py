@@ -75,7 +75,9 @@ def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyRepo
     """Why this image may not be published, or None when its last verification ran every check and passed for this
     exact image id."""
     if image is None:
-        return f"no image {local_name(spec)} on the engine: build it first (`python build.py build {spec.tag}`)"
+        # The local name carries the matrix's registry, which may be a placeholder nobody runs: say it is local.
+        return (f"the local image {local_name(spec)} (a name on this engine, not pushed anywhere) is not on the "
+                f"engine: build it first (`torchimages build {spec.tag}`)")
     if report is None:
         return f"never verified ({report_path} is missing): run `python build.py test {spec.tag}`"
     if report.image_id != image["Id"]:
@@ -175,6 +177,7 @@ class PublishResult:
     moved: list[str] = field(default_factory=list)  # floating tags and aliases this run pointed elsewhere
     message: str = ""
     signing: dict = field(default_factory=dict)  # key fingerprint, signature and attestations: added or present
+    blocking: list[str] = field(default_factory=list)  # what the security gate refused, every CVE named
 
 
 class Publisher:
@@ -353,8 +356,9 @@ class Publisher:
         # Read before anything moves on the registry, so that what can fail has failed by then.
         inventory = collect_inventory(self.client, image["Id"])
         scan = self._scan(spec, inventory)
-        if scan.status == "failed":
-            return PublishResult(spec.tag, "refused", message=scan.message)
+        if scan.status == "failed":  # one line; every finding, each with all its CVEs, in the publish report
+            return PublishResult(spec.tag, "refused", blocking=[str(finding) for finding in scan.blocking],
+                                 message=f"{scan.message}; every CVE: {self.options.reports_dir / PUBLISH_REPORT.name}")
         result = PublishResult(spec.tag, "published", message=scan.message)
         if pinned is None:
             pinned = new_pinned_tag(own, self.options.date, all_tags)
@@ -382,7 +386,8 @@ class Publisher:
     def _scan(self, spec: ImageSpec, inventory: Inventory) -> ScanResult:
         """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed."""
         allowlist, today = self.options.allowlist, datetime.now().date()
-        fixes = freshness.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today)
+        fixes = freshness.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today,
+                               inventory.apt_suites)
         return freshness.merge([fixes, scan_image(local_name(spec), allowlist)])
 
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, result: PublishResult,
@@ -411,7 +416,7 @@ class Publisher:
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
                                    "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}
         signed = self._sign_and_attest(key, result.digest, predicates)
-        self.log(f"{spec.tag}: {signing_statuses(signed)} ({key.public.fingerprint})")
+        self.log(f"{spec.tag}: {signing_statuses(signed)}; signed with key {key.public.fingerprint}")
         return signed
 
     def _sbom(self, result: PublishResult, image: dict, inventory: Inventory | None) -> dict:

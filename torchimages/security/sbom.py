@@ -38,6 +38,15 @@ fi
 if command -v apk >/dev/null 2>&1; then
   echo '### apk'; apk info -v 2>/dev/null | sed -E 's/^(.+)-([^-]+-r[0-9]+)$/\1\t\2\t/'
 fi
+if [ -d /etc/apt ]; then
+  echo '### apt-suites'
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    if [ -f "$f" ]; then sed -n -E 's/^[[:space:]]*deb[[:space:]]+(\[[^]]*\][[:space:]]+)?[^[:space:]]+[[:space:]]+([^[:space:]]+).*/\2/p' "$f"; fi
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    if [ -f "$f" ]; then sed -n -E 's/^Suites:[[:space:]]*//p' "$f"; fi
+  done
+fi
 echo '### pip'
 if command -v python >/dev/null 2>&1; then python -m pip list --format=json --disable-pip-version-check; fi
 """
@@ -68,6 +77,9 @@ class Inventory:
     python: list[tuple[str, str]]  # name, version
     rpms: list[tuple[str, str, str]] = field(default_factory=list)  # name, version-release, architecture
     apks: list[tuple[str, str, str]] = field(default_factory=list)  # name, version, "" (apk info -v has no arch)
+    # The suites the image's apt sources name (bookworm, bookworm-security): whether a rebuild's apt upgrade can take
+    # the security fixes. None where the image has no apt, or was listed before this was read.
+    apt_suites: list[str] | None = None
 
 
 def _three_fields(line: str) -> tuple[str, str, str]:
@@ -94,8 +106,10 @@ def parse_inventory(text: str) -> Inventory:
               for manager in PURL_TYPES}
     pip_text = "\n".join(sections.get("pip", [])).strip()
     python = [(package["name"], package["version"]) for package in json.loads(pip_text)] if pip_text else []
+    suites = sorted({suite for line in sections.get("apt-suites", []) for suite in line.split()}) \
+        if "apt-suites" in sections else None
     return Inventory(os_release, listed["dpkg"], sorted(python, key=lambda item: item[0].lower()), listed["rpm"],
-                     listed["apk"])
+                     listed["apk"], suites)
 
 
 def collect_inventory(docker_client: docker.DockerClient, image: str) -> Inventory:

@@ -206,8 +206,9 @@ def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, p
     except docker.errors.ImageNotFound:
         pass
     if not pull:
-        raise InputError([Problem(image, 0, f"image {image} is not on the engine: build it with "
-                                            f"`python build.py build {tag}`, or check another with --image")])
+        raise InputError([Problem(image, 0, f"the local image {image} (a name on this engine, not pushed anywhere) "
+                                            f"is not on the engine: build it with `torchimages build {tag}`, or "
+                                            "check another with --image")])
     progress.stage(tag, f"pulling {image}")
     try:
         docker_client.images.pull(image)
