@@ -56,6 +56,22 @@ def test_the_wheel_holds_every_module_and_data_file_and_an_index_takes_its_metad
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_the_wheel_init_writes_for_ci_holds_what_setuptools_builds(dist, tmp_path):
+    """init's own wheel of the running toolkit (the CI workflow it writes installs that file) holds the modules and
+    data files of the wheel setuptools builds from pyproject.toml, and the same command."""
+    run_cli_in_process("init", str(tmp_path), check_exit=0)
+    [ours] = (tmp_path / ".torchimages").glob("torchimages-*.whl")
+    [built] = dist.glob("torchimages-*.whl")
+    assert ours.name == built.name
+
+    def package_files(wheel: Path) -> set[str]:
+        return {name for name in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in name}
+
+    assert package_files(ours) == package_files(built)
+    entry_points = "torchimages-0.1.0.dist-info/entry_points.txt"
+    assert zipfile.ZipFile(ours).read(entry_points) == zipfile.ZipFile(built).read(entry_points)
+
+
 @pytest.fixture(scope="module")
 def installed(dist, tmp_path_factory) -> Path:
     """A fresh venv with the wheel installed as a user's pip installs it. Its dependencies come from this venv's

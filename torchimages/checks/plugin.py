@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from ..model import ImageSpec
 from .checklist import NAMES
 from .selection import CheckSelection
 
 CHECK_MARKER = "check"
+# The CheckRecorder's name in pytest's plugin manager, where the suite's fixtures find it.
+RECORDER = "torchimages-check-recorder"
 
 
 class CheckWarning(UserWarning):
@@ -105,10 +106,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{CHECK_MARKER}(name): the check ({', '.join(NAMES)}) this test belongs to")
     if config.getoption("--expect") and config.getoption("--probe"):
-        config.pluginmanager.register(CheckRecorder(config), "torchimages-check-recorder")
+        config.pluginmanager.register(CheckRecorder(config), RECORDER)
 
 
 class CheckRecorder:
+    """The run's expectations and facts (the suite's conftest gives them to its tests as fixtures: a fixture defined as
+    a method here is deprecated in pytest 9 and removed in 10), and every test's outcome, aggregated per check."""
+
     def __init__(self, config: pytest.Config):
         self.config = config
         self.expectations = json.loads(config.getoption("--expect").read_text())
@@ -116,23 +120,6 @@ class CheckRecorder:
         self.selection = CheckSelection.from_json(self.expectations.get("selection", {}))
         self.outcomes: dict[str, Outcome] = {}
         self.check_of: dict[str, str] = {}
-
-    @pytest.fixture(scope="session")
-    def expect(self) -> dict:
-        return self.expectations
-
-    @pytest.fixture(scope="session")
-    def spec(self) -> ImageSpec:
-        return ImageSpec.from_json(self.expectations["spec"])
-
-    @pytest.fixture(scope="session")
-    def facts(self) -> dict:
-        return self.probe_facts
-
-    @pytest.fixture(autouse=True)
-    def _in_the_container(self, host):
-        """Every check is about the container, so every test is parametrized by it (and then named by the tag)."""
-        return host
 
     def _stable(self, nodeid: str) -> str:
         """The test id with the tag in place of a container id that changes every run."""

@@ -1,18 +1,52 @@
 """Fixtures of the image checks: the probe's facts by part, each failing loudly when its probe produced nothing.
 
-The data fixtures (expect, spec, facts) and the container (host, from testinfra's --hosts) come from
-torchimages.checks.plugin; run these suites through `python build.py test`, which starts the container.
+The data fixtures (expect, spec, facts) read what torchimages.checks.plugin loaded from --expect and --probe, and
+the container (host) is testinfra's --hosts; run these suites through `torchimages test`, which starts the container.
+The fixtures are module-level functions: pytest 9 deprecates, and 10 removes, session fixtures defined as a plugin
+class's methods.
 """
 
 import pytest
 
 from torchimages.checks.gpu_health import host_health, work_spoilers
-from torchimages.checks.plugin import HOST_SKIP, failure_message
+from torchimages.checks.plugin import HOST_SKIP, RECORDER, CheckRecorder, failure_message
+from torchimages.model import ImageSpec
 
 from .helpers import gpu_skip_reason
 
 # "no kernel image": the arch list misses the GPU, which no host causes (the arch test names the rows that cover it).
 NO_KERNEL_IMAGE = "no kernel image is available"
+
+
+def _recorder(config: pytest.Config) -> CheckRecorder:
+    recorder = config.pluginmanager.get_plugin(RECORDER)
+    if recorder is None:
+        raise pytest.UsageError("the image checks need -p torchimages.checks.plugin with --expect and --probe: run "
+                                "them through `torchimages test`")
+    return recorder
+
+
+@pytest.fixture(scope="session")
+def expect(pytestconfig: pytest.Config) -> dict:
+    """expect.json: the matrix row and how the container was run."""
+    return _recorder(pytestconfig).expectations
+
+
+@pytest.fixture(scope="session")
+def spec(expect) -> ImageSpec:
+    return ImageSpec.from_json(expect["spec"])
+
+
+@pytest.fixture(scope="session")
+def facts(pytestconfig: pytest.Config) -> dict:
+    """facts.json: what the probe found in the container."""
+    return _recorder(pytestconfig).probe_facts
+
+
+@pytest.fixture(autouse=True)
+def _in_the_container(host):
+    """Every check is about the container, so every test is parametrized by it (and then named by the tag)."""
+    return host
 
 
 @pytest.hookimpl(wrapper=True)
