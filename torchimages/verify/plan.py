@@ -11,6 +11,7 @@ import docker.types
 from ..build.builder import local_name
 from ..checks import checklist
 from ..checks.selection import CheckSelection
+from ..invocation import command
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
 from ..peers import engine
 
@@ -183,7 +184,7 @@ def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, p
         pass
     if not pull:
         raise InputError([Problem(image, 0, f"image {image} is not on the engine: build it with "
-                                            f"`python build.py build {tag}`, or check another with --image")])
+                                            f"{command(f'build {tag}')}, or check another with --image")])
     progress.stage(tag, f"pulling {image}")
     try:
         docker_client.images.pull(image)
