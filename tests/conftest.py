@@ -118,11 +118,12 @@ def run_cli_in_process(*args: str, check_exit: int | None = None, env: dict | No
     from unittest import mock
 
     from torchimages.cli import main
+    from torchimages.invocation import CLONE
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with mock.patch.dict(os.environ, env or {}), redirect_stdout(stdout), redirect_stderr(stderr):
         try:
-            code = main(list(args))
+            code = main(list(args), program=CLONE)  # its messages name the command as build.py's do
         except SystemExit as stop:  # argparse's usage errors
             code = stop.code if isinstance(stop.code, int) else 1
         except Exception:  # noqa: BLE001 - shown as the traceback a user would see

@@ -53,11 +53,11 @@ def test_a_record_line_names_the_package_its_version_with_epoch_and_arch():
 def test_a_kept_folder_is_checked_file_by_file_before_anything_is_built(tmp_path):
     folder, pins = kept_folder(tmp_path)
     assert deb_pins.load_pinned(folder, "2.13.0-cpu-runtime") == pins
-    with pytest.raises(InputError, match=r"no pinned \.debs for 2\.13\.0-cpu-devel: run `python build.py debs"):
+    with pytest.raises(InputError, match=r"no pinned \.debs for 2\.13\.0-cpu-devel: run `torchimages debs"):
         deb_pins.load_pinned(folder, "2.13.0-cpu-devel")
     changed = folder / pins[0].filename
     changed.write_bytes(changed.read_bytes()[:-1] + bytes([changed.read_bytes()[-1] ^ 1]))  # one byte
-    with pytest.raises(InputError, match=rf"{re.escape(pins[0].filename)}:0: sha256 [0-9a-f]{{16}}\.\.\., the record"):
+    with pytest.raises(InputError, match=rf"{re.escape(pins[0].filename)}: sha256 [0-9a-f]{{16}}\.\.\., the record"):
         deb_pins.load_pinned(folder, "2.13.0-cpu-runtime")
     changed.unlink()
     with pytest.raises(InputError, match="missing: the python step installed it"):
@@ -104,7 +104,7 @@ def test_the_provenance_names_each_deb_and_a_rebuild_claims_exactly_them(tmp_pat
                         "digest": {"sha256": pins[0].sha256}, "annotations": {"step": "python"}}
     assert claim_of(provenance, "ref").debs == pins
     named[0]["name"] = "../../etc/passwd"
-    with pytest.raises(InputError, match="OS packages are not as `build.py publish` writes them"):
+    with pytest.raises(InputError, match="OS packages are not as `torchimages publish` writes them"):
         claim_of(provenance, "ref")
 
 

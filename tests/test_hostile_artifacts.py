@@ -224,7 +224,7 @@ def provenance(*dependencies: dict) -> dict:
 @pytest.mark.parametrize("name", ["../x.whl", "/etc/x", "a/b.whl", "..", "", "x\n.whl", ["x.whl"]])
 def test_claim_of_refuses_wheel_names_that_are_not_plain_file_names(name):
     wheel = {"uri": "pkg:pypi/x", "name": name, "digest": {"sha256": "1" * 64}}
-    with pytest.raises(InputError, match="not a file name and a hash as `build.py publish` writes them"):
+    with pytest.raises(InputError, match="not a file name and a hash as `torchimages publish` writes them"):
         claim_of(provenance(wheel), "ref")
     assert claim_of(provenance({**wheel, "name": "torch-2.13.0-cp312-none-linux_x86_64.whl"}), "ref").wheels
 

@@ -308,7 +308,7 @@ def test_damaged_verification_reports_are_input_errors(tmp_path, content):
     path.write_text(content)
     with pytest.raises(InputError) as error:
         read_verify_report(path)
-    assert str(path) in str(error.value) and f"python build.py test {ROW}" in str(error.value)
+    assert str(path) in str(error.value) and f"`torchimages test {ROW}`" in str(error.value)
 
 
 def test_a_verification_report_reads_back_as_its_type_wrote_it(tmp_path):

@@ -194,7 +194,7 @@ def test_a_wrong_pin_from_a_fresh_process_is_one_line_too(token, tmp_path):
                      "127.0.0.1:1/x/pytorch", "--catalog", str(tmp_path / "catalog"), "--signing-key",
                      token.uri(pin=WRONG_PIN), env={**os.environ, "COSIGN_PKCS11_PIN": ""}, timeout=120)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "pin-value=...:0: token 'torchimages-test' refused the PIN" in result.stderr
+    assert "pin-value=...: token 'torchimages-test' refused the PIN" in result.stderr
     assert WRONG_PIN not in result.stdout + result.stderr and PIN not in result.stdout + result.stderr
 
 

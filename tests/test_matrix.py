@@ -165,7 +165,7 @@ def test_the_compatibility_data_is_the_projects_own_beside_its_matrix_or_named(c
     elsewhere.parent.mkdir()
     (tmp_path / "compat.yaml").rename(elsewhere)
     missing = cli("--matrix", str(matrix), "list", check_exit=2)
-    assert f"{tmp_path / 'compat.yaml'}:0: cannot read it" in missing.stderr and "Traceback" not in missing.stderr
+    assert f"{tmp_path / 'compat.yaml'}: cannot read it" in missing.stderr and "Traceback" not in missing.stderr
     named = cli("--matrix", str(matrix), "--compat", str(elsewhere), "list", check_exit=0)
     assert "2.14.0-cuda13.0-cudnn9-runtime" in named.stdout
 

@@ -388,7 +388,7 @@ def test_the_page_says_how_to_pin_pull_and_verify_a_multi_arch_tag_on_either_mac
             f"`cosign verify --key {key} --insecure-ignore-tlog=true {reference}`<br>"
             f"`cosign verify-attestation --key {key} --type {attestations.VERIFICATION_PREDICATE} "
             f"--insecure-ignore-tlog=true {reference}`<br>"
-            f"`python build.py verify-image {reference} --key {key} --platform all` |") in page
+            f"`torchimages verify-image {reference} --key {key} --platform all` |") in page
 
 
 def test_a_catalog_from_before_index_pins_loads_and_pruned_pins_are_forgotten(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchimages.invocation import source_version
 from torchimages.project import DEFAULT_TEMPLATES
 
 from .conftest import FIXTURE_PROJECT, ROOT, run_cli_in_process
@@ -111,6 +112,12 @@ def test_the_installed_command_makes_a_project_that_renders_and_lists_at_once(in
         "2.15.0-cuda13.2-cudnn9-runtime", "2.13.0-cpu-runtime"}, "rendered by init: `images` can build at once"
     listed = user_run(installed, "list", cwd=demo)
     assert listed.returncode == 0 and "2 images" in listed.stdout, listed.stderr
+    # The installed command names itself in its messages (not a clone's build.py) and knows its version.
+    typo = user_run(installed, "list", "2.13.0-cpu-runtme", cwd=demo)
+    assert typo.returncode == 2 and "did you mean '2.13.0-cpu-runtime'? (`torchimages list`" in typo.stderr, typo.stderr
+    assert "build.py" not in typo.stderr
+    version = user_run(installed, "--version", cwd=demo)
+    assert version.stdout == f"torchimages {source_version()}\n", version.stderr  # the wheel's, from this checkout
     checked = user_run(installed, "render", "--check", cwd=demo / ".github")  # found from a folder below the project
     assert checked.returncode == 0, checked.stdout + checked.stderr
     (demo / "images" / "2.13.0-cpu-runtime" / "Dockerfile").unlink()

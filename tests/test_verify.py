@@ -362,7 +362,7 @@ def test_a_selective_verification_is_never_one_to_publish_or_reuse(tmp_path, mon
     path = verify_report_path(tmp_path, RUNTIME)
     assert verification_refusal(spec, image, full, path) is None
     refusal = verification_refusal(spec, image, selective, path)
-    assert "only some checks (--skip smoke)" in refusal and f"run the full `python build.py test {RUNTIME}`" in refusal
+    assert "only some checks (--skip smoke)" in refusal and f"run the full `torchimages test {RUNTIME}`" in refusal
 
     monkeypatch.setattr(nightly.engine, "inspect_image", lambda client, name: image)
     run = SimpleNamespace(project=SimpleNamespace(reports=tmp_path))  # all passed_already reads of the nightly
@@ -378,7 +378,7 @@ def test_the_summary_says_a_selective_verification_is_not_one_to_publish():
               for name in CHECKS}
     text = summary_markdown([VerifyResult(RUNTIME, "ref", "sha256:1", True, checks, Path("r"), selection=selection)])
     assert "- **smoke** skipped: not selected: --only hygiene" in text
-    assert f"only some checks ran (--only hygiene): publishing needs every check, `python build.py test {RUNTIME}`" in text
+    assert f"only some checks ran (--only hygiene): publishing needs every check, `torchimages test {RUNTIME}`" in text
 
 
 # ---------------------------------------------------------------- on a real engine

@@ -131,7 +131,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
+        # Line 0: the problem has no line (an environment variable, a flag, a key file): `file:0:` would read as a bug.
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.message}" if where else self.message
 
 
 class TorchImagesError(Exception):

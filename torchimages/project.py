@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .build import render
 from .build.bases_lock import LOCK_NAME, read_lock
+from .invocation import command
 from .matrix.load import Matrix, compat_beside, load_matrix
 from .matrix.load import select as select_rows
 from .model import InputError, Problem
@@ -85,13 +86,13 @@ def project_folder(named: Path | None, start: Path) -> Path:
     if named is not None:
         if not (named / MATRIX_NAME).is_file():
             raise InputError([Problem(str(named), 0, f"--project {named} holds no {MATRIX_NAME}: name a project folder, "
-                                                     "or make one with `torchimages init`")])
+                                                     f"or make one with {command('init')}")])
         return named
     found = find_project(start)
     if found is None:
         raise InputError([Problem(str(start), 0, f"no {MATRIX_NAME} here or in any folder above: run the command in "
                                                   "a project, name one with --project DIR, or make one with "
-                                                  "`torchimages init`")])
+                                                  f"{command('init')}")])
     return found
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..files import atomic_write_json, brief, read_json_document
+from ..invocation import command
 from ..reporting import DIGEST, DIGEST_RULE, Shape, require_schema
 
 LOCK_NAME = "bases.lock.json"
@@ -52,7 +53,7 @@ def repository_of(image: str) -> str:
 
 def read_lock(path: Path) -> dict[str, LockedBase]:
     """The pins in path (none when there is no lock yet); anything damaged is an InputError naming every bad entry."""
-    recover = f"restore it with `git checkout -- {path}`, or delete it and run `python build.py lock`"
+    recover = f"restore it with `git checkout -- {path}`, or delete it and run {command('lock')}"
     document = read_json_document(path, recover, default=None)
     if document is None:
         return {}

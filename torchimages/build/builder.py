@@ -21,6 +21,7 @@ import urllib3
 from ..build_inputs.container import BuildInputsContainer
 from ..build_inputs.server import BUILD_INPUTS_HOST, BuildInputsServer, authorized_url, new_token, token_arg
 from ..files import check_destinations, open_new, read_text
+from ..invocation import command, offline_base
 from ..model import LABEL_PREFIX, PYPI, ImageSpec, InputError, TorchImagesError
 from ..peers import engine
 from ..redaction import Secrets
@@ -133,7 +134,7 @@ def interpreter(spec: ImageSpec) -> str:
 def base_reference(spec: ImageSpec, images_dir: Path) -> str:
     """The base the rendered Dockerfile builds on: a lock-pinned image@digest, or the matrix's tag."""
     dockerfile = images_dir / spec.tag / "Dockerfile"
-    match = BASE_ARG.search(read_text(dockerfile, "run `python build.py render`"))  # bounded: a FIFO would hang
+    match = BASE_ARG.search(read_text(dockerfile, f"run {command('render')}"))  # bounded: a FIFO would hang
     return match.group(1) if match else spec.base_image
 
 
@@ -198,7 +199,7 @@ class Builder:
             base_id = self._image_id(base)
             if base_id is None and not self.options.pull:
                 return None, BuildResult(spec.tag, "failed", error=f"base image {base} is not on the engine: "
-                                         "`docker pull` it, build with --pull, or run `make engine` (seeds the CPU bases)")
+                                         f"`docker pull` it, build with --pull, or {offline_base()}")
             identity = base_identity(base, base_id, self._locked_image_id(spec)) or base
             context = build_context(spec, self.options, identity, base_id or "")
         except InputError as error:

@@ -27,6 +27,7 @@ from debian.arfile import ArError
 from debian.debfile import DebError, DebFile
 
 from ..files import atomic_output, atomic_write_json, make_folder, read_json_document
+from ..invocation import command
 from ..model import InputError, PeerError, Problem
 from ..reporting import require_schema
 from .render import RECORD_DIR
@@ -124,7 +125,7 @@ def write_report(reports_dir: Path, tag: str, pins: list[PinnedDeb]) -> None:
 
 def read_report(reports_dir: Path, tag: str) -> list[PinnedDeb]:
     path = report_path(reports_dir, tag)
-    fix = f"delete it: `python build.py build {tag} --force` writes it again"
+    fix = f"delete it: {command(f'build {tag} --force')} writes it again"
     document = read_json_document(path, fix, default=None)
     if document is None:
         return []
@@ -154,7 +155,7 @@ def manifest_path(folder: Path, tag: str) -> Path:
 def load_pinned(folder: Path, tag: str) -> list[PinnedDeb]:
     """The pins `build.py debs` kept for tag in folder, each file there and with its recorded hash (InputError)."""
     path = manifest_path(folder, tag)
-    fix = f"run `python build.py debs {tag} --dest {folder}` after a build of it"
+    fix = f"run {command(f'debs {tag} --dest {folder}')} after a build of it"
     if not path.is_file():
         raise InputError([Problem(str(path), 0, f"no pinned .debs for {tag}: {fix}")])
     document = read_json_document(path, fix)

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..checks.gpu_health import host_causes, host_health, read_health
 from ..checks.rules import PROHIBITED_COMPUTE_MODE, arch_covers, arch_flags_for, parse_nvidia_smi_list
 from ..checks.suite.helpers import driver_start_failure, driver_verdict, ptx_only_without_jit
+from ..invocation import command
 from ..model import ImageSpec, InputError, parse_size
 from ..peers import engine
 from ..redaction import Secrets, inert
@@ -507,7 +508,7 @@ def gpu_findings(specs: list[ImageSpec]) -> list[Finding]:
     gpus = host_gpus()
     if gpus is None:
         return [Finding("host gpus", "warn", "no NVIDIA driver on this host (no nvidia-smi): GPU rows can be built and "
-                                             "statically checked here; run `build.py test --gpus all` on a GPU host")]
+                                             f"statically checked here; run {command('test --gpus all')} on a GPU host")]
     if isinstance(gpus, str):
         cause = driver_start_failure({"nvidia_smi_error": {"output": gpus}})
         return [Finding("host gpus", "fail", f"{gpus}: {cause or 'check the driver with `nvidia-smi`'}")]

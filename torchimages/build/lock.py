@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
+from ..invocation import offline_base
 from ..model import ImageSpec, TorchImagesError
 from ..peers import engine
 from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
@@ -76,7 +77,7 @@ class Resolver:
             return LockedBase(image, _digests(local)[0], local["Id"], "local-copy",
                               f"registry not reachable ({reason}): pinned the digest the engine's copy was pulled as", now)
         raise UnresolvedBase(f"not on the engine, and its registry does not answer ({reason}): "
-                             f"`docker pull {image}` where the registry is reachable, or `make engine` for seeded bases")
+                             f"`docker pull {image}` where the registry is reachable, or {offline_base()}")
 
     def _registry_digest(self, image: str) -> tuple[str | None, str]:
         registry, reference = image_registry(image)

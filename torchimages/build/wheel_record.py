@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import atomic_write_json, read_json_document
+from ..invocation import command
 from ..model import InputError, Problem
 from ..reporting import require_schema
 
@@ -34,7 +35,7 @@ def write_wheel_record(reports_dir: Path, tag: str, context: BuildContext) -> No
 
 def read_wheel_record(path: Path) -> dict:
     """A wheel record as write_wheel_record left it ({} when there is none); another shape is an InputError."""
-    fix = f"delete it: `python build.py build {path.parent.name} --force` writes it again"
+    fix = f"delete it: {command(f'build {path.parent.name} --force')} writes it again"
     record = read_json_document(path, fix, default=None)
     if record is None:
         return {}

@@ -3,8 +3,10 @@ prints and picks exit codes. One module per command group registers its commands
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
+import importlib.metadata
 import os
 import re
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from .. import invocation
 from ..files import LOCK_WAIT_ENV, brief, hold_folders
 from ..model import PROXY_ARGS, InputError, PeerError, Problem, TorchImagesError, parse_size
 from ..peers.registry_address import parse_image_name, parse_registry
@@ -31,7 +34,8 @@ from .streams import (
 )
 
 DEFAULT_LOCK_WAIT_S, MAX_LOCK_WAIT_S = 30.0, 86400
-DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml. See README.md."
+DESCRIPTION = "Render, build, verify and publish PyTorch images from matrix.yaml."
+EPILOG = f"Documentation: {invocation.DOCS}"  # not README.md: an installed package has none beside it
 # The global flags that take a value: what chosen_command() steps over to find the command.
 VALUE_FLAGS = ("--project", "--matrix", "--compat", "--templates", "--images", "--reports")
 
@@ -51,9 +55,9 @@ def chosen_command(argv: list[str]) -> str | None:
 def build_parser(command: str | None = None, everything: bool = False) -> argparse.ArgumentParser:
     """The parser for command: its group in full, every other command as its help line only (None: `--help`);
     every command in full with everything."""
-    parser = argparse.ArgumentParser(prog="torchimages", description=DESCRIPTION)
-    parser.add_argument("--project", type=Path, metavar="DIR",
-                        help="the project folder (default: the nearest folder holding matrix.yaml, from here upwards)")
+    parser = argparse.ArgumentParser(prog=invocation.program(), description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"torchimages {version()}")
+    parser.add_argument("--project", type=Path, metavar="DIR", help=command_table.PROJECT_HELP)
     parser.add_argument("--matrix", type=Path, metavar="PATH", help="the version matrix (default: the project's matrix.yaml)")
     parser.add_argument("--compat", type=Path, metavar="PATH",
                         help="its compatibility facts (default: compat.yaml beside the matrix)")
@@ -63,6 +67,28 @@ def build_parser(command: str | None = None, everything: bool = False) -> argpar
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     command_table.register(commands, command, everything)
     return parser
+
+
+def version() -> str:
+    """The running code's version: a source checkout's pyproject.toml where the package runs from one (the environment
+    may have another torchimages installed), else the installed distribution's."""
+    source = invocation.source_version()
+    if source:
+        return source
+    try:
+        return importlib.metadata.version("torchimages")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed, and no pyproject.toml beside the package)"
+
+
+def unknown_command(argv: list[str]) -> InputError | None:
+    """A misspelt command, as one line with the nearest command (argparse lists all 23 and suggests none)."""
+    word = chosen_command(argv)
+    if word is None or word in command_table.COMMANDS:
+        return None
+    guess = difflib.get_close_matches(word, command_table.COMMANDS, n=1)
+    fix = f"did you mean '{guess[0]}'?" if guess else f"{invocation.command('--help')} lists the commands"
+    return InputError([Problem("", 0, f"unknown command {brief(word)}: {fix}")])
 
 
 def _at_least(minimum: int):
@@ -135,10 +161,11 @@ def lock_wait() -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None, start: Path | None = None) -> int:
+def main(argv: list[str] | None = None, start: Path | None = None, program: str | None = None) -> int:
     """Every command's one boundary: bad input exits 2, a failed file or stream 1 or 2, Ctrl-C 130 and SIGTERM 143,
-    each with one line on stderr and no traceback; files are written whole or not at all."""
-    with standard_streams() as closed, handling_sigterm():
+    each with one line on stderr and no traceback; files are written whole or not at all. program: the command as the
+    user ran it, which messages name (build.py gives `python build.py`; None: guessed from sys.argv[0])."""
+    with invocation.running_as(program), standard_streams() as closed, handling_sigterm():
         if closed:
             return report(f"{closed}: closed ({errno.errorcode[errno.EBADF]}): run the command with {closed} open "
                           "(>/dev/null to drop it)", EXIT_BAD_INPUT)
@@ -179,6 +206,9 @@ def run(argv: list[str] | None, start: Path) -> int:
     """start: the folder the project is looked for from (the current one; build.py's own in a clone)."""
     arguments = sys.argv[1:] if argv is None else argv
     keep_out(Secrets.in_arguments(arguments))  # before parsing: argparse's own errors quote what they refuse
+    unknown = unknown_command(arguments)
+    if unknown:
+        raise unknown
     args = build_parser(chosen_command(arguments)).parse_args(argv)
     keep_out(run_secrets(args) | Secrets.in_arguments(arguments))
     if getattr(args, "makes_project", False):  # init: there is no project yet

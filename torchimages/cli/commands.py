@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..checks import checklist
 
@@ -14,11 +15,15 @@ from ..checks import checklist
 class Command:
     group: str  # the module under torchimages/cli/ whose register() adds it (with the rest of its group)
     summary: str
+    in_project: bool = True  # works on a project (init makes one: --project means nothing to it)
+
+
+PROJECT_HELP = "the project folder (default: the nearest folder holding matrix.yaml, from here upwards)"
 
 
 COMMANDS = {
     "init": Command("init", "make a new project: matrix.yaml (a CPU and a CUDA row), compat.yaml, .gitignore, a CI "
-                            "workflow"),
+                            "workflow", in_project=False),
     "list": Command("images", "print every tag with its versions"),
     "render": Command("images", "write images/<tag>/Dockerfile from the matrix"),
     "wheels": Command("images", "fetch the wheels rows install, for offline builds"),
@@ -55,7 +60,16 @@ COMMANDS = {
 
 def add_command(commands: argparse._SubParsersAction, name: str, **settings) -> argparse.ArgumentParser:
     """A group's register() adds each of its commands through here: the help line is the table's."""
-    return commands.add_parser(name, help=COMMANDS[name].summary, **settings)
+    parser = commands.add_parser(name, help=COMMANDS[name].summary, **settings)
+    if COMMANDS[name].in_project:
+        project_flag(parser)
+    return parser
+
+
+def project_flag(parser: argparse.ArgumentParser) -> None:
+    """--project after the command as well as before it (`torchimages list --project DIR`): absent here, it leaves the
+    one before the command alone."""
+    parser.add_argument("--project", type=Path, metavar="DIR", default=argparse.SUPPRESS, help=PROJECT_HELP)
 
 
 def groups() -> list[str]:

@@ -8,7 +8,7 @@ from rich.table import Table
 from ..model import PYPI
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..redaction import redact
-from .commands import add_command
+from .commands import add_command, project_flag
 from .console import console, errors
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ def register(commands) -> None:
     compat = add_command(commands, "compat")
     actions = compat.add_subparsers(dest="compat_command", required=True, metavar="ACTION")
     refresh = actions.add_parser("refresh", help="read torch releases' facts from the package index into compat.yaml")
+    project_flag(refresh)
     refresh.add_argument("versions", nargs="*", metavar="TORCH",
                          help="releases to read (default: every release compat.yaml lists that the index has)")
     refresh.add_argument("--check", action="store_true",

@@ -14,6 +14,7 @@ from .. import verify
 from ..build import builder, debs, doctor, render, wheels
 from ..checks import checklist
 from ..files import atomic_write
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem
 from ..peers import engine
 from ..project import EXIT_FAILED, EXIT_OK, Project
@@ -55,7 +56,7 @@ def cmd_render(project: Project, args) -> int:
     if args.check:
         stale = render.stale_paths(project.images, rendered)
         if stale:
-            print(f"{project.images} is stale; run `python build.py render` and commit the result:", file=sys.stderr)
+            print(f"{project.images} is stale; run {command('render')} and commit the result:", file=sys.stderr)
             for rel in stale:
                 print(f"  {project.images / rel}", file=sys.stderr)
             return EXIT_FAILED
@@ -85,7 +86,7 @@ def cmd_debs(project: Project, args) -> int:
         if engine.inspect_image(client, image) is None:
             raise InputError([Problem(spec.tag, 0, f"the local image {image} (a name on this engine, not pushed "
                                                    f"anywhere) is not on the engine: build it first "
-                                                   f"(`torchimages build {spec.tag}`)")])
+                                                   f"({command(f'build {spec.tag}')})")])
         pins = debs.image_pins(client.api, image)
         if not pins:
             raise InputError([Problem(spec.tag, 0, f"{image} records no .debs (built before they were recorded, or "

@@ -17,7 +17,7 @@ from ..project import EXIT_OK, Project
 from ..publish import multiarch
 from ..publish.catalog import CatalogEntry, catalog_file, load_catalog
 from ..security.freshness import fixes_line
-from .commands import add_command
+from .commands import add_command, project_flag
 from .console import errors, log
 from .display import ConsoleDisplay
 from .options import (
@@ -162,6 +162,7 @@ def register(commands) -> None:
     report = add_command(commands, "report")
     actions = report.add_subparsers(dest="report_command", required=True, metavar="ACTION")
     merging = actions.add_parser("merge", help="merge shards' reports, catalogs and lock files, and their summaries")
+    project_flag(merging)
     merging.add_argument("shard_dirs", nargs="+", type=Path, metavar="DIR",
                          help="a shard's results: the reports/, catalog/ and bases.lock.json it uploaded")
     add_catalog_argument(merging)

@@ -11,6 +11,7 @@ from ..build import builder, debs
 from ..build.bases_lock import read_lock
 from ..build.context import CA_BUNDLE_FIX
 from ..files import read_bytes
+from ..invocation import command
 from ..matrix.load import load_compat
 from ..model import PROXY_ARGS, InputError, Problem
 from ..peers.registry import COMPRESSIONS, DEFAULT_COMPRESSION, RetryPolicy, publish_cache_folder
@@ -53,10 +54,10 @@ def add_build_arguments(parser: argparse.ArgumentParser,
                         help="remove the build stages' images after the run (kept by default: a rebuild takes them "
                              "from the cache; about 13 MB per row, 285 MB per CUDA devel row)")
     add_source_arguments(parser)
-    parser.add_argument("--wheelhouse", type=Path, help="install from wheels fetched by `build.py wheels` (offline)")
+    parser.add_argument("--wheelhouse", type=Path, help=f"install from wheels fetched by {command('wheels')} (offline)")
     parser.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy (kept out of the image)")
     parser.add_argument("--debs", type=Path, metavar="DIR",
-                        help="install exactly the OS packages `build.py debs` kept in DIR, offline (each checked by "
+                        help=f"install exactly the OS packages {command('debs')} kept in DIR, offline (each checked by "
                              "sha256; build with --no-cache so that no apt step comes from the cache)")
     parser.add_argument("--inputs-server", choices=builder.INPUTS_SERVERS,
                         help="where the server the build fetches its wheels from runs: on this host's loopback, or in "
@@ -98,7 +99,7 @@ def pinned_debs(project: Project, args: argparse.Namespace, inputs_server: str) 
     if folder is None:
         return {}
     if not folder.is_dir():
-        raise InputError([Problem(str(folder), 0, "--debs names a folder `python build.py debs ROW --dest DIR` "
+        raise InputError([Problem(str(folder), 0, f"--debs names a folder {command('debs ROW --dest DIR')} "
                                                   "filled")])
     if inputs_server != "loopback":
         raise InputError([Problem("--debs", 0, "pinned .debs are served from this host's loopback: build with "

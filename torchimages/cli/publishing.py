@@ -10,6 +10,7 @@ from ..build import lock
 from ..build.bases_lock import read_lock, write_lock
 from ..build.builder import local_name
 from ..files import atomic_write
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem
 from ..peers import engine
 from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
@@ -62,7 +63,7 @@ def cmd_lock(project: Project, args) -> int:
               f"rows on it: {', '.join(change.rows)}")
     if args.check:
         stale = bool(result.changes) or set(result.bases) != set(current)
-        print(f"{path} is {'stale: run `python build.py lock`' if stale else 'up to date'}")
+        print(f"{path} is {'stale: run ' + command('lock') if stale else 'up to date'}")
         return EXIT_FAILED if stale or result.unresolved else EXIT_OK
     write_lock(path, result.bases)
     print(f"wrote {path} ({len(result.bases)} bases, {len(result.changes)} changed)")
@@ -157,7 +158,7 @@ def cmd_catalog(project: Project, args) -> int:
         for problem in key_problems:
             print(f"error: {problem}", file=sys.stderr)
         if current != page:
-            print(f"{readme_path} is stale; run `python build.py catalog` and commit it", file=sys.stderr)
+            print(f"{readme_path} is stale; run {command('catalog')} and commit it", file=sys.stderr)
             return EXIT_FAILED
         print(f"{readme_path} is up to date")
         return EXIT_FAILED if key_problems else EXIT_OK

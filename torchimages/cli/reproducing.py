@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..invocation import command
 from ..peers import engine
 from ..peers.registry import RegistryClient, RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
@@ -36,10 +37,10 @@ def register(commands) -> None:
                             help="where a layer differs, also name the first file in it that differs (path, size, "
                                  "mode, owner, time, content hash)")
     rebuilding.add_argument("--wheelhouse", type=Path, metavar="DIR",
-                            help="where the recorded wheels are, as `build.py wheels --dest DIR` keeps them, checked "
+                            help=f"where the recorded wheels are, as {command('wheels --dest DIR')} keeps them, checked "
                                  "by their sha256 (default: the project's wheelhouse/)")
     rebuilding.add_argument("--debs", type=Path, metavar="DIR",
-                            help="where the recorded OS packages are, as `build.py debs --dest DIR` keeps them, "
+                            help=f"where the recorded OS packages are, as {command('debs --dest DIR')} keeps them, "
                                  "checked by their sha256 (default: the project's debs/)")
     rebuilding.add_argument("--retries", type=integer, default=RetryPolicy.retries,
                             help="tries again after a transient registry error (default: %(default)s)")

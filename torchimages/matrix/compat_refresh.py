@@ -493,7 +493,7 @@ def _update(section, torch: str, block: dict, index_url: str) -> None:
     previous_first = next(iter(section), None)
     above = section.ca.comment[1] if section.ca.comment else None
     section.insert(0, DoubleQuotedScalarString(torch), quoted(block))
-    note = CommentToken(f"# Read from {index_url} by `build.py compat refresh`: each build's source is its wheel.\n",
+    note = CommentToken(f"# Read from {index_url} by `torchimages compat refresh`: each build's source is its wheel.\n",
                         CommentMark(2))
     if previous_first is not None and above:
         section.ca.items[previous_first] = [None, [CommentToken("\n", CommentMark(0)), *above], None, None]

@@ -3,6 +3,7 @@ shape and its tags are checked here; each variant's values, against compat.yaml,
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import re
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from ..files import brief, read_text
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem
 from ..peers.registry_address import parse_registry
 from ..yamlsource import LineDict, LineList, load_yaml, parse_yaml
@@ -187,13 +189,20 @@ def _check_tags(specs: list[ImageSpec], repository: str, report) -> None:
                 first_line[name] = spec.matrix_line
 
 
+def nearest_tag(selector: str, specs: list[ImageSpec]) -> str:
+    """A selector's did-you-mean from the matrix's tags, and how to list them all."""
+    guess = difflib.get_close_matches(selector, [spec.tag for spec in specs], n=1)
+    listing = f"{command('list')} prints the {len(specs)} tags"
+    return f"did you mean {brief(guess[0])}? ({listing})" if guess else listing
+
+
 def select(specs: list[ImageSpec], selectors: list[str], matrix_file: str = "matrix.yaml") -> list[ImageSpec]:
     """Tags or shell globs -> specs in matrix order; a selector matching nothing is an input error."""
     if not selectors:
         return list(specs)
     unmatched = [s for s in selectors if not any(fnmatchcase(spec.tag, s) for spec in specs)]
     if unmatched:
-        # The known tags once, not once per selector: output follows what was asked, not the matrix's size.
-        known = Problem(matrix_file, 0, f"known tags: {', '.join(spec.tag for spec in specs)} (`python build.py list`)")
-        raise InputError([Problem(matrix_file, 0, f"selector {brief(s)} matches no tag") for s in unmatched] + [known])
+        # One line per selector, the nearest tag in it: output follows what was asked, not the matrix's size.
+        raise InputError([Problem(matrix_file, 0, f"selector {brief(s)} matches no tag: {nearest_tag(s, specs)}")
+                          for s in unmatched])
     return [spec for spec in specs if any(fnmatchcase(spec.tag, s) for s in selectors)]

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ..files import brief
+from ..invocation import command
 from ..model import PYPI, ImageSpec, User, parse_size
 from ..yamlsource import LineDict
 
@@ -151,7 +152,7 @@ def _specs(row: _Row, defaults: LineDict, settings: _Settings, compat: dict, rep
     torchvision = _torchvision(row, torch_facts, allow_unlisted, fail)
     if torch_facts is not None and not torch_facts.get("numpy"):
         fail("torch", f"compat.yaml pins no NumPy for torch {torch}, and every image installs one: add "
-                      f"`numpy: \"X.Y.Z\"` under it, or run `python build.py compat refresh {torch}`")
+                      f"`numpy: \"X.Y.Z\"` under it, or run {command(f'compat refresh {torch}')}")
     # Each machine's wheels are their own build: its arch list (and any pin that differs) is under `by_arch:`.
     wheels = {arch: _arch_wheel(row, wheel, arch, torch, cuda, is_gpu and not allow_unlisted, fail)
               for arch in settings.arches}
@@ -275,7 +276,7 @@ def _arch_wheel(row: _Row, wheel: dict, arch: str, torch: str, cuda: str, needs_
     own = (wheel.get("by_arch") or {}).get(arch)
     if own is None and arch != "x86_64" and needs_facts and row.get("arch_list") is None:
         fail("arch", f"compat.yaml has no facts read from torch {torch}'s {arch} wheels for CUDA {cuda} (`by_arch:` "
-                     f"under the build): run `python build.py compat refresh {torch}`, or drop {arch} from 'arch'")
+                     f"under the build): run {command(f'compat refresh {torch}')}, or drop {arch} from 'arch'")
     return {**wheel, **(own or {})}
 
 
@@ -300,8 +301,9 @@ def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: 
     if cuda == "cpu":
         if torch_facts is not None and not torch_facts.get("cpu"):
             fail("cuda", f"compat.yaml lists no CPU build of torch {torch} (none read from a wheel): "
-                         f"read it where its +cpu wheels are, `python build.py compat refresh {torch} --index-url "
-                         f"https://download.pytorch.org/whl/cpu`, or pick a release that lists cpu")
+                         f"read it where its +cpu wheels are, "
+                         f"{command(f'compat refresh {torch} --index-url https://download.pytorch.org/whl/cpu')}, or "
+                         "pick a release that lists cpu")
         return {"wheel_index": "cpu"}
     listed = (torch_facts or {}).get("cuda", {}).get(cuda)
     if listed is not None:
@@ -309,8 +311,9 @@ def _wheel_facts(row: _Row, torch: str, cuda: str, torch_facts, allow_unlisted: 
     if not allow_unlisted and torch_facts is not None:
         known = ", ".join(torch_facts.get("cuda", {})) or "none"
         fail("cuda", f"compat.yaml has no CUDA {cuda} build of torch {torch} (it lists: {known}, cpu): "
-                     f"pick one of those; if the build exists on another index, read it with `python build.py compat "
-                     f"refresh {torch} --index-url URL`, or set allow_unlisted: true for a custom index")
+                     f"pick one of those; if the build exists on another index, read it with "
+                     f"{command(f'compat refresh {torch} --index-url URL')}, or set allow_unlisted: true for a "
+                     "custom index")
     return {"wheel_index": "cu" + cuda.replace(".", "")}
 
 
@@ -344,9 +347,10 @@ def _torchvision(row: _Row, torch_facts, allow_unlisted: bool, fail) -> str | No
         return torchvision
     paired = torch_facts.get("torchvision")
     if paired is None:
-        fail("torchvision", f"no torchvision is paired with torch {row.get('torch')} in compat.yaml (none on "
-                            f"the index took it when it was read): drop torchvision from the row, or run `python "
-                            f"build.py compat refresh {row.get('torch')}` once one is released")
+        torch = row.get("torch")
+        fail("torchvision", f"no torchvision is paired with torch {torch} in compat.yaml (none on the index took it "
+                            f"when it was read): drop torchvision from the row, or run "
+                            f"{command(f'compat refresh {torch}')} once one is released")
     elif not torchvision.startswith(paired + "."):
         fail("torchvision", f"torchvision {torchvision} is not the release paired with this torch (use {paired}.x)")
     return torchvision

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..build.builder import BUILD_REPORT
 from ..files import brief, read_json_document
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem
 from ..publish.catalog import require_folder
 from ..reporting import Shape, require_schema
@@ -155,9 +156,9 @@ class PlanFile:
 def shard_from_plan_file(path: Path, index: int, count: int, specs: list[ImageSpec]) -> list[ImageSpec]:
     """The rows a plan file (from `plan --format json`) gives shard index/count; it must cover specs exactly."""
     check_shard_count(count, len(specs))
-    fix = f"make it again with `python build.py plan --shards {count} --format json`"
+    fix = f"make it again with {command(f'plan --shards {count} --format json')}"
     document = read_json_document(path, fix)
-    require_schema(document, PLAN_SCHEMA, path, "a plan from `python build.py plan --format json`", fix)
+    require_schema(document, PLAN_SCHEMA, path, f"a plan from {command('plan --format json')}", fix)
     shape = Shape("plan")
     shape.document(document, PlanFile)
     shape.raise_if_wrong(path, fix)

@@ -252,7 +252,7 @@ def markdown(proposal: Proposal) -> str:
         return f"No torch release newer than the matrix's {proposal.newest_in_matrix} on the index.\n"
     lines = [f"## torch {proposal.release}: proposed rows", "",
              (f"The index has torch {proposal.release}; the matrix's newest was {proposal.newest_in_matrix}. "
-             "`build.py watch` read its facts from the wheels into `compat.yaml` (each build with its "
+             "`torchimages watch` read its facts from the wheels into `compat.yaml` (each build with its "
              "`source:`), proposed rows shaped like the newest ones in `matrix.yaml` and rendered them. Nothing is "
              "published from this proposal: merging it lets the nightly build, verify and publish the rows."), ""]
     lines += [f"- `{tag}`" for tag in proposal.tags] or ["- no rows could be proposed"]

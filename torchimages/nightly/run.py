@@ -29,6 +29,7 @@ from ..build.bases_lock import read_lock, write_lock
 from ..build.builder import Builder, BuildOptions, base_reference, cache_name, local_name
 from ..build.builder import Progress as BuildProgress
 from ..build.builder import write_report as write_build_report
+from ..invocation import command
 from ..matrix.load import Matrix
 from ..model import ImageSpec, InputError
 from ..peers import engine
@@ -106,7 +107,7 @@ class Nightly:
             self.summary.render = f"{self.project.images} is up to date"
             return True
         self.summary.render = (f"{self.project.images} is stale ({len(stale)} files differ from the matrix, e.g. "
-                               f"{stale[0]}): run `python build.py render` and commit it; nothing was built")
+                               f"{stale[0]}): run {command('render')} and commit it; nothing was built")
         for tag in self.summary.rows:
             self.summary.fail(tag, "render", self.summary.render)
         return False

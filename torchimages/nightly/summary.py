@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..build.lock import BaseChange
 from ..files import append_text, atomic_write, atomic_write_json, brief, check_appendable
+from ..invocation import command
 from ..project import EXIT_FAILED, EXIT_OK
 from ..reporting import (
     DIGEST,
@@ -89,7 +90,7 @@ class Summary:
     def from_json(cls, data, path: Path, tags: set[str], fix: str) -> Summary:
         """The summary a `nightly` run wrote to path, every row it names one of tags (the matrix's); an InputError
         names each part of the wrong shape and each unknown row, and says how to fix it."""
-        require_schema(data, SCHEMA, path, "a summary of `python build.py nightly`", fix)
+        require_schema(data, SCHEMA, path, f"a summary of {command('nightly')}", fix)
         shape = Shape("summary")
         if shape.document(data, cls):
             for part, tag in named_rows(data):

@@ -15,10 +15,10 @@ import docker.errors
 import requests
 
 from ..files import brief
+from ..invocation import start_engine
 from ..model import InputError, PeerError, Problem
 from ..redaction import redact
 
-NO_ENGINE_HINT = "start one with `make engine` (then `source .engine/env`), or export DOCKER_HOST=unix:///path/to/docker.sock"
 NO_GPU_RUNTIME = 'could not select device driver "" with capabilities: [[gpu]]'
 # For containers that must see no GPU: our images say NVIDIA_VISIBLE_DEVICES=all, which alone gives a container every
 # GPU on an engine whose default runtime is nvidia (and fails its start where the host's driver does not load). "void"
@@ -48,7 +48,7 @@ def client(timeout: int = 600) -> docker.DockerClient:
         docker_client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         raise InputError([Problem("DOCKER_HOST", 0, f"no Docker engine answers at {where_} within {PING_TIMEOUT_S} s "
-                                                    f"({_short(error)}): {NO_ENGINE_HINT}")]) from None
+                                                    f"({_short(error)}): {start_engine()}")]) from None
     docker_client.api.timeout = timeout
     return docker_client
 

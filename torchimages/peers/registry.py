@@ -46,6 +46,7 @@ from typing import Literal, TypeVar, overload
 import tenacity
 
 from ..files import brief
+from ..invocation import install_skopeo
 from ..model import PeerError
 from . import referrers_api
 from .registry_access import RegistryAccess, docker_config_dir
@@ -449,8 +450,8 @@ class RegistryClient:
                 done = subprocess.run(command, capture_output=True, timeout=bound + KILL_GRACE_S, check=False,
                                       env=private_cache_environment(Path(private)))
         except FileNotFoundError:
-            raise RegistryError("publishing needs skopeo, which is not installed: `apt-get install skopeo` "
-                                "(`make engine` installs it)", transient=False) from None
+            raise RegistryError(f"publishing needs skopeo, which is not installed: {install_skopeo()}",
+                                transient=False) from None
         except subprocess.TimeoutExpired:
             raise self._stalled(arguments[0], bound) from None
         if done.returncode == 0:

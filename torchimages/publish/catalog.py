@@ -24,6 +24,7 @@ from ..files import (
     read_text,
     remove_file,
 )
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem
 from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
 from ..peers.registry_access import AccessSettings
@@ -466,4 +467,4 @@ def current_page(readme_path: Path) -> str | None:
     """images/README.md as it is now (None when there is none): a regular UTF-8 file, or an InputError."""
     if not os.path.lexists(readme_path):
         return None
-    return read_text(readme_path, "delete it; `python build.py catalog` writes it again")
+    return read_text(readme_path, f"delete it; {command('catalog')} writes it again")

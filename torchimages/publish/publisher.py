@@ -24,6 +24,7 @@ from ..build.bases_lock import LockedBase
 from ..build.builder import INPUT_HASH_LABEL, local_name, read_wheel_record, wheel_record_path
 from ..checks.selection import as_flags
 from ..files import read_json_document, remove_file
+from ..invocation import command
 from ..model import LABEL_PREFIX, ImageSpec
 from ..peers import engine
 from ..peers.registry import DEFAULT_COMPRESSION, Manifest, RegistryClient, RegistryError, RetryPolicy, with_retries
@@ -77,21 +78,21 @@ def verification_refusal(spec: ImageSpec, image: dict | None, report: VerifyRepo
     if image is None:
         # The local name carries the matrix's registry, which may be a placeholder nobody runs: say it is local.
         return (f"the local image {local_name(spec)} (a name on this engine, not pushed anywhere) is not on the "
-                f"engine: build it first (`torchimages build {spec.tag}`)")
+                f"engine: build it first ({command(f'build {spec.tag}')})")
     if report is None:
-        return f"never verified ({report_path} is missing): run `python build.py test {spec.tag}`"
+        return f"never verified ({report_path} is missing): run {command(f'test {spec.tag}')}"
     if report.image_id != image["Id"]:
         return (f"the verified image {_short(report.image_id)} is not the one tagged now ({_short(image['Id'])}); "
-                f"it was rebuilt since: run `python build.py test {spec.tag}` again")
+                f"it was rebuilt since: run {command(f'test {spec.tag}')} again")
     if not report.passed:
         return f"its verification failed ({', '.join(report.with_status('failed')) or 'see the report'}): see {report_path}"
     if report.selection:  # the checks left out were never run on these bytes
         return (f"it was verified with only some checks ({as_flags(report.selection)}): publishing needs every check; "
-                f"run the full `python build.py test {spec.tag}`")
+                f"run the full {command(f'test {spec.tag}')}")
     gpu_check = report.checks.get("gpu")
     if spec.is_gpu and (gpu_check is None or gpu_check.status != "passed"):
         return (f"its GPU checks did not run ({gpu_check.message if gpu_check else 'no gpu check in the report'}): "
-                f"a GPU image is published only after `python build.py test {spec.tag} --gpus all` passes on a GPU host")
+                f"a GPU image is published only after {command(f'test {spec.tag} --gpus all')} passes on a GPU host")
     built_from = (image.get("Config", {}).get("Labels") or {}).get(SPEC_HASH_LABEL)
     if built_from != spec.spec_hash():
         return (f"it was built from another version of its matrix row ({SPEC_HASH_LABEL}={built_from}, the matrix "

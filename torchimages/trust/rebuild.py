@@ -30,6 +30,7 @@ from ..build.debs import PinnedDeb, check_files, pins_from_json
 from ..build.reproducible import ChunkReader
 from ..build.wheel_record import file_sha256
 from ..files import brief
+from ..invocation import command
 from ..model import ImageSpec, InputError, Problem, TorchImagesError
 from ..peers import engine
 from ..peers.registry import Manifest, RegistryClient
@@ -70,18 +71,18 @@ def claim_of(provenance: object, reference: str) -> Claim:
     wheels = [(d.get("name"), as_object(d.get("digest")).get("sha256")) for d in dependencies
               if str(d.get("uri", "")).startswith("pkg:pypi/")]
     if not isinstance(tag, str) or not tag:
-        raise _refused(reference, "its provenance names no matrix row: it was not made by `build.py publish`")
+        raise _refused(reference, f"its provenance names no matrix row: it was not made by {command('publish')}")
     if not commits:
         raise _refused(reference, "its provenance names no commit (it was built from uncommitted files): it cannot "
                                   "be rebuilt from a checkout")
     for name, sha256 in wheels:
         if not _plain_file_name(name) or not isinstance(sha256, str):
             raise _refused(reference, f"its provenance names wheel {brief(name)} (sha256 {brief(sha256)}): not a "
-                                      "file name and a hash as `build.py publish` writes them")
+                                      f"file name and a hash as {command('publish')} writes them")
     debs = pins_from_json([{"step": as_object(d.get("annotations")).get("step"), "filename": d.get("name"),
                             "sha256": as_object(d.get("digest")).get("sha256")}
                            for d in dependencies if str(d.get("uri", "")).startswith("pkg:deb/")],
-                          reference, "its provenance's OS packages are not as `build.py publish` writes them")
+                          reference, f"its provenance's OS packages are not as {command('publish')} writes them")
     versions = as_object(as_object(as_object(provenance).get("runDetails")).get("builder")).get("version")
     publisher = as_object(versions).get("docker")
     return Claim(tag, commits[0], {str(name): str(sha256) for name, sha256 in wheels}, debs,
@@ -139,8 +140,8 @@ def claimed_wheelhouse(claim: Claim, found: Path, into: Path, spec: ImageSpec, r
     for name, sha256 in sorted(claim.wheels.items()):
         source = wheel_dir(found, spec) / name
         if not source.is_file():
-            raise _refused(reference, f"wheel {name} is not in {source.parent}: `build.py wheels {claim.tag} --dest "
-                                      f"{found}` fetches the row's wheels")
+            raise _refused(reference, f"wheel {name} is not in {source.parent}: "
+                                      f"{command(f'wheels {claim.tag} --dest {found}')} fetches the row's wheels")
         if file_sha256(source) != sha256:
             raise _refused(reference, f"wheel {source} is not the one the provenance names (sha256 {sha256}): "
                                       "fetch that wheel again")
@@ -157,7 +158,7 @@ def rebuild_options(images: Path, reports: Path, wheelhouse: Path, claim: Claim,
 def check_claimed_debs(claim: Claim, debs: Path, reference: str) -> None:
     """Each claimed .deb in the folder, with its sha256 (`build.py debs` keeps them, as `wheels` keeps wheels)."""
     try:
-        check_files(debs, claim.debs, f"`build.py debs {claim.tag} --dest {debs}` keeps a row's .debs")
+        check_files(debs, claim.debs, f"{command(f'debs {claim.tag} --dest {debs}')} keeps a row's .debs")
     except InputError as error:
         raise _refused(reference, str(error)) from None
 

@@ -13,6 +13,7 @@ import docker.types
 from ..build.builder import local_name
 from ..checks import checklist
 from ..checks.selection import CheckSelection
+from ..invocation import command
 from ..model import LABEL_PREFIX, ImageSpec, InputError, Problem, parse_size
 from ..peers import engine
 
@@ -207,7 +208,7 @@ def _inspect_image(docker_client: docker.DockerClient, image: str, pull: bool, p
         pass
     if not pull:
         raise InputError([Problem(image, 0, f"the local image {image} (a name on this engine, not pushed anywhere) "
-                                            f"is not on the engine: build it with `torchimages build {tag}`, or "
+                                            f"is not on the engine: build it with {command(f'build {tag}')}, or "
                                             "check another with --image")])
     progress.stage(tag, f"pulling {image}")
     try:

@@ -274,7 +274,7 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
     smi = nvidia_smi_as_lane_host(host)
     with_health_fields(smi.get("gpus") or [], gpu.get("health"), [gpu.get(LINK_UNDER_LOAD), gpu.get(CLOCKS_UNDER_LOAD)])
     scenario = {
-        "what": f"recorded on real hardware by build.py gpu-record {spec.tag} on {date} "
+        "what": f"recorded on real hardware by torchimages gpu-record {spec.tag} on {date} "
                 f"({host.get('hostname') or 'host unknown'}, {source}): {line}",
         "source": "this host's own answers, kept raw under `recorded`: nvidia-smi -L and --query-gpu as printed, "
                   "/proc/driver/nvidia/version, cuDriverGetVersion, NVML's and CUDA's device counts and the devices "
@@ -285,7 +285,7 @@ def lane_host(date: str, spec: ImageSpec, source: str, facts: dict, checks: dict
         "libcuda": {"driver_version": gpu.get("libcuda_driver_version")},
         "torch_cuda": torch_cuda_as_lane_host(gpu),
         "runs": [{"row": spec.tag, "gpus": "all", "expect": expect,
-                  "why": f"the verdicts this host gave on {date} (build.py gpu-record)",
+                  "why": f"the verdicts this host gave on {date} (torchimages gpu-record)",
                   # torch's view of the GPUs depends on it: the replay sets it as the record's process had it
                   **({"cuda_visible_devices": host["cuda_visible_devices"]}
                      if host.get("cuda_visible_devices") is not None else {})}],

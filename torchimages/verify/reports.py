@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..checks.gpu_speed import host_report
 from ..files import read_json_document
+from ..invocation import command
 from ..reporting import DIGEST, DIGEST_RULE, Shape, known_fields, markdown_cell, require_schema, utc_timestamp
 from . import emulation
 from .plan import CHECKS, Plan, VerifyResult
@@ -111,7 +112,7 @@ def verify_report_path(reports_dir: Path, tag: str) -> Path:
 def read_verify_report(path: Path) -> VerifyReport | None:
     """reports/<tag>/verify.json, None when the image was never verified; a damaged one, or one of another schema,
     is an InputError."""
-    fix = f"verify again with `python build.py test {path.parent.name}`"
+    fix = f"verify again with {command(f'test {path.parent.name}')}"
     report = read_json_document(path, fix, default=None)
     if report is None:
         return None
@@ -126,7 +127,7 @@ def read_verify_report(path: Path) -> VerifyReport | None:
 def selective_note(result: VerifyResult) -> str:
     """What a verification of some checks is not: one to publish."""
     return (f"only some checks ran ({result.selection.flags}): publishing needs every check, "
-            f"`python build.py test {result.tag}`")
+            f"{command(f'test {result.tag}')}")
 
 
 def _mark(check: dict) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ import docker.errors
 
 from ..checks.selection import CheckSelection
 from ..files import open_new, remove_file
+from ..invocation import handed_on
 from ..model import InputError, PeerError, Problem
 from ..peers import engine
 from .container import ARBITRARY_UID
@@ -94,7 +96,7 @@ def run_suite(plan: Plan, options: VerifyOptions, container_id: str, report_dir:
         with open_new(report_dir / "pytest.log", report_dir) as log:
             try:
                 exit_code = subprocess.run(command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT,
-                                           timeout=timeout, check=False).returncode
+                                           timeout=timeout, check=False, env=handed_on(os.environ)).returncode
             except subprocess.TimeoutExpired:
                 log.write(f"\nthe check suite did not finish in {timeout}s\n")
                 exit_code = 124

@@ -3,6 +3,7 @@ and the labels and PYTORCH_VERSION agree with what is inside."""
 import pytest
 
 from torchimages.checks.rules import arch_flags_for, decode_cudnn_version, os_tag
+from torchimages.invocation import command
 from torchimages.model import LABEL_PREFIX
 
 from .helpers import observed_label_values, os_is_the_rows, row_label_values
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.check("identity")
 
 
 def rebuild_hint(spec) -> str:
-    return f"rebuild it from the matrix (`python build.py build {spec.tag} --force`)"
+    return f"rebuild it from the matrix ({command(f'build {spec.tag} --force')})"
 
 
 def test_torch_is_the_rows_build(main, spec):
