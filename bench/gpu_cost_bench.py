@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What issue 44's GPU work adds to one image's verification, timed on a GPU host (issue 44 item 5: at most 60 s per
-image on one GPU): the host-health read (checks/gpu_health.py: three nvidia-smi calls, R535's --query-gpu fields,
-the later ones and --query-remapped-rows, and one call per field more where a driver refuses a name; the calls made
-are counted) and the speed floors' measurements (the bf16 matmul, the clocks read while matmuls run, pinned
+image on one GPU): the host-health read (checks/gpu_health.py: four nvidia-smi calls, R535's --query-gpu fields,
+R535's reset flags, the later recovery fields and --query-remapped-rows, nvidia-smi -q where a remapper answers neither
+Yes nor No, and one call per field more where a driver refuses a name; the calls made are counted) and the speed floors' measurements (the bf16 matmul, the clocks read while matmuls run, pinned
 host<->device copies, the link read while copies run, and with 2+ GPUs the NCCL all-reduce's bus bandwidth,
 checks/gpu_speed.py), each called as the probe calls it. Prints one JSON line; until it has run on a GPU host, every
 duration here is "not measured" (docs/benchmarks.md).

@@ -374,7 +374,7 @@ def recorded_speed(probe, scenario: dict):
         (a GPU's `health_under_load`, else its `health`: a link that reads the same idle and loaded)."""
         if not smi or "h2d_gbps" not in speed:
             return NOT_MEASURED
-        return gpu_speed.read_link_while(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
+        return gpu_speed.read_link_under_load(smi, lambda: time.sleep(0.005), {**os.environ, UNDER_LOAD: "1"})
 
     def clocks_under_load(torch, smi):
         if not smi or "bf16_tflops" not in speed:

@@ -12,23 +12,44 @@ from __future__ import annotations
 import time
 import typing
 
-# nvidia-smi --help-query-gpu's names, every one known to the R535 branch's nvidia-smi. clocks_event_reasons.active is
+# nvidia-smi --help-query-gpu's names, every one known to the R535 branch's nvidia-smi (535.129.03's list:
+# XueSongTap/XueSongTap.github.io _posts/2024-01-04-nvidia-smi-more.md; the same names in 580.173.02's and 590.48.01's:
+# utkuozdemir/nvidia_gpu_exporter internal/captures/, see tests/gpu_hosts/nvidia-smi). clocks_event_reasons.active is
 # the bitmask NVML's nvmlDeviceGetCurrentClocksEventReasons returns (named clocks_throttle_reasons before driver 535,
 # still accepted as an alias there). The link's current generation and width are asked here for the record only: idle,
-# a GPU lowers both to save power, so they are judged as read under load (LINK_UNDER_LOAD, gpu_speed.link_under_load).
+# a GPU lowers both to save power, so they are judged as read under load (LINK_UNDER_LOAD, gpu_speed.link_under_load);
+# the generation as pcie.link.gen.gpucurrent, the name --help-query-gpu gives it since pcie.link.gen.current is
+# "Deprecated, use pcie.link.gen.gpucurrent instead" (535, 580, 590), the older name where a driver refuses the newer.
+# pcie.link.gen.hostmax: the root port's generation ("The maximum PCI-E link generation supported by the root port
+# corresponding to this GPU"). persistence_mode and the aggregate uncorrected count: "Volatile error counters track the
+# number of errors detected since the last driver load" (--help-query-gpu), and without persistence mode the driver
+# unloads between clients ("if persistence mode is not enabled ... volatile counts are reset each time a compute app is
+# run": nvidia-smi documentation), so there the aggregate ("persist indefinitely") is the count that still says
+# something.
 HEALTH_FIELDS = ("uuid", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
-                 "clocks_event_reasons.active", "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current",
-                 "pcie.link.width.max")
-# Fields of later drivers, asked in a call of their own so that a driver refusing them costs the fields above nothing:
-# reset_status.reset_required (nvidia-smi documentation: "Checks if a GPU reset is required"; not for vGPUs),
-# c2c.mode (NVLink-C2C as the host link, GH200/GB200; in --query-gpu on 590) and pcie.link.gen.hostmax (the root
-# port's generation: "The maximum PCI-E link generation supported by the root port corresponding to this GPU").
-LATER_FIELDS = ("uuid", "reset_status.reset_required", "c2c.mode", "pcie.link.gen.hostmax")
+                 "clocks_event_reasons.active", "pcie.link.gen.gpucurrent", "pcie.link.gen.max",
+                 "pcie.link.gen.hostmax", "pcie.link.width.current", "pcie.link.width.max", "persistence_mode",
+                 "ecc.errors.uncorrected.aggregate.total")
+# NVIDIA's recovery flags, each set in a call of its own so that a driver refusing it costs the others nothing. R535
+# lists reset_status.reset_required and reset_status.drain_and_reset_recommended ("Either of these being 'Yes'
+# indicates that an unrecoverable error has occurred"; "not supported for vGPUs"); 580.173.02 and 590.48.01 list neither
+# but gpu_recovery_action ("Reports the GPU Recovery action recommended to recover from a bad state"; 'None' on a
+# healthy H100 on 590.48.01) and c2c.mode (NVLink-C2C as the host link, GH200/GB200).
+RESET_FIELDS = ("uuid", "reset_status.reset_required", "reset_status.drain_and_reset_recommended")
+RECOVERY_FIELDS = ("uuid", "gpu_recovery_action", "c2c.mode")
+LATER_FIELDS = RESET_FIELDS + RECOVERY_FIELDS[1:]  # the fields of both calls, as reports name them
 # The row remapper, asked with --query-remapped-rows (nvidia-smi documentation, SELECTIVE QUERY OPTIONS): R535's
-# --query-gpu refuses remapped_rows.* (its --help-query-gpu lists retired_pages.* then temperature.*), 590's accepts
-# them; --query-remapped-rows answers on every driver since R450 for Ampere and later GPUs.
+# --query-gpu refuses remapped_rows.* (its --help-query-gpu lists retired_pages.* then temperature.*), 580's and 590's
+# accept them; --query-remapped-rows answers on every driver since R450 for Ampere and later GPUs.
 REMAP_FIELDS = ("gpu_uuid", "remapped_rows.pending", "remapped_rows.failure")
-FIELD_ALIASES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+# A vGPU guest's nvidia-smi -q (535.216.01, "GRID V100D-8C"): "GPU Virtualization Mode / Virtualization Mode : VGPU",
+# with "Remapped Rows : N/A" and "Reset Required : N/A": the host's GPU keeps its remapper and reset state, which the
+# guest cannot see. No --help-query-gpu of 535, 580, 590, 595 or 610 lists a virtualization field, so the mode is read
+# from nvidia-smi -q, and only where a GPU's remapper answered neither Yes nor No (a whole GPU's -q costs more than a
+# field); a bare-metal GPU prints "None", a passed-through one "Pass-Through" (590.48.01's H100).
+VGPU_MODE = "VGPU"
+FIELD_ALIASES = {"clocks_event_reasons.active": "clocks_throttle_reasons.active",
+                 "pcie.link.gen.gpucurrent": "pcie.link.gen.current"}
 UNKNOWN_FIELD = "is not a valid field"  # nvidia-smi's words for a field name this driver does not know
 HEALTH_QUERY_TIMEOUT_S = 10  # one nvidia-smi call; a hung NVML must not hold the probe
 HEALTH_BUDGET_S = 20  # all calls together, the one-field-at-a-time fallback included
@@ -56,7 +77,8 @@ SLOWDOWN_BITS = {0x8: "HW slowdown (the GPU's own protection: power supply, temp
 # GPU that needs a reset. A pending remap or page retirement does not: NVML's nvmlDeviceGetRemappedRows, "A pending
 # remapping won't affect future work on the GPU since error-containment and dynamic page blacklisting will take care
 # of that" (and a remap follows two correctable errors on one row as well as an uncorrectable one).
-SPOILS_WORK = ("ecc.errors.uncorrected.volatile.total", "remapped_rows.failure", "reset_status.reset_required")
+SPOILS_WORK = ("ecc.errors.uncorrected.volatile.total", "remapped_rows.failure", "reset_status.reset_required",
+               "reset_status.drain_and_reset_recommended", "gpu_recovery_action")
 PCIE_GENERATIONS = range(1, 8)  # PCIe 1.0 to 7.0: a gen of 99 is a misread, not a link
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 MAX_ERROR_COUNT = 10**12  # ECC counters are 64-bit, but a count this large is a misread
@@ -67,19 +89,41 @@ class Runner(typing.Protocol):
 
 
 def read_health(smi: str, run_tool: Runner) -> dict:
-    """nvidia-smi's health fields per GPU, as printed: {"rows": [{field: text}], "unreadable": [fields]}. Three
-    calls: the R535 fields, the later ones, the row remapper (merged by UUID). Where a driver rejects a field name, one
-    call per field, within HEALTH_BUDGET_S in all. A call that fails otherwise (NVML down, a hang) is not repeated."""
+    """nvidia-smi's health fields per GPU, as printed: {"rows": [{field: text}], "unreadable": [fields]}. Four calls:
+    the R535 fields, R535's reset flags, the later recovery fields, the row remapper (merged by UUID); a fifth,
+    nvidia-smi -q, only where a GPU's remapper answered neither Yes nor No (is it a vGPU guest's?). Where a driver
+    rejects a field name, one call per field, within HEALTH_BUDGET_S in all. A call that fails otherwise (NVML down, a
+    hang) is not repeated."""
     started = time.monotonic()
     rows, unreadable = _read_fields(smi, HEALTH_FIELDS, run_tool, started)
     if rows is None:  # nvidia-smi answered nothing: no later call would fare better
         return {"rows": [], "unreadable": list(HEALTH_FIELDS[1:] + LATER_FIELDS[1:] + REMAP_FIELDS[1:])}
-    later, later_unread = _read_fields(smi, LATER_FIELDS, run_tool, started)
+    for fields in (RESET_FIELDS, RECOVERY_FIELDS):
+        later, later_unread = _read_fields(smi, fields, run_tool, started)
+        _merge(rows, later or [], "uuid")
+        unreadable += list(fields[1:]) if later is None else later_unread
     remaps = _query(smi, REMAP_FIELDS, run_tool, "--query-remapped-rows")[0]
-    _merge(rows, later or [], "uuid")
     _merge(rows, remaps or [], "gpu_uuid")
-    unread_later = list(LATER_FIELDS[1:]) if later is None else later_unread
-    return {"rows": rows, "unreadable": unreadable + unread_later + ([] if remaps else list(REMAP_FIELDS[1:]))}
+    unreadable += [] if remaps else list(REMAP_FIELDS[1:])
+    if remaps and any(_flag(row.get("remapped_rows.failure")) is None for row in rows):
+        modes = virtualization_modes(smi, run_tool)
+        for row in rows:
+            row["virtualization_mode"] = modes.get(str(row.get("uuid")), "[N/A]")
+    return {"rows": rows, "unreadable": unreadable}
+
+
+def virtualization_modes(smi: str, run_tool: Runner) -> dict[str, str]:
+    """Each GPU's virtualization mode by UUID, from nvidia-smi -q's "GPU UUID" and "Virtualization Mode" lines (VGPU in
+    a guest); {} where nvidia-smi -q fails."""
+    done = run_tool([smi, "-q"], timeout=HEALTH_QUERY_TIMEOUT_S)
+    modes, uuid = {}, ""
+    for line in str(done.get("output") or "").splitlines() if done.get("ok") else []:
+        name, _, value = line.partition(":")
+        if name.strip() == "GPU UUID":
+            uuid = value.strip()
+        elif name.strip() == "Virtualization Mode" and uuid:
+            modes[uuid] = value.strip()
+    return modes
 
 
 def _merge(rows: list[dict], extra: list[dict], key: str) -> None:
@@ -139,9 +183,24 @@ def _number(text: object, limit: int) -> int | None:
 
 
 def _flag(text: object) -> bool | None:
-    """Yes/No (or 1/0) as nvidia-smi prints a boolean; None where it printed anything else."""
+    """Yes/No (or 1/0, Enabled/Disabled) as nvidia-smi prints a boolean; None where it printed anything else."""
     value = str(text or "").strip().lower()
-    return True if value in ("yes", "1", "true") else False if value in ("no", "0", "false") else None
+    return (True if value in ("yes", "1", "true", "enabled") else False if value in ("no", "0", "false", "disabled")
+            else None)
+
+
+# NVML's nvmlDeviceGpuRecoveryAction_t as nvidia-smi prints gpu_recovery_action: None on a healthy GPU (590.48.01's
+# H100), else the action (a GPU reset, a node reboot, a drain of peer traffic, a drain and reset). Any other text is
+# unknown, never a finding.
+RECOVERY_WORDS = ("reset", "reboot", "drain")
+
+
+def _recovery(text: object) -> str | None | bool:
+    """The recovery action nvidia-smi recommends, False for "None", None where it printed no such action."""
+    value = str(text or "").strip()
+    if value == "None":
+        return False
+    return value if value and any(word in value.lower() for word in RECOVERY_WORDS) and len(value) < 64 else None
 
 
 def _bitmask(text: object) -> int | None:
@@ -168,7 +227,8 @@ def _pcie(row: dict, loaded: dict | None) -> dict:
     its current generation and width only as read under load: "These may be reduced when the GPU is not in use"
     (nvidia-smi documentation, GPU Link Info), so an idle read is neither a finding nor an explanation."""
     current = loaded or {}
-    return {"gen_current": _one_of(current.get("pcie.link.gen.current"), PCIE_GENERATIONS),
+    gen = current.get("pcie.link.gen.gpucurrent", current.get("pcie.link.gen.current"))
+    return {"gen_current": _one_of(gen, PCIE_GENERATIONS),
             "gen_max": _one_of(row.get("pcie.link.gen.max"), PCIE_GENERATIONS),
             "gen_hostmax": _one_of(row.get("pcie.link.gen.hostmax"), PCIE_GENERATIONS),
             "width_current": _one_of(current.get("pcie.link.width.current"), PCIE_WIDTHS),
@@ -184,8 +244,19 @@ def _watts(text: object) -> float | None:
     return value if 0 < value < MAX_WATTS else None
 
 
+# NVML's HW slowdown bit (0x8) alone is no finding: --help-query-gpu's clocks_event_reasons.hw_slowdown "May be also
+# reported during PState or clock change" (535.129.03, 580.173.02), a transient any read may catch; it is taken for the
+# host's only with its cause, HW thermal slowdown (0x40) or HW power brake slowdown (0x80). The event counters that
+# could show a lone 0x8 lasting (clocks_event_reasons_counters.*, 580 and later) are not read.
+HW_SLOWDOWN, HW_SLOWDOWN_CAUSES = 0x8, 0x40 | 0x80
+
+
 def _slowdowns(reasons: int | None) -> list[str] | None:
-    return None if reasons is None else [why.split(" (")[0] for bit, why in SLOWDOWN_BITS.items() if reasons & bit]
+    if reasons is None:
+        return None
+    if not reasons & HW_SLOWDOWN_CAUSES:
+        reasons &= ~HW_SLOWDOWN
+    return [why.split(" (")[0] for bit, why in SLOWDOWN_BITS.items() if reasons & bit]
 
 
 def _under_load(clocks: dict | None) -> dict | None:
@@ -212,7 +283,14 @@ def gpu_health(row: dict, loaded: dict | None = None, clocks: dict | None = None
             "retired_pages_pending": _flag(row.get("retired_pages.pending")),
             "remapped_rows_pending": _flag(row.get("remapped_rows.pending")),
             "remapped_rows_failure": _flag(row.get("remapped_rows.failure")),
+            "ecc_uncorrected_aggregate": _number(row.get("ecc.errors.uncorrected.aggregate.total"), MAX_ERROR_COUNT),
+            "persistence_mode": _flag(row.get("persistence_mode")),
             "reset_required": _flag(row.get("reset_status.reset_required")),
+            "drain_and_reset_recommended": _flag(row.get("reset_status.drain_and_reset_recommended")),
+            "recovery_action": _recovery(row.get("gpu_recovery_action")),
+            # nvidia-smi -q's Virtualization Mode, read only where the remapper answered neither Yes nor No
+            "vgpu": (None if row.get("virtualization_mode") in (None, "", "[N/A]")
+                     else str(row.get("virtualization_mode")).strip() == VGPU_MODE),
             # c2c.mode: Enabled where NVLink-C2C, not PCIe, carries the GPU's host traffic (GH200, GB200).
             "c2c": {"Enabled": True, "Disabled": False}.get(str(row.get("c2c.mode") or "").strip()),
             "slowdowns": _slowdowns(reasons), "under_load": _under_load(clocks),
@@ -247,6 +325,19 @@ def gpu_findings(index: int, health: dict) -> list[Finding]:
             "take the GPU out of service: NVIDIA's RMA policy applies")
     if health["reset_required"]:
         add("reset_status.reset_required", "memory", "the GPU needs a reset (an unrecoverable error occurred)", reset)
+    if health["drain_and_reset_recommended"]:
+        add("reset_status.drain_and_reset_recommended", "memory",
+            "a drain and reset of the GPU is recommended (an unrecoverable error occurred)", reset)
+    if health["recovery_action"]:
+        add("gpu_recovery_action", "memory", f"nvidia-smi recommends a recovery action: {health['recovery_action']}",
+            reset)
+    if health["persistence_mode"] is False and health["ecc_uncorrected_aggregate"] and not health[
+            "ecc_uncorrected_volatile"]:
+        add("ecc.errors.uncorrected.aggregate.total", "memory",
+            f"{health['ecc_uncorrected_aggregate']} uncorrected ECC error(s) in the GPU's lifetime, and with persistence "
+            "mode off the volatile count restarts with each compute app: whether any came since the driver loaded is "
+            "not known",
+            "check `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`; persistence mode on keeps the volatile count")
     if health["remapped_rows_pending"]:
         add("remapped_rows.pending", "memory", "a row remapping is pending (it takes effect at the next GPU reset)",
             reset)
@@ -319,10 +410,16 @@ def host_health(gpu_facts: dict) -> dict:
     findings = [finding for index, health in enumerate(gpus) for finding in gpu_findings(index, health)]
     unreadable = list(raw.get("unreadable") or []) if isinstance(raw, dict) else []
     read = any(value is not None for health in gpus for key, value in health.items()
-               if key not in ("uuid", "pcie", "under_load"))
-    remaps_read = "remapped_rows.failure" not in unreadable
+               if key not in ("uuid", "pcie", "under_load", "vgpu"))
+    # A vGPU guest's remapper answers "[Not Supported]" or "[N/A]": the host's GPU has one, which the guest cannot
+    # read, so it is "not readable here", never read and healthy.
+    not_here = [f"GPU {index} ({health['uuid'] or 'no UUID'}): the row remapper (a vGPU guest sees none of the host "
+                "GPU's)" for index, health in enumerate(gpus)
+                if health["vgpu"] and health["remapped_rows_failure"] is None]
+    remaps_read = "remapped_rows.failure" not in unreadable and not not_here
     return {"healthy": (not findings if remaps_read else None) if read or findings else None,
-            "findings": [finding._asdict() for finding in findings], "gpus": gpus, "unreadable": unreadable}
+            "findings": [finding._asdict() for finding in findings], "gpus": gpus, "unreadable": unreadable,
+            "not_readable_here": not_here}
 
 
 def host_causes(health: dict, kinds: typing.Collection[str], uuids: typing.Collection[str] | None = None) -> list[str]:

@@ -54,8 +54,11 @@ PCIE_ALL_REDUCE_FLOOR = 0.2
 # platforms use PCI Express as the primary data path ... such as C2C ... PCIe metrics here may not be representative").
 # Named here for drivers that do not answer c2c.mode: GH200 (450 GB/s per direction), GB200, GB300.
 C2C_BOARDS = ("GH200", "GB200", "GB300")
-# cuda:0's link as nvidia-smi reads it while copies load it (gpu_health.LINK_UNDER_LOAD); one call, bounded.
-LINK_QUERY = ("uuid", "pcie.link.gen.current", "pcie.link.width.current")
+# cuda:0's link as nvidia-smi reads it while copies load it (gpu_health.LINK_UNDER_LOAD); one call, bounded. The
+# generation by the name --help-query-gpu prefers ("pcie.link.gen.current ... Deprecated, use pcie.link.gen.gpucurrent
+# instead": 535.129.03, 580.173.02, 590.48.01), asked again by the older name where a driver refuses it.
+LINK_QUERY = ("uuid", "pcie.link.gen.gpucurrent", "pcie.link.width.current")
+LINK_ALIAS = {"pcie.link.gen.gpucurrent": "pcie.link.gen.current"}
 LINK_READ_TIMEOUT_S = 10
 # The GPUs' clocks event reasons and power limits as nvidia-smi reads them while a bf16 matmul loads cuda:0
 # (gpu_health.CLOCKS_UNDER_LOAD): idle, a GPU reports "GPU idle" (0x1) and no slowdown a failing cooler or a lowered
@@ -66,7 +69,13 @@ CLOCKS_ALIAS = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
 
 COPY_BYTES = 256 << 20
 COPY_REPEATS = 5
-ALL_REDUCE_BYTES = 64 << 20
+# The all-reduce's message per GPU: 1 GiB where every GPU has four times that free (the input, NCCL's own buffers and
+# room for the rest of the probe), never less than 64 MiB. nccl-tests' all_reduce_perf busbw keeps rising with the
+# message size into the GiB range on NVSwitch boards (its usual sweep runs -b 8 -e 8G, and HGX H100 figures of ~450
+# GB/s are quoted at 8 GiB); at 64 MiB, a few milliseconds on NVSwitch, the figure is below that plateau. Even at 1 GiB
+# it is this message size's bus bandwidth, not the fabric's peak, and the report says which size it timed.
+ALL_REDUCE_BYTES = 1 << 30
+ALL_REDUCE_MIN_BYTES = 64 << 20
 ALL_REDUCE_REPEATS = 5
 
 
@@ -136,7 +145,13 @@ def link_under_load(torch, smi: str | None) -> dict:
         torch.cuda.synchronize(0)
 
     load()  # the link trains up before nvidia-smi starts reading
-    return read_link_while(smi, load)
+    return read_link_under_load(smi, load)
+
+
+def read_link_under_load(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
+    """LINK_QUERY while `load` runs; where the driver refuses pcie.link.gen.gpucurrent, again under its older name
+    (the rows keep the newer)."""
+    return _with_older_names(smi, load, env, LINK_QUERY, LINK_ALIAS)
 
 
 def clocks_under_load(torch, smi: str | None, size: int = 8192) -> dict:
@@ -157,10 +172,15 @@ def clocks_under_load(torch, smi: str | None, size: int = 8192) -> dict:
 def read_clocks_while(smi: str, load: typing.Callable[[], None], env: dict | None = None) -> dict:
     """CLOCKS_QUERY per GPU while `load` runs; where the driver predates the clocks_event_reasons names, again under
     their older clocks_throttle_reasons names (the rows keep the newer)."""
-    read = read_link_while(smi, load, env, CLOCKS_QUERY)
+    return _with_older_names(smi, load, env, CLOCKS_QUERY, CLOCKS_ALIAS)
+
+
+def _with_older_names(smi: str, load: typing.Callable[[], None], env: dict | None, fields: tuple[str, ...],
+                      aliases: dict[str, str]) -> dict:
+    read = read_link_while(smi, load, env, fields)
     if not read["ok"] and "is not a valid field" in read["error"]:
-        read = read_link_while(smi, load, env, tuple(CLOCKS_ALIAS.get(field, field) for field in CLOCKS_QUERY))
-        renamed = {alias: field for field, alias in CLOCKS_ALIAS.items()}
+        read = read_link_while(smi, load, env, tuple(aliases.get(field, field) for field in fields))
+        renamed = {alias: field for field, alias in aliases.items()}
         read["rows"] = [{renamed.get(key, key): value for key, value in row.items()} for row in read.get("rows", [])]
     return read
 
@@ -186,12 +206,23 @@ def read_link_while(smi: str, load: typing.Callable[[], None], env: dict | None 
     return {"ok": True, "device": "cuda:0", "rows": [dict(zip(fields, row, strict=True)) for row in rows]}
 
 
+def all_reduce_bytes(torch, count: int) -> int:
+    """ALL_REDUCE_BYTES, or a quarter of the least free memory of the GPUs (torch.cuda.mem_get_info) where that is
+    less, in whole MiB, never under ALL_REDUCE_MIN_BYTES; ALL_REDUCE_MIN_BYTES where free memory is not known."""
+    try:
+        free = min(int(torch.cuda.mem_get_info(index)[0]) for index in range(count))
+    except Exception:  # noqa: BLE001 - a torch without mem_get_info, or a device that cannot say: the smaller size
+        return ALL_REDUCE_MIN_BYTES
+    return max(ALL_REDUCE_MIN_BYTES, min(ALL_REDUCE_BYTES, free // 4 >> 20 << 20))
+
+
 def all_reduce_bus_bandwidth(torch, count: int) -> dict:
     """NCCL all-reduce of float32 tensors, one per GPU: algorithm bandwidth (bytes per GPU / time) and bus bandwidth,
     nccl-tests' busbw = algbw * 2(n-1)/n (NVIDIA/nccl-tests doc/PERFORMANCE.md), which compares across GPU counts."""
-    tensors = [torch.ones(ALL_REDUCE_BYTES // 4, device=f"cuda:{index}") for index in range(count)]
-    algbw = _gbps(torch, lambda: torch.cuda.nccl.all_reduce(tensors), ALL_REDUCE_BYTES, ALL_REDUCE_REPEATS, count)
-    return {"ok": True, "bytes": ALL_REDUCE_BYTES, "repeats": ALL_REDUCE_REPEATS, "gpus": count, "algbw_gbps": algbw,
+    nbytes = all_reduce_bytes(torch, count)
+    tensors = [torch.ones(nbytes // 4, device=f"cuda:{index}") for index in range(count)]
+    algbw = _gbps(torch, lambda: torch.cuda.nccl.all_reduce(tensors), nbytes, ALL_REDUCE_REPEATS, count)
+    return {"ok": True, "bytes": nbytes, "repeats": ALL_REDUCE_REPEATS, "gpus": count, "algbw_gbps": algbw,
             "busbw_gbps": round(algbw * 2 * (count - 1) / count, 2)}
 
 
@@ -219,11 +250,13 @@ def _first_device(gpu: dict) -> dict:
     return devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], dict) else {}
 
 
-def bf16_figure(gpu: dict) -> dict:
-    """The bf16 matmul on cuda:0 against its model's dense peak (none known: not judged)."""
+def bf16_figure(gpu: dict, health: dict | None = None) -> dict:
+    """The bf16 matmul on cuda:0 against its model's dense peak (none known: not judged; none for a vGPU, known by
+    nvidia-smi's Virtualization Mode "VGPU" as well as by its profile's name)."""
     tflops = _figure(_section(gpu, "bf16_matmul").get("tflops"))
     name = str(_first_device(gpu).get("name") or "")
-    peak = peak_tflops(name)
+    row = _health_row(gpu, health if health is not None else host_health(gpu))
+    peak = None if row and row.get("vgpu") else peak_tflops(name)
     figure = {"tflops": tflops, "device": name, "peak_tflops": peak, "floor": BF16_FLOOR}
     figure["ratio"] = round(tflops / peak, 3) if tflops and peak else None
     return figure
@@ -293,12 +326,13 @@ def all_reduce_figure(gpu: dict, health: dict) -> dict:
     kind = topology(gpu)
     link = link_of(gpu, health)
     floor = ALL_REDUCE_FLOOR_GBPS.get(kind) or (round(link["gbps"] * PCIE_ALL_REDUCE_FLOOR, 2) if link else None)
+    nbytes = measured.get("bytes")
     return {"busbw_gbps": _figure(measured.get("busbw_gbps")), "gpus": measured.get("gpus"), "topology": kind,
-            "floor_gbps": floor}
+            "floor_gbps": floor, "bytes": nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else None}
 
 
 def bf16_shortfall(gpu: dict, health: dict) -> Shortfall | None:
-    figure = bf16_figure(gpu)
+    figure = bf16_figure(gpu, health)
     if figure["ratio"] is None or figure["ratio"] >= BF16_FLOOR:
         return None
     return Shortfall(f"the bf16 matmul ran at {figure['tflops']} TFLOPS, {figure['ratio']:.0%} of {figure['device']}'s "
@@ -322,12 +356,16 @@ def all_reduce_shortfall(gpu: dict, health: dict) -> Shortfall | None:
     figure = all_reduce_figure(gpu, health)
     if figure["busbw_gbps"] is None or figure["floor_gbps"] is None or figure["busbw_gbps"] >= figure["floor_gbps"]:
         return None
-    # NVLink carries an NVSwitch board's all-reduce: its PCIe links explain nothing of it (an image that disables
-    # P2P, NCCL_P2P_DISABLE=1, stages it through host memory: NCCL documentation, SHM transport).
-    causes = (host_causes(health, ("clocks",)) if figure["topology"] == "nvlink"
-              else host_causes(health, ("clocks", "link")) or pcie_below_max(health))
-    return Shortfall(f"the NCCL all-reduce across {figure['gpus']} GPUs ran at a bus bandwidth of {figure['busbw_gbps']} "
-                     f"GB/s, below the {figure['floor_gbps']} GB/s floor for {figure['topology']} GPUs", causes)
+    # Nothing of the host's health is read while the all-reduce runs (its own process, after the matmul and copies):
+    # an idle read explains none of it (a GPU idle at the query reports "GPU idle" and its link at rest), so the host
+    # is charged only where a read under load says so: over PCIe, cuda:0's link as read while copies ran on it. NVLink
+    # carries an NVSwitch board's all-reduce: its PCIe links explain nothing of it (an image that disables P2P,
+    # NCCL_P2P_DISABLE=1, stages it through host memory: NCCL documentation, SHM transport).
+    causes = pcie_below_max(health) if figure["topology"] == "pcie" else []
+    size = f" of {figure['bytes'] >> 20} MiB per GPU" if figure["bytes"] else ""
+    return Shortfall(f"the NCCL all-reduce{size} across {figure['gpus']} GPUs ran at a bus bandwidth of "
+                     f"{figure['busbw_gbps']} GB/s, below the {figure['floor_gbps']} GB/s floor for "
+                     f"{figure['topology']} GPUs (nothing of the host's health was read while it ran)", causes)
 
 
 def performance(gpu: dict, health: dict) -> dict:
@@ -336,7 +374,7 @@ def performance(gpu: dict, health: dict) -> dict:
     def verdict(figure_known: bool, shortfall: Shortfall | None) -> str:
         return "not judged" if not figure_known else "ok" if shortfall is None else "host" if shortfall.host else "image"
 
-    bf16, copies, reduce = bf16_figure(gpu), copy_figure(gpu, health), all_reduce_figure(gpu, health)
+    bf16, copies, reduce = bf16_figure(gpu, health), copy_figure(gpu, health), all_reduce_figure(gpu, health)
     bf16["verdict"] = verdict(bf16["ratio"] is not None, bf16_shortfall(gpu, health))
     copies["verdict"] = verdict(bool(copies["link"]) and copies["h2d_gbps"] is not None, copy_shortfall(gpu, health))
     reduce["verdict"] = verdict(None not in (reduce["busbw_gbps"], reduce["floor_gbps"]), all_reduce_shortfall(gpu, health))
