@@ -117,7 +117,7 @@ def offline_base() -> str:
     made = make_engine()
     if made:
         return f"run {made}: it seeds the CPU bases"
-    return 'make an offline base: see "Offline bases" in docs/building.md'
+    return f'make an offline Debian base with {command("base NAME")} (docs/building.md, "Offline bases")'
 
 
 def install_skopeo() -> str:
