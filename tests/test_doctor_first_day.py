@@ -12,6 +12,7 @@ import pytest
 
 from torchimages.build import builder, doctor, wheels
 from torchimages.build.context import BuildOptions, wheel_dir
+from torchimages.invocation import CLONE, running_as
 from torchimages.matrix.load import load_matrix
 
 from .conftest import FIXTURE_MATRIX, FIXTURE_PROJECT, run_cli
@@ -84,9 +85,10 @@ def test_build_refuses_a_wheelhouse_without_the_rows_wheels_before_building(tmp_
     result = run_cli("--project", str(FIXTURE_PROJECT), "--reports", str(tmp_path / "reports"), "build", "*-cpu-*",
                      "--wheelhouse", str(empty), env=env())
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.splitlines() == [f"error: {empty}:0: {wheels.wheelhouse_refusal(BY_TAG[tag], empty)}"
-                                          for tag in (CPU, CPU_DEVEL)]
-    assert "no wheels for 2.13.0-cpu-runtime (cpu-py3.11): run `torchimages wheels '2.13.0-cpu-runtime' --dest" \
+    with running_as(CLONE):  # the CLI ran as build.py, and names itself so
+        expected = [f"error: {empty}: {wheels.wheelhouse_refusal(BY_TAG[tag], empty)}" for tag in (CPU, CPU_DEVEL)]
+    assert result.stderr.splitlines() == expected
+    assert "no wheels for 2.13.0-cpu-runtime (cpu-py3.11): run `python build.py wheels '2.13.0-cpu-runtime' --dest" \
         in result.stderr
     assert not (tmp_path / "reports").exists()  # nothing built, no build report
 
@@ -106,7 +108,8 @@ def test_doctor_says_a_wheelhouse_covers_a_row_or_how_to_fill_it(tmp_path):
     lines = wheel_lines(findings)
     assert code == 1 and [line["status"] for line in lines] == ["ok", "fail"]
     assert lines[0]["detail"] == f"{tmp_path}/cpu-py3.11 holds the wheels of {CPU}: the build needs no index"
-    assert lines[1]["detail"] == wheels.wheelhouse_refusal(BY_TAG[CU132], tmp_path)
+    with running_as(CLONE):
+        assert lines[1]["detail"] == wheels.wheelhouse_refusal(BY_TAG[CU132], tmp_path)
 
 
 def test_doctor_probes_the_rows_indexes_and_finds_them_answering(tmp_path):
@@ -130,7 +133,7 @@ def test_doctor_fails_an_unreachable_index_naming_both_remedies():
     assert code == 1 and line["status"] == "fail"
     assert f"{url}: the connection was refused" in line["detail"]
     assert "--ca-bundle FILE" in line["detail"]
-    assert f"`torchimages wheels '{CPU}' --dest DIR`) and build with --wheelhouse DIR" in line["detail"]
+    assert f"`python build.py wheels '{CPU}' --dest DIR`) and build with --wheelhouse DIR" in line["detail"]
 
 
 @pytest.fixture
@@ -212,3 +215,14 @@ def test_doctor_in_a_log_writes_wrapped_lines_not_a_wide_table(tmp_path):
     assert all(len(line) <= 100 or " " not in line.strip() for line in lines), lines
     assert not any(character in result.stdout for character in "┏━│╭")
     assert any(line.startswith("fail  wheels: --wheelhouse") for line in lines)
+
+
+def test_a_row_on_pypi_itself_gives_pip_one_index_not_the_same_one_twice(tmp_path):
+    """Trial 2, finding 20: the CUDA row's build said "Looking in indexes: <PyPI>, <PyPI>" (its index and the extra
+    one both PyPI)."""
+    on_pypi = BuildOptions(images_dir=tmp_path, reports_dir=tmp_path, pip_index_url="https://pypi.org/simple")
+    settings = builder.pip_settings(BY_TAG[CPU], on_pypi, False, "token").splitlines()
+    assert "index-url = https://pypi.org/simple" in settings
+    assert not [line for line in settings if line.startswith("extra-index-url")]
+    own = builder.pip_settings(BY_TAG[CPU], BuildOptions(images_dir=tmp_path, reports_dir=tmp_path), False, "token")
+    assert f"index-url = {BY_TAG[CPU].index_url}" in own and "extra-index-url = https://pypi.org/simple" in own

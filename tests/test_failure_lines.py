@@ -18,6 +18,7 @@ from torchimages.cli.streams import NamedStream
 from torchimages.matrix.load import load_matrix
 from torchimages.nightly.plan import KIND_SECONDS, balance, kind_estimates
 from torchimages.security import freshness
+from torchimages.security import gate as security_gate
 from torchimages.security.sbom import Allowlist, parse_inventory
 
 from .conftest import FIXTURE_MATRIX
@@ -128,7 +129,7 @@ def fixable(count: int, cves_each: int = 100, since: str = "2026-03-01") -> fres
 
 
 def test_the_refusal_is_one_short_line_of_counts_packages_and_age():
-    verdict = freshness.judge([fixable(23)], Allowlist((), path="scanner-allowlist.yaml"), dt.date(2026, 11, 25))
+    verdict = security_gate.judge([fixable(23)], Allowlist((), path="scanner-allowlist.yaml"), dt.date(2026, 11, 25))
     assert verdict.status == "failed" and len(verdict.blocking) == 23
     message = verdict.message
     assert "\n" not in message and len(message) < 600, message
@@ -140,7 +141,7 @@ def test_the_refusal_is_one_short_line_of_counts_packages_and_age():
 
 
 def test_without_the_security_suite_the_refusal_says_a_rebuild_cannot_help():
-    verdict = freshness.judge([fixable(2)], Allowlist(()), dt.date(2026, 11, 25), missing_suite="bookworm-security")
+    verdict = security_gate.judge([fixable(2)], Allowlist(()), dt.date(2026, 11, 25), missing_suite="bookworm-security")
     assert "the image's apt sources have no bookworm-security suite" in verdict.message
     assert "Offline bases" in verdict.message and "--force" not in verdict.message
 
@@ -148,7 +149,7 @@ def test_without_the_security_suite_the_refusal_says_a_rebuild_cannot_help():
 def test_the_merged_verdict_does_not_double_its_prefix():
     from torchimages.security.sbom import ScanResult
     passed = ScanResult("passed", "bookworm-security index", "bookworm-security index: no unallowed fixable OS updates")
-    merged = freshness.merge([passed])
+    merged = security_gate.merge([passed])
     assert merged.message == "judged by bookworm-security index: no unallowed fixable OS updates"
 
 
@@ -160,9 +161,9 @@ def test_the_inventory_reads_the_apt_suites_and_the_gate_finds_the_missing_one()
     checker = freshness.Checker({"os": {"debian12": {"family": "debian", "security": {
         "url": "http://deb.debian.org/debian-security", "suite": "bookworm-security", "components": ["main"]}}},
         "families": {"debian": {"security": {"index": "deb"}}}}, "compat.yaml")
-    assert freshness.lacking_suite(checker, "debian12", inventory.apt_suites) == "bookworm-security"
-    assert freshness.lacking_suite(checker, "debian12", [*inventory.apt_suites, "bookworm-security"]) == ""
-    assert freshness.lacking_suite(checker, "debian12", None) == ""
+    assert security_gate.lacking_suite(checker, "debian12", inventory.apt_suites) == "bookworm-security"
+    assert security_gate.lacking_suite(checker, "debian12", [*inventory.apt_suites, "bookworm-security"]) == ""
+    assert security_gate.lacking_suite(checker, "debian12", None) == ""
 
 
 # ------------------------------------------------------------------------------------------ wheels and plan

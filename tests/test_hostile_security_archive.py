@@ -13,6 +13,7 @@ import os
 import pytest
 
 from torchimages.security import freshness as security
+from torchimages.security import gate as security_gate
 
 from .hostile_fixtures import within
 from .security_fixtures import (
@@ -54,7 +55,7 @@ def test_a_deb_the_signed_index_does_not_vouch_for_is_not_read(tmp_path, archive
             "row", "debian12", INSTALLED)
     assert [item.cves for item in row.fixable] == [()], "a changelog the index does not vouch for was read"
     assert any("truncated or replaced" in line for line in logged), logged
-    judged = security.judge([row], _allowing("CVE-2020-0001"), dt.date(2026, 11, 25))
+    judged = security_gate.judge([row], _allowing("CVE-2020-0001"), dt.date(2026, 11, 25))
     assert judged.status == "failed"
 
 

@@ -35,7 +35,7 @@ def test_a_name_it_cannot_make_is_refused_pointing_at_the_docs(name):
 
 def test_a_mirror_that_is_not_an_archive_url_is_refused_naming_the_flag():
     for flag, args in (("--mirror", ("ftp.example", None)), ("--security-mirror", (None, "mirror.example/debian"))):
-        with pytest.raises(InputError, match=f"^{flag}:0: {flag} must be the archive's URL"):
+        with pytest.raises(InputError, match=f"^{flag}: {flag} must be the archive's URL"):
             parse_base("debian:bookworm", *args)
 
 
@@ -132,7 +132,7 @@ def test_another_machines_base_goes_in_as_an_oci_image_of_that_machine(tmp_path)
 def test_a_host_that_cannot_make_the_base_gets_one_line_saying_what_it_needs(tmp_path):
     base = parse_base("debian:bookworm")
     every = {"debootstrap": "/usr/sbin/debootstrap", "skopeo": "/usr/bin/skopeo"}
-    assert "needs root: run `sudo torchimages base debian:bookworm`" in offline_base.refusal(base, 1000, every.get)
+    assert "needs root: run `torchimages base debian:bookworm` as root" in offline_base.refusal(base, 1000, every.get)
     missing = offline_base.refusal(base, 0, {}.get)
     assert missing and "needs debootstrap: install it" in missing
     assert offline_base.refusal(base, 0, every.get) is None
@@ -148,8 +148,8 @@ def test_a_host_that_cannot_make_the_base_gets_one_line_saying_what_it_needs(tmp
 
 
 @pytest.mark.parametrize("arguments, said", [
-    (("ubuntu:noble",), "error: ubuntu:noble:0: `torchimages base` makes debian bases"),
-    (("debian:bookworm", "--mirror", "deb.debian.org"), "error: --mirror:0: --mirror must be the archive's URL"),
+    (("ubuntu:noble",), "error: ubuntu:noble: `python build.py base` makes debian bases"),
+    (("debian:bookworm", "--mirror", "deb.debian.org"), "error: --mirror: --mirror must be the archive's URL"),
 ])
 def test_the_command_refuses_bad_input_in_one_line_with_exit_2(arguments, said):
     result = run_cli("--project", str(FIXTURE_PROJECT), "base", *arguments)

@@ -10,6 +10,7 @@ import pytest
 
 from torchimages.model import InputError
 from torchimages.security import freshness as security
+from torchimages.security import gate as security_gate
 from torchimages.security.sbom import AllowedVulnerability, Allowlist, Inventory, ScanResult, cyclonedx, load_allowlist
 
 from .conftest import copy_fixture_project, run_cli_in_process
@@ -93,32 +94,32 @@ def allow(*entries):
 
 def test_fixable_updates_block_unless_the_package_or_every_cve_is_allowlisted_and_not_expired():
     later, earlier = TODAY + dt.timedelta(days=30), TODAY - dt.timedelta(days=1)
-    blocked = security.judge([fixable()], allow(), TODAY)
+    blocked = security_gate.judge([fixable()], allow(), TODAY)
     assert blocked.status == "failed" and "libssl3 3.0.19-1~deb12u1 -> 3.0.22-1~deb12u2" in blocked.message
     assert "scanner-allowlist.yaml" in blocked.message and blocked.scanner == "bookworm-security index"
-    assert security.judge([fixable()], allow(("libssl3", later)), TODAY).status == "passed"
-    assert security.judge([fixable()], allow(("CVE-2026-28387", later), ("CVE-2026-7383", later)), TODAY).status == "passed"
-    assert security.judge([fixable()], allow(("CVE-2026-28387", later)), TODAY).status == "failed"  # one CVE left
-    expired = security.judge([fixable()], allow(("libssl3", earlier)), TODAY)
+    assert security_gate.judge([fixable()], allow(("libssl3", later)), TODAY).status == "passed"
+    assert security_gate.judge([fixable()], allow(("CVE-2026-28387", later), ("CVE-2026-7383", later)), TODAY).status == "passed"
+    assert security_gate.judge([fixable()], allow(("CVE-2026-28387", later)), TODAY).status == "failed"  # one CVE left
+    expired = security_gate.judge([fixable()], allow(("libssl3", earlier)), TODAY)
     assert expired.status == "failed" and f"allowlist entry expired {earlier}" in expired.message
-    assert security.judge([fixable(cves=())], allow(), TODAY).status == "failed"  # no CVE named: still a fix
-    assert security.judge([security.RowSecurity("row", "debian12", "x")], allow(), TODAY).status == "passed"
+    assert security_gate.judge([fixable(cves=())], allow(), TODAY).status == "failed"  # no CVE named: still a fix
+    assert security_gate.judge([security.RowSecurity("row", "debian12", "x")], allow(), TODAY).status == "passed"
 
 
 def test_an_unreadable_index_blocks_publishing():
-    verdict = security.judge([security.RowSecurity("row", "debian12", "bookworm-security index", error="timed out")],
+    verdict = security_gate.judge([security.RowSecurity("row", "debian12", "bookworm-security index", error="timed out")],
                              allow(), TODAY)
     assert verdict.status == "failed" and "timed out" in verdict.message
 
 
 def test_the_merged_verdict_names_each_source_that_judged():
-    index = security.judge([fixable()], allow(), TODAY)
+    index = security_gate.judge([fixable()], allow(), TODAY)
     trivy = ScanResult("passed", "trivy", "trivy: no unallowed findings")
-    merged = security.merge([index, trivy])
+    merged = security_gate.merge([index, trivy])
     assert merged.status == "failed" and merged.scanner == "bookworm-security index + trivy"
     assert "judged by bookworm-security index + trivy" in merged.message
     skipped = ScanResult("skipped", message="vulnerability scan skipped: neither trivy nor grype is installed")
-    alone = security.merge([security.judge([fixable()], allow(("libssl3", TODAY)), TODAY), skipped])
+    alone = security_gate.merge([security_gate.judge([fixable()], allow(("libssl3", TODAY)), TODAY), skipped])
     assert alone.status == "passed" and alone.scanner == "bookworm-security index" and "skipped" in alone.message
 
 
@@ -278,15 +279,15 @@ def test_the_test_archives_signing_key_leaves_no_gpg_agent_running(tmp_path):
 def test_the_gate_skips_an_os_without_an_archive_and_blocks_an_image_without_packages_where_it_has_one(tmp_path, keys):
     archive, _ = keys
     root = write_archive(tmp_path / "mirror", archive, ARCHIVE_PACKAGES)
-    assert security.gate(None, "row", "debian12", [], allow(), TODAY).status == "skipped"
+    assert security_gate.gate(None, "row", "debian12", [], allow(), TODAY).status == "skipped"
     without = security.Checker({"os": {"debian12": {"family": "apt"}}, "families": {"apt": {}}}, "compat.yaml")
-    skipped = security.gate(without, "row", "debian12", [("libssl3", "3.0.19-1~deb12u1", "amd64")], allow(), TODAY)
+    skipped = security_gate.gate(without, "row", "debian12", [("libssl3", "3.0.19-1~deb12u1", "amd64")], allow(), TODAY)
     assert skipped.status == "skipped" and "debian12 has no security archive in compat.yaml" in skipped.message
     checker = security.Checker(compat_for(str(root), str(archive.keyring)), "compat.yaml")
-    assert "lists no dpkg packages" in security.gate(checker, "row", "debian12", [], allow(), TODAY).message
+    assert "lists no dpkg packages" in security_gate.gate(checker, "row", "debian12", [], allow(), TODAY).message
     debs = [(p.name, p.version, p.arch) for p in INSTALLED]
-    assert security.gate(checker, "row", "debian12", debs, allow(), TODAY).status == "failed"
-    assert security.gate(checker, "row", "debian12", debs, allow(("libssl3", TODAY)), TODAY).status == "passed"
+    assert security_gate.gate(checker, "row", "debian12", debs, allow(), TODAY).status == "failed"
+    assert security_gate.gate(checker, "row", "debian12", debs, allow(("libssl3", TODAY)), TODAY).status == "passed"
 
 
 # ------------------------------------------------------------------------------------------------- the nightly

@@ -103,8 +103,10 @@ def build_args(options: BuildOptions, context: BuildContext, tag: str, token: st
 def pip_settings(spec: ImageSpec, options: BuildOptions, served_wheels: bool, token: str) -> str:
     """pip's configuration for the build steps, served to them (never a build arg: arguments of the final stage's
     steps are written into its history). {ca_bundle} is where the install script puts the CA bundle."""
-    lines = ["[global]", f"index-url = {options.pip_index_url or spec.index_url}",
-             f"extra-index-url = {options.extra_index_url or PYPI}"]
+    index, extra = options.pip_index_url or spec.index_url, options.extra_index_url or PYPI
+    lines = ["[global]", f"index-url = {index}"]
+    if extra.rstrip("/") != index.rstrip("/"):  # a row on PyPI itself: pip would say "Looking in indexes" twice
+        lines.append(f"extra-index-url = {extra}")
     if options.ca_bundle:
         lines.append("cert = {ca_bundle}")
     if served_wheels or options.wheelhouse is not None:

@@ -312,9 +312,9 @@ def base_remedy(reference: str, name: str) -> str:
         offline_base.parse_base(name)
     except InputError:
         return f"{pull}; with no registry, make {name} as docs/building.md, \"Offline bases\", says"
-    made = f"`torchimages base {name}` (root, debootstrap)"
+    made = f"{command(f'base {name}')} (root, debootstrap)"
     if "@sha256:" in reference:
-        return f"{pull}; with no registry, make {name} with {made} and pin it again (`torchimages lock`)"
+        return f"{pull}; with no registry, make {name} with {made} and pin it again ({command('lock')})"
     return f"{pull}; with no registry, make it with {made}"
 
 
@@ -342,7 +342,7 @@ def wheel_findings(specs: list[ImageSpec], sources: wheels.WheelSources,
         said = "; ".join(f"{secrets.redact(page.rsplit('/', 2)[0])}: {why}" for page, why in failed)
         tls = any(wheels.CA_BUNDLE_REMEDY in why for _, why in failed)
         remedy = (f"{'' if tls else 'behind a TLS-intercepting proxy, --ca-bundle FILE; '}where the build cannot reach "
-                  f"it, fetch the wheels on a host that can (`torchimages wheels {_selector(rows)} --dest DIR`) and "
+                  f"it, fetch the wheels on a host that can ({command(f'wheels {_selector(rows)} --dest DIR')}) and "
                   "build with --wheelhouse DIR")
         findings.append(Finding("wheels", "fail", f"the build of {_rows(rows)} cannot reach its index ({said}); "
                                                   f"{remedy}"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ..invocation import command
+
 # Terminal escape sequences: CSI (colours, cursor moves: pip's `ESC[91m`), OSC (titles, links), and the two-byte ones.
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]", re.ASCII)
 SHORT = 100  # characters of a step's command the line quotes: enough to know the step, never the 900 of a RUN line
@@ -73,8 +75,8 @@ def _pip(text: str, tag: str) -> tuple[str, str] | None:
     wanted = PIP_WANTED.search(text)
     causes: list[str] = []
     remedies: list[str] = []
-    wheels = f"fetch the wheels where the index is reachable: `torchimages wheels '{tag}' --dest DIR`, then build " \
-             "with --wheelhouse DIR"
+    fetch = command(f"wheels '{tag}' --dest DIR")
+    wheels = f"fetch the wheels where the index is reachable: {fetch}, then build with --wheelhouse DIR"
     tls = TLS_FAILED.search(text)
     if tls:
         why = TLS_WHY.search(text)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..invocation import command
 from ..model import InputError, Problem
 
 MIRRORS = {"debian": "http://deb.debian.org/debian"}
@@ -85,7 +86,7 @@ def parse_base(name: str, mirror: str | None = None, security_mirror: str | None
     match = BASE_NAME.fullmatch(name)
     if not match or match[2] not in MIRRORS or (match[1] and match[1] not in FOREIGN_NAMESPACES):
         namespaces = ", ".join(f"{namespace}/" for namespace in FOREIGN_NAMESPACES)
-        raise InputError([Problem(name, 0, f"`torchimages base` makes {', '.join(MIRRORS)} bases, named "
+        raise InputError([Problem(name, 0, f"{command('base')} makes {', '.join(MIRRORS)} bases, named "
                                            f"DISTRO:SUITE (debian:bookworm) or with {namespaces} for another machine; "
                                            "another base is made as docs/building.md, \"Offline bases\", says")])
     for flag, url in (("--mirror", mirror), ("--security-mirror", security_mirror)):
@@ -127,7 +128,7 @@ def refusal(base: OfflineBase, euid: int, which: Callable[[str], str | None],
             binfmt_misc: Path = BINFMT_MISC) -> str | None:
     """What this host lacks to make the base, as one line with what to do; None when it has it all."""
     if euid != 0:
-        return (f"making {base.name} runs debootstrap, which needs root: run `sudo torchimages base {base.name}` "
+        return (f"making {base.name} runs debootstrap, which needs root: run {command(f'base {base.name}')} as root "
                 "(the engine must be one root may use)")
     if which("debootstrap") is None:
         return f"making {base.name} needs debootstrap: install it (apt-get install debootstrap, dnf install debootstrap)"

@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from ..files import make_folder
+from ..invocation import command
 from ..model import PROXY_ARGS, PYPI, ImageSpec, InputError, PeerError, Problem
 from ..redaction import Secrets, inert
 from .context import wheel_dir
@@ -88,9 +89,9 @@ def wheelhouse_refusal(spec: ImageSpec, wheelhouse: Path) -> str:
     folder, gaps = wheel_dir(wheelhouse, spec), wheelhouse_gaps(spec, wheelhouse)
     # A folder that holds some of them says which are missing (another release's wheels, an interrupted fetch).
     partial = len(gaps) < len(requirements(spec))
+    fetch = command(f"wheels '{spec.tag}' --dest {wheelhouse}")
     return (f"--wheelhouse {wheelhouse} has no wheels for {spec.tag} ({folder.name}"
-            f"{' lacks ' + ', '.join(gaps) if partial else ''}): run `torchimages wheels '{spec.tag}' --dest "
-            f"{wheelhouse}`")
+            f"{' lacks ' + ', '.join(gaps) if partial else ''}): run {fetch}")
 
 
 def check_wheelhouse(specs: list[ImageSpec], wheelhouse: Path) -> None:

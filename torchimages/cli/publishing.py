@@ -102,7 +102,7 @@ def verified_rows(project: Project, client) -> list[ImageSpec]:
     taken, left = publishable_rows(every, refusals)
     if not taken:
         raise InputError([Problem("SELECTOR", 0, f"no row is verified for publishing ({leaving_reasons(left)}): verify "
-                                                 "them first (`torchimages images`), or name the rows to publish")])
+                                                 f"them first ({command('images')}), or name the rows to publish")])
     line = leaving_line(taken, left)
     if line:
         print(line, file=sys.stderr)

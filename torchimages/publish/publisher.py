@@ -33,6 +33,7 @@ from ..peers.registry_address import Registry
 from ..redaction import redact
 from ..reporting import RowReport, utc_timestamp
 from ..security import freshness, vex
+from ..security import gate as security_gate
 from ..security.sbom import (
     Allowlist,
     Inventory,
@@ -387,9 +388,9 @@ class Publisher:
     def _scan(self, spec: ImageSpec, inventory: Inventory) -> ScanResult:
         """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed."""
         allowlist, today = self.options.allowlist, datetime.now().date()
-        fixes = freshness.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today,
+        fixes = security_gate.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today,
                                inventory.apt_suites)
-        return freshness.merge([fixes, scan_image(local_name(spec), allowlist)])
+        return security_gate.merge([fixes, scan_image(local_name(spec), allowlist)])
 
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, result: PublishResult,
                 inventory: Inventory | None = None) -> dict:

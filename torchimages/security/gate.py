@@ -1,0 +1,102 @@
+"""The publish gate: the security index's findings on an image judged against the project's allowlist, in one
+verdict, and a refusal a person can act on (what freshness.py reads, judged here; the scanner's verdict merged in)."""
+from __future__ import annotations
+
+import datetime as dt
+
+from ..invocation import command
+from .freshness import Checker, Fixable, Installed, RowSecurity, archive_for, fix_age
+from .sbom import Allowlist, Finding, ScanResult
+
+SHOWN_PACKAGES = 3  # packages a refusal names; the publish report lists every one with its CVEs
+
+
+def judge(rows: list[RowSecurity], allowlist: Allowlist, today: dt.date, missing_suite: str = "") -> ScanResult:
+    """Fixable updates block publishing unless the package, or each CVE it fixes, has an allowlist entry that has not
+    expired. An index that could not be read blocks too: nothing is published on doubt. missing_suite: the security
+    suite the image's apt sources lack, where they lack it (a rebuild cannot take the fixes then)."""
+    source = ", ".join(sorted({row.source for row in rows if row.source})) or "security index"
+    errors = [row.error for row in rows if row.error]
+    if errors:
+        return ScanResult("failed", source, f"security index not judged: {'; '.join(errors)}")
+    if not any(row.source for row in rows):
+        return ScanResult("skipped", message="security index skipped: " + "; ".join(row.signature for row in rows))
+    active = {entry.id: entry for entry in allowlist.entries if entry.expires >= today}
+    expired = {entry.id: entry for entry in allowlist.entries if entry.expires < today}
+    blocking, allowed, unallowed, lapsed_on = [], [], [], []
+    for item in (item for row in rows for item in row.fixable):
+        covering = [item.package] if item.package in active else (
+            list(item.cves) if item.cves and all(cve in active for cve in item.cves) else [])
+        if covering:
+            allowed += [f"{item.package} {item.fixed} ({key}): {active[key].reason} (until {active[key].expires})"
+                        for key in covering]
+            continue
+        lapsed = [key for key in (item.package, *item.cves) if key in expired]
+        note = f" [allowlist entry expired {expired[lapsed[0]].expires}]" if lapsed else ""
+        if lapsed:
+            lapsed_on.append(f"{item.package}'s allowlist entry expired {expired[lapsed[0]].expires}")
+        blocking.append(Finding(",".join(item.cves) or "no CVE named", item.package, f"{item.installed} -> {item.fixed}",
+                                "FIXABLE" + note))
+        unallowed.append(item)
+    if not blocking:
+        return ScanResult("passed", source, f"{source}: no unallowed fixable OS updates ({len(allowed)} allowlisted)",
+                          allowed=sorted(allowed))
+    return ScanResult("failed", source, refusal(rows[0].subject, unallowed, lapsed_on, missing_suite, today,
+                                                allowlist.path or "scanner-allowlist.yaml"),
+                      blocking, sorted(allowed))
+
+
+def refusal(tag: str, unallowed: list[Fixable], lapsed_on: list[str], missing_suite: str, today: dt.date,
+            allowlist_path: str) -> str:
+    """The gate's refusal in one line, whatever the image carries (thousands of CVEs in kernel headers alone): the
+    counts, the first packages, the oldest fix's age, and the remedy that fits. A rebuild takes the fixes only where
+    the image's apt sources have the security suite: without it, the base must change. Every CVE is in the report."""
+    cves = {cve for item in unallowed for cve in item.cves}
+    shown = "; ".join(f"{item.package} {item.installed} -> {item.fixed}" for item in unallowed[:SHOWN_PACKAGES])
+    more = f" and {len(unallowed) - SHOWN_PACKAGES} more" if len(unallowed) > SHOWN_PACKAGES else ""
+    age = fix_age(unallowed, today)
+    oldest = f"; oldest fix dated {age['oldest_missing_fix']} ({age['fix_age_days']} days)" \
+        if age["oldest_missing_fix"] else ""
+    lapsed = f"; {', '.join(lapsed_on[:SHOWN_PACKAGES])}" if lapsed_on else ""
+    if missing_suite:
+        remedy = (f"the image's apt sources have no {missing_suite} suite, so a rebuild would not take them: give "
+                  "the base that suite (docs/building.md, \"Offline bases\"), then rebuild")
+    else:
+        remedy = f"rebuild the row ({command(f'build {tag} --force')}) to take the fixes"
+    return (f"{len(unallowed)} OS packages lack security fixes ({len(cves)} CVEs): {shown}{more}{oldest}{lapsed}; "
+            f"{remedy}, or allowlist each package or CVE with a reason and expiry in {allowlist_path}")
+
+
+def lacking_suite(checker: Checker | None, os_name: str, apt_suites: list[str] | None) -> str:
+    """The security suite of os_name's archive when the image's apt sources (its inventory's) do not name it; '' when
+    they do, or when either is unknown."""
+    archive = archive_for(checker.compat, os_name, checker.compat_path) if checker is not None else None
+    if archive is None or apt_suites is None or archive.suite in apt_suites:
+        return ""
+    return archive.suite
+
+
+def gate(checker: Checker | None, tag: str, os_name: str, debs: list[tuple[str, str, str]], allowlist: Allowlist,
+         today: dt.date, apt_suites: list[str] | None = None) -> ScanResult:
+    """The publish gate's verdict from the security index on an image's dpkg packages (skipped without a checker).
+    apt_suites: the suites the image's apt sources name (None where not read)."""
+    if checker is None:
+        return ScanResult("skipped", message="security index skipped: not asked for")
+    if not debs:
+        if archive_for(checker.compat, os_name, checker.compat_path) is None:
+            return judge([checker.check(tag, os_name, [])], allowlist, today)
+        return judge([RowSecurity(tag, os_name, "security index", error="the image lists no dpkg packages")],
+                     allowlist, today)
+    return judge([checker.check(tag, os_name, [Installed(*deb) for deb in debs])], allowlist, today,
+                 lacking_suite(checker, os_name, apt_suites))
+
+
+def merge(verdicts: list[ScanResult]) -> ScanResult:
+    """One verdict from the security index's and a scanner's: failed if any failed; it names every source."""
+    judged = [verdict for verdict in verdicts if verdict.status != "skipped"]
+    sources = " + ".join(verdict.scanner for verdict in judged if verdict.scanner) or "none"
+    status = "failed" if any(v.status == "failed" for v in judged) else ("passed" if judged else "skipped")
+    # Each verdict's message without its own source in front: "judged by" names them all once.
+    message = "; ".join(verdict.message.removeprefix(f"{verdict.scanner}: ") for verdict in verdicts if verdict.message)
+    return ScanResult(status, sources, f"judged by {sources}: {message}",
+                      [f for v in judged for f in v.blocking], [a for v in judged for a in v.allowed])
