@@ -102,6 +102,10 @@ class ChildSection:
         if self.child.is_alive():
             self.child.kill()
             self.child.join()
+        if result is None and self.child.exitcode == 0 and self.receiver.poll(0):
+            # It finished in the grace after its bound (a loaded host): its result was sent, and is what it found.
+            with contextlib.suppress(EOFError):
+                result = self.receiver.recv()
         if result is None:
             code = self.child.exitcode
             how = f"was killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
