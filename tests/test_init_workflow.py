@@ -5,16 +5,18 @@ in every such workflow."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import shlex
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import yaml
 
-from torchimages.cli.init import CONSTRAINTS, Toolkit, git_requirement
+from torchimages.cli.init import CONSTRAINTS, Toolkit, git_requirement, toolkit_wheel
 
 from .conftest import run_cli_in_process
 
@@ -163,3 +165,20 @@ def test_init_refuses_a_toolkit_folder_linked_from_elsewhere_before_writing(tmp_
     refused = run_cli_in_process("init", str(project), check_exit=2)
     assert refused.stderr.count("\n") == 1 and ".torchimages" in refused.stderr, refused.stderr
     assert [path.name for path in project.iterdir()] == [".torchimages"] and not any(elsewhere.iterdir())
+
+
+def test_a_checkouts_egg_info_gives_the_wheel_its_metadata_and_entry_points(tmp_path):
+    """An editable install leaves torchimages.egg-info in the checkout, and Python finds it first from there: its
+    metadata is PKG-INFO, with no RECORD. The wheel init writes still has METADATA (pip read the version as None
+    without it) and the console script."""
+    egg_info = tmp_path / "torchimages.egg-info"
+    egg_info.mkdir()
+    (egg_info / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: torchimages\nVersion: 0.1.0\n")
+    (egg_info / "entry_points.txt").write_text("[console_scripts]\ntorchimages = torchimages.cli:main\n")
+    name, wheel = toolkit_wheel(importlib.metadata.PathDistribution(egg_info))
+    path = tmp_path / name
+    path.write_bytes(wheel)
+    with zipfile.ZipFile(path) as packed:
+        assert "Version: 0.1.0" in packed.read("torchimages-0.1.0.dist-info/METADATA").decode()
+        assert "torchimages = torchimages.cli:main" in packed.read(
+            "torchimages-0.1.0.dist-info/entry_points.txt").decode()

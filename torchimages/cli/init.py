@@ -255,8 +255,13 @@ def toolkit_wheel(dist: importlib.metadata.Distribution) -> tuple[str, bytes]:
         inside = "/".join(file.parts[1:]) if len(file.parts) > 1 and file.parts[0].endswith(".dist-info") else ""
         if inside and any(fnmatch(inside, glob) for glob in DIST_INFO_FILES):
             entries[f"{info}/{inside}"] = (file.read_binary(), 0o644)
-    if f"{info}/METADATA" not in entries:  # metadata without a RECORD to list it
-        entries[f"{info}/METADATA"] = ((dist.read_text("METADATA") or "").encode(), 0o644)
+    # Metadata without a RECORD to list it: a checkout's torchimages.egg-info (setuptools leaves one beside the
+    # package in an editable install, and Python finds it first from the checkout), whose METADATA is PKG-INFO.
+    for inside, spellings in (("METADATA", ("METADATA", "PKG-INFO")), ("entry_points.txt", ("entry_points.txt",)),
+                              ("top_level.txt", ("top_level.txt",))):
+        text = next((found for spelling in spellings if (found := dist.read_text(spelling)) is not None), None)
+        if f"{info}/{inside}" not in entries and text is not None:
+            entries[f"{info}/{inside}"] = (text.encode(), 0o644)
     entries[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: torchimages init\nRoot-Is-Purelib: true\n"
                                 b"Tag: py3-none-any\n", 0o644)
     entries = dict(sorted(entries.items()))
