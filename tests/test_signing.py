@@ -204,7 +204,7 @@ def test_a_signed_publish_is_accepted_by_cosign_and_verify_image_and_each_tamper
         workspace, docker_client, cosign):
     workspace.build_verified(docker_client, RUNTIME)
     published = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED))
-    assert "signed by sha256:" in published.stdout and "unsigned" not in published.stdout
+    assert "signed with key sha256:" in published.stdout and "unsigned" not in published.stdout
     entry = workspace.catalog_json()["images"][RUNTIME]
     digest, first_pub, second_pub = entry["digest"], KEYS / "first.pub", KEYS / "second.pub"
     reference = f"{workspace.repository}@{digest}"

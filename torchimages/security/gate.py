@@ -63,7 +63,8 @@ def refusal(tag: str, unallowed: list[Fixable], lapsed_on: list[str], missing_su
                   "the base that suite (docs/building.md, \"Offline bases\"), then rebuild")
     else:
         remedy = f"rebuild the row ({command(f'build {tag} --force')}) to take the fixes"
-    return (f"{len(unallowed)} OS packages lack security fixes ({len(cves)} CVEs): {shown}{more}{oldest}{lapsed}; "
+    packages = f"{len(unallowed)} OS package{'s lack' if len(unallowed) != 1 else ' lacks'} security fixes"
+    return (f"{packages} ({len(cves)} CVE{'s' if len(cves) != 1 else ''}): {shown}{more}{oldest}{lapsed}; "
             f"{remedy}, or allowlist each package or CVE with a reason and expiry in {allowlist_path}")
 
 
