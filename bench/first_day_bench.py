@@ -12,6 +12,7 @@ its registry and cosign (`make cosign`). Leaves the scratch folder and the fresh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -27,12 +28,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import docker.errors  # noqa: E402
+
 from devtools.cosign import cosign_path  # noqa: E402
+from torchimages.peers import engine  # noqa: E402
 from torchimages.peers.registry import RegistryClient, RetryPolicy  # noqa: E402
 from torchimages.peers.registry_access import registry_access  # noqa: E402
 from torchimages.peers.registry_address import Registry  # noqa: E402
 
 PASSWORD = {"COSIGN_PASSWORD": "first-day-bench"}
+LOCAL_REPOSITORY = "localhost:5000/first-day-bench/pytorch"
 
 
 def installed_venv(scratch: Path) -> Path:
@@ -78,6 +83,10 @@ def main() -> int:
         venv = installed_venv(scratch)
         step(venv, "init", "torchimages", "init", "demo", cwd=scratch, times=times)
         demo = scratch / "demo"
+        # The starter names its local images as this checkout's matrix does: another name, so that the bench's build
+        # (from uncommitted files: another creation time) never stands in for the project's own image of the row.
+        matrix = demo / "matrix.yaml"
+        matrix.write_text(matrix.read_text().replace("localhost:5000/ml/pytorch", LOCAL_REPOSITORY))
         step(venv, "doctor", "torchimages", "doctor", args.row, "--wheelhouse", str(args.wheelhouse), cwd=demo,
              times=times)
         step(venv, "images (cold build + verification)", "torchimages", "images", args.row, "--wheelhouse",
@@ -87,6 +96,8 @@ def main() -> int:
              f"{host}/{repository}", "--signing-key", "cosign.key", cwd=demo, times=times, env=PASSWORD)
         step(venv, "verify-image", "torchimages", "verify-image", f"{host}/{repository}:{args.row}", "--key",
              "cosign.pub", cwd=demo, times=times)
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        engine.client().images.remove(f"{LOCAL_REPOSITORY}:{args.row}", force=True)
     registry = Registry(host, repository)
     client = RegistryClient(registry, registry_access(registry), RetryPolicy(retries=1), lambda _: None)
     for tag in client.tags():
