@@ -4,7 +4,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from torchimages.build_inputs.container import SERVER_LABEL
+from torchimages.build_inputs.container import SERVER_LABEL, SERVES_LABEL
 
 from .conftest import with_live_compat
 
@@ -37,8 +37,14 @@ def steps_run(log: str) -> list[str]:
     return [step.splitlines()[0] for step in steps if " ---> Using cache" not in step]
 
 
-def build_input_servers_left(docker_client) -> tuple[list[str], list[str]]:
-    """The containers and networks of build-input servers on the engine (the label container.py gives them)."""
+def build_input_servers_left(docker_client, serving: Path | str) -> tuple[list[str], list[str]]:
+    """The containers and networks of build-input servers on the engine (the label container.py gives them) that
+    serve builds under serving (a run's reports folder): the other side of the engine lane builds at the same time,
+    and its servers are its own."""
     label = {"label": SERVER_LABEL}
-    return ([c["Id"] for c in docker_client.api.containers(all=True, filters=label)],
-            [n["Name"] for n in docker_client.api.networks(filters=label)])
+
+    def ours(labels: dict[str, str] | None) -> bool:
+        return (labels or {}).get(SERVES_LABEL, "").startswith(str(Path(serving).resolve()))
+
+    return ([c["Id"] for c in docker_client.api.containers(all=True, filters=label) if ours(c["Labels"])],
+            [n["Name"] for n in docker_client.api.networks(filters=label) if ours(n["Labels"])])

@@ -126,13 +126,15 @@ def test_the_venv_is_one_tree_with_one_owner_mode_and_file_time(cpu_images, dock
     assert listing.split("\n")[:-1] == ["946684800 torch root"], listing[:2000]
 
 
-def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_nothing(docker_client, engine_env):
+def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_nothing(docker_client, engine_env,
+                                                                                      tmp_path):
     """The python stage's image without that Python (here the bare base): the server's exit is the error, and the
     container and network made for it are removed."""
     with pytest.raises(ServerFailed, match="the build-input server could not start in image debian:bookworm .*python3.11.* not found"):
-        with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None, "t"):
+        with BuildInputsContainer(docker_client.api, "debian:bookworm", "python3.11", {}, "", None, "t",
+                                  serves=str(tmp_path / "build.log")):
             pytest.fail("the server should not have started")
-    assert build_input_servers_left(docker_client) == ([], [])
+    assert build_input_servers_left(docker_client, tmp_path) == ([], [])
 
 
 def test_a_broken_dockerfile_fails_only_its_own_image(engine_env, tmp_path):
@@ -239,7 +241,7 @@ def test_ctrl_c_stops_builds_and_removes_their_containers(inputs_server, cpu_ima
     assert "build interrupted: " in process.stderr.read()
     # The engine removes a cancelled build's RUN container itself, just after the client goes.
     wait_until(lambda: not sleepers(), "the cancelled builds' containers being removed", timeout_s=60)
-    assert build_input_servers_left(docker_client) == ([], [])
+    assert build_input_servers_left(docker_client, tmp_path) == ([], [])
 
 
 def step_processes(token: str) -> list[int]:
@@ -296,7 +298,7 @@ def test_buildkit_writes_the_very_venv_layers_of_the_classic_builder(cpu_images,
     docker_client.api.prune_builds(all=True)
     try:
         run_cli(*build, "2.13.0-cpu-runtime", "--no-cache", check_exit=0)
-        assert build_input_servers_left(docker_client) == ([], [])
+        assert build_input_servers_left(docker_client, tmp_path) == ([], [])
         log = (tmp_path / "reports" / "2.13.0-cpu-runtime" / "build.log").read_text()
         assert "] RUN /opt/venv/bin/python -c 'import sys, urllib.request;" in log and "DONE" in log  # plain progress
         run_cli(*build, "2.13.0-cpu-devel", check_exit=0)
@@ -336,11 +338,11 @@ def test_a_killed_builder_leaves_no_server_container_on_the_engine(cpu_images, d
     the engine removes them with their uploaded wheels; only their empty networks stay, as the module says."""
     token = f"torchimages-kill-test-{os.getpid()}"
     process = sleeping_builds(tmp_path, cpu_images["2.13.0-cpu-runtime"], token, "container")
-    containers, networks = build_input_servers_left(docker_client)
+    containers, networks = build_input_servers_left(docker_client, tmp_path)
     assert len(containers) == 2 and len(networks) == 2
     process.kill()
     process.wait(timeout=60)
-    wait_until(lambda: not build_input_servers_left(docker_client)[0], "the servers' containers being removed",
+    wait_until(lambda: not build_input_servers_left(docker_client, tmp_path)[0], "the servers' containers being removed",
                timeout_s=60)
     wait_until(lambda: not [c for c in docker_client.api.containers(all=True) if token in c["Command"]],
                "the killed builds' RUN containers being removed", timeout_s=60)

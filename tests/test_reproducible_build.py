@@ -58,7 +58,7 @@ def test_a_no_cache_build_from_the_recorded_debs_gives_the_very_images_and_manif
     devel_log = (tmp_path / "second" / "2.13.0-cpu-devel" / "build.log").read_text()
     assert any("ninja-build" in step for step in steps_run(devel_log)), "devel's toolchain step ran again, not taken " \
                                                                          "from an earlier build"
-    assert build_input_servers_left(docker_client) == ([], [])
+    assert build_input_servers_left(docker_client, tmp_path / "second") == ([], [])
     layers = {tag: docker_client.api.inspect_image(image_id)["RootFS"]["Layers"] for tag, image_id in second.items()}
     assert layers["2.13.0-cpu-devel"][:-2] == layers["2.13.0-cpu-runtime"][:-1], \
         "devel shares every runtime layer below its own"

@@ -354,7 +354,8 @@ class Builder:
                                           fresh=fresh)
         tar.seek(0)
         return BuildInputsContainer(api, python_stage, interpreter(spec), context.wheels, pip_conf, context.ca_bundle,
-                                    token, host_network=self.options.builder == "buildkit")
+                                    token, host_network=self.options.builder == "buildkit",
+                                    serves=str(self._running_log_path(spec).resolve()))
 
     def _stream_build(self, api: docker.APIClient, spec: ImageSpec, context: BuildContext, tar, log, token: str,
                       network_mode: str, extra_hosts: dict[str, str], target: str | None = None,

@@ -29,6 +29,7 @@ from ..model import LABEL_PREFIX, TorchImagesError
 from .server import BUILD_INPUTS_HOST, SERVING, planner_zip
 
 SERVER_LABEL = f"{LABEL_PREFIX}.build-inputs"  # on the container and the network: what `docker ps` shows them for
+SERVES_LABEL = f"{SERVER_LABEL}.for"  # the build they serve (its log), told apart from another run's on one engine
 FOLDER = "/build-inputs"
 PACKAGE = Path(__file__).resolve().parent.parent  # torchimages/
 CODE = ("__init__.py", "model.py", "build_inputs/__init__.py", "build_inputs/layers.py", "build_inputs/server.py",
@@ -45,8 +46,8 @@ class BuildInputsContainer:
     """A context manager: the network and the serving container on entry, both removed on exit."""
 
     def __init__(self, api: docker.APIClient, image: str, python: str, wheels: dict[str, Path], pip_conf: str,
-                 ca_bundle: str | None, token: str, host_network: bool = False):
-        """host_network: serve on a loopback address of the engine's host instead of a network of the build's own
+                 ca_bundle: str | None, token: str, host_network: bool = False, serves: str = ""):
+        """serves: the build this server is for, in words (its log's path), labelled for `docker ps`. host_network: serve on a loopback address of the engine's host instead of a network of the build's own
         (BuildKit runs a build's steps on the host's network or the default one, never on a container's)."""
         self.api = api
         self.host_network = host_network
@@ -56,11 +57,12 @@ class BuildInputsContainer:
         self.wheels = wheels
         self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle, "token": token}).encode()
         self.network = f"torchimages-build-inputs-{secrets.token_hex(6)}"
+        self.serves = serves
         self._container: str | None = None
         self._lifeline = None  # the attached standard input of the server: closed, the server exits
 
     def __enter__(self) -> Self:
-        labels = {SERVER_LABEL: self.network}
+        labels = {SERVER_LABEL: self.network, SERVES_LABEL: self.serves}
         try:
             if not self.host_network:
                 self.api.create_network(self.network, driver="bridge", labels=labels)
