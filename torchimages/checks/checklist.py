@@ -79,6 +79,9 @@ DECLARED = (
           "runs as the row's user and as an arbitrary `--user UID`; one copy of each CUDA library across system"
           " paths and site-packages (Triton's profiler CUPTI aside: torch never loads it); no pip cache, OS "
           "package caches (the family's, from `compat.yaml`) or credentials; size under budget"),
+    Check("layout",
+          "layers a cold node, image streaming and registries take: none empty, no two with the same content, none "
+          "over 1 GB compressed (a pull waits for its largest layer whole)"),
 )
 
 NAMES = tuple(check.name for check in DECLARED)

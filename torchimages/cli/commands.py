@@ -33,6 +33,8 @@ COMMANDS = {
     "test": Command("images", f"verify images inside containers ({', '.join(checklist.NAMES)})"),
     "doctor": Command("images", "what this host can do with the rows: engine, base images, wheels (index or "
                                 "wheelhouse), GPU runtime, disk, skopeo, driver and arch fit"),
+    "startup-set": Command("startup", "what a cold start of a row's image reads before its first op, per layer (the "
+                                      "set a lazy pull fetches first)"),
     "gpu-record": Command("images", "on a GPU host: run the GPU side, judge it with the GPU checks, print the record "
                                     "line of docs/gpu-validation.md and keep every raw fact as a simulation-lane host "
                                     "under REPORTS/gpu-record/ (exit 1 when a GPU check failed, 2 for another torch "

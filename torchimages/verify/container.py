@@ -20,7 +20,7 @@ from ..checks.probe import PROBE_VERSION
 from ..checks.selection import CheckSelection
 from ..model import ImageSpec
 from ..peers import engine
-from . import emulation
+from . import emulation, image_layers
 from .plan import CHECKS_DIR, VERIFY_LABEL, Plan
 
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
@@ -35,7 +35,8 @@ CONTAINER_HOSTNAME = "torchimages-verify"
 SIDE_PROBE_TIMEOUT_S = 150  # the arbitrary uid's import and pip install --user (times the plan's slowdown)
 # The work beside the main probe, and the checks that read its facts: where a selection runs none of them, it is not
 # done (the main probe leaves out the work of unselected checks itself, told by --checks).
-SIDE_WORK_READ_BY = {"files": ("hygiene",), "import": ("hygiene", "downstream"), "downstream": ("downstream",)}
+SIDE_WORK_READ_BY = {"files": ("hygiene",), "import": ("hygiene", "downstream"), "downstream": ("downstream",),
+                     "layers": ("layout",)}
 
 
 def container_name(spec: ImageSpec) -> str:
@@ -136,7 +137,7 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
                  selection: CheckSelection) -> dict:
     """The probe runs and the derived image's build side by side (those the selected checks read), plus the image's
     static facts."""
-    pool = ThreadPoolExecutor(max_workers=4)
+    pool = ThreadPoolExecutor(max_workers=5)
     wanted = side_work_wanted(selection)
     side_timeout = SIDE_PROBE_TIMEOUT_S * plan.slowdown
     # pip install --user of the wheel is downstream's alone: hygiene reads only how the arbitrary uid imports torch
@@ -148,6 +149,7 @@ def gather_facts(docker_client: docker.DockerClient, container, plan: Plan, repo
                                                            str(plan.slowdown)], ARBITRARY_UID, side_timeout),
         "downstream": functools.partial(downstream.derived_image_facts, docker_client, plan.image_id,
                                         {VERIFY_LABEL: "1", f"{VERIFY_LABEL}.reports": reports}),
+        "layers": functools.partial(image_layers.layer_facts, docker_client, plan.image_id),
     }
     try:
         runs = {"main": pool.submit(run_probe, container,

@@ -1,0 +1,82 @@
+"""The image's layers as the layout check reads them (checks/layout.py): diff ids, what wrote each, and the compressed
+size of any layer large enough to break the limit.
+
+Diff ids and the history come from the engine's inspect and history calls, which cost nothing. Only a layer whose
+files alone are over the limit needs its bytes: then the image is read once through `docker save` and that layer's tar
+is gzipped at level 6, the level of Go's default compression that the publish's skopeo writes, counting the output.
+(Docker 20.10 writes a save into a temporary folder first, so that read costs the image's size on the engine's disk
+for a moment.) A layer whose files are under the limit is not compressed at all: its gzip is not larger.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tarfile
+import zlib
+
+import docker
+import docker.errors
+
+from ..build.reproducible import ChunkReader
+from ..checks.layout import COMPRESSED_LIMIT
+
+GZIP_LEVEL = 6
+# `#(nop) ` marks a history entry of an instruction that ran no command; of those, only COPY and ADD write a layer.
+METADATA_ONLY = re.compile(r"#\(nop\)\s+(?!COPY\b|ADD\b)[A-Z]+\b", re.ASCII)
+
+
+def layer_facts(docker_client: docker.DockerClient, image_id: str, limit: int = COMPRESSED_LIMIT) -> dict:
+    """{"layers": [{diff_id, size, gzip_size, created_by}], "limit"}: bottom layer first. size: the bytes of the files
+    the history gives the step (None where the history could not be matched to the layers). An engine that fails the
+    reads gives a probe_error, as a probe that fails does (the check then fails naming it)."""
+    try:
+        return _layer_facts(docker_client.api, image_id, limit)
+    except (docker.errors.APIError, tarfile.TarError, OSError) as error:
+        return {"probe_error": f"the engine could not give the image's layers: {error}", "stderr_tail": ""}
+
+
+def _layer_facts(api: docker.APIClient, image_id: str, limit: int) -> dict:
+    layers = matched_layers(api.inspect_image(image_id)["RootFS"]["Layers"], api.history(image_id))
+    # A gzip of incompressible bytes adds about 0.03%: a layer just under the limit is measured too.
+    large = {layer["diff_id"] for layer in layers if layer["size"] is None or layer["size"] > limit * 0.99}
+    if large:
+        sizes = gzip_sizes(api.get_image(image_id), large, limit * 0.99)
+        for layer in layers:
+            layer["gzip_size"] = sizes.get(layer["diff_id"])
+    return {"layers": layers, "limit": limit}
+
+
+def matched_layers(diff_ids: list[str], history: list[dict]) -> list[dict]:
+    """Each layer (bottom first) with the size and step its history entry gives: the engine lists history newest
+    first, one entry per instruction, and those that ran no command (METADATA_ONLY) wrote no layer, nor did a command
+    that changed nothing (size 0, marked empty_layer). Where the count of the others is not the layers' (another
+    builder's history), sizes and steps are unknown: None and ""."""
+    writers = [entry for entry in reversed(history) if not METADATA_ONLY.search(entry.get("CreatedBy") or "")]
+    if len(writers) > len(diff_ids):  # a command that changed nothing: the builder marked its entry empty_layer
+        writers = [entry for entry in writers if entry.get("Size") or "#(nop)" in (entry.get("CreatedBy") or "")]
+    matched = len(writers) == len(diff_ids)
+    return [{"diff_id": diff_id, "size": writers[index].get("Size") if matched else None, "gzip_size": None,
+             "created_by": (writers[index].get("CreatedBy") or "") if matched else ""}
+            for index, diff_id in enumerate(diff_ids)]
+
+
+def gzip_sizes(chunks, wanted: set[str], over: float) -> dict[str, int]:
+    """The gzip size of each layer tar in a `docker save` stream whose diff id is wanted (a tar under `over` bytes is
+    taken as small without compressing it). Docker 20.10 saves layers as <id>/layer.tar, Docker 25+ as the OCI layout's
+    blobs/sha256/<hex>: every file member over the bound is hashed, and the diff id picks it out."""
+    sizes = {}
+    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
+        for member in archive:
+            if not member.isfile() or member.size <= over:
+                continue
+            reader = archive.extractfile(member)
+            assert reader is not None
+            digest, compressor, compressed = hashlib.sha256(), zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31), 0
+            while chunk := reader.read(1 << 20):
+                digest.update(chunk)
+                compressed += len(compressor.compress(chunk))
+            compressed += len(compressor.flush())
+            diff_id = f"sha256:{digest.hexdigest()}"
+            if diff_id in wanted:
+                sizes[diff_id] = compressed
+    return sizes
