@@ -11,7 +11,7 @@ import docker.errors
 import pytest
 
 from torchimages.build import debs as deb_pins
-from torchimages.build.reproducible import ChunkReader
+from torchimages.build.reproducible import ChunkReader, engine_config, saved_config, settled_config
 from torchimages.matrix.load import load_matrix
 from torchimages.peers.registry import RegistryClient, RetryPolicy
 from torchimages.peers.registry_access import registry_access
@@ -69,6 +69,20 @@ def test_a_no_cache_build_from_the_recorded_debs_gives_the_very_images_and_manif
         assert registry.push(image_id, f"{tag}-second", os.environ["DOCKER_HOST"], "gzip") == digests[tag]
     image = docker_client.api.inspect_image(first["2.13.0-cpu-runtime"])
     assert image["Created"] == image["Config"]["Labels"]["org.opencontainers.image.created"].replace("Z", "") + "Z"
+
+
+def test_the_config_read_without_a_save_is_the_one_a_save_gives(cpu_images, docker_client):
+    """Issue 58: a classic build's config is read from the engine's inspect and history (and its base's own config),
+    not from a `docker save` of the whole image: settled, it is byte for byte the config the save gives, so the images
+    keep their ids and published digests."""
+    api = docker_client.api
+    for name in cpu_images.values():
+        saved = saved_config(api.get_image(name))
+        base_history = len(saved_config(api.get_image("debian:bookworm"))["history"])
+        read = engine_config(api, name, "debian:bookworm")
+        assert read is not None, f"{name}: its history did not add up to its layers"
+        assert settled_config(read, saved["created"], base_history) == settled_config(saved, saved["created"],
+                                                                                      base_history)
 
 
 def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> None:

@@ -313,7 +313,8 @@ class Builder:
                 image_id = self._stream_build(api, spec, context, tar, log, token, *served.build_network,
                                               fresh=fresh or self._fresh_layers_of(python_stage))
             base = context.base_image_id or base_reference(spec, self.options.images_dir)
-            image_id = settle_image(api, image_id, local_name(spec), context.source.timestamp, base_entries(api, base))
+            image_id = settle_image(api, image_id, local_name(spec), context.source.timestamp, base_entries(api, base),
+                                    classic_base=base if self.options.builder == "classic" else None)
             inspected = engine.inspect_image(self.client, image_id)  # bounded, and of an image's shape
             if inspected is None:
                 raise BuildFailed(f"the engine built image {image_id} and then had no such image")

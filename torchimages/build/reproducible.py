@@ -4,7 +4,8 @@ writes into an image's config that depends on the run is rewritten after the bui
 The layers are made reproducible where they are written (templates/macros.j2: the venv's file time, the OS steps'
 os_step_begin/os_step_end). What remains is the image config: the classic builder dates it and every history entry
 with the clock and names the container that committed it (Docker 20.10 has no SOURCE_DATE_EPOCH for it). The config
-is read from the engine (a `docker save` stream, read through), rewritten here (pure), and loaded back with the
+is read from the engine (from its inspect and history where the classic builder made the image, else a `docker save`
+stream, read through), rewritten here (pure), and loaded back with the
 layers the engine already holds: `docker load` takes a layer it has by its chain id, so the archive loaded carries
 the config and manifest alone. The image built keeps its parent chain in the engine, untagged, so that the next build
 takes its steps from the cache and settles to the same image again.
@@ -16,6 +17,7 @@ import binascii
 import hashlib
 import io
 import json
+import re
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -151,15 +153,71 @@ def saved_config(chunks) -> dict:
     return json.loads(candidates[named])
 
 
+# A history entry of an instruction that ran no command (`#(nop) ` and other than COPY or ADD): it wrote no layer.
+METADATA_ONLY = re.compile(r"#\(nop\)\s+(?!COPY\b|ADD\b)[A-Z]+\b", re.ASCII)
+
+
+_BASE_CONFIGS: dict[str, dict] = {}  # by image id: a config never changes under its id
+
+
+def engine_config(api: docker.APIClient, image_id: str, base: str) -> dict | None:
+    """The config of a classic build's image, as `docker save` would give it, from the engine's inspect and history
+    and the base's own config (a save of the base alone: a small image), without saving the image: Docker 20.10
+    writes a save into a folder on its disk before it streams it, the whole image again (issue 58: a CUDA row's
+    6 GB). The history's empty_layer flags are read from what each step is: a metadata-only instruction wrote no
+    layer, and a command that wrote a layer of no bytes is told from one that changed nothing by the count of layers.
+    None where the count does not add up, or the image is not one the classic builder made on the base: the caller
+    then saves it. (BuildKit's inline cache is in no inspect field: its builds are saved.)"""
+    inspected = api.inspect_image(image_id)
+    base_id = api.inspect_image(base)["Id"]
+    if base_id not in _BASE_CONFIGS:  # every row of a run builds on one or two bases
+        _BASE_CONFIGS[base_id] = saved_config(api.get_image(base_id))
+    base_config = _BASE_CONFIGS[base_id]
+    base_history = base_config.get("history", [])
+    diff_ids = inspected["RootFS"]["Layers"]
+    base_layers = base_config["rootfs"]["diff_ids"]
+    history = list(reversed(api.history(image_id)))
+    if diff_ids[:len(base_layers)] != base_layers or len(history) < len(base_history):
+        return None
+    ours = [{"created_by": entry.get("CreatedBy") or "", "comment": entry.get("Comment") or "",
+             "size": entry.get("Size") or 0, "created": entry.get("Created")} for entry in history[len(base_history):]]
+    writes = [not METADATA_ONLY.search(entry["created_by"]) for entry in ours]
+    layers = len(diff_ids) - len(base_layers)
+    if sum(writes) > layers:  # a command that changed nothing: the builder marked it empty_layer
+        writes = [wrote and (entry["size"] > 0 or "#(nop)" in entry["created_by"])
+                  for wrote, entry in zip(writes, ours, strict=True)]
+    if sum(writes) != layers:
+        return None
+    entries = []
+    for entry, wrote in zip(ours, writes, strict=True):
+        made = {"created": iso_time(entry["created"]) if isinstance(entry["created"], int) else "",
+                "created_by": entry["created_by"]}
+        if entry["comment"]:
+            made["comment"] = entry["comment"]
+        if not wrote:
+            made["empty_layer"] = True
+        entries.append(made)
+    config = {"architecture": inspected["Architecture"], "os": inspected["Os"], "config": inspected.get("Config") or {},
+              "created": inspected.get("Created", ""), "history": base_history + entries,
+              "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    for key, field in (("author", "Author"), ("variant", "Variant"), ("os.version", "OsVersion")):
+        if inspected.get(field):
+            config[key] = inspected[field]
+    return config
+
+
 def base_entries(api: docker.APIClient, base: str) -> int:
     """How many history entries an image built FROM base takes from it (`docker history` lists one per entry)."""
     return len(api.history(base))
 
 
-def settle_image(api: docker.APIClient, image_id: str, name: str, created: str, from_base: int) -> str:
+def settle_image(api: docker.APIClient, image_id: str, name: str, created: str, from_base: int,
+                 classic_base: str | None = None) -> str:
     """Rewrite the config of the image built (see the module's doc) and tag the result name; its id. from_base: the
-    number of history entries that are its base's (base_entries)."""
-    config = saved_config(api.get_image(image_id))
+    number of history entries that are its base's (base_entries). classic_base: the base of a classic build, whose
+    config is then read without saving the image (engine_config)."""
+    config = (engine_config(api, image_id, classic_base) if classic_base else None) \
+        or saved_config(api.get_image(image_id))
     settled = config_bytes(settled_config(config, created, from_base))
     for answer in api.load_image(load_archive(settled, len(config["rootfs"]["diff_ids"]), name)):
         if isinstance(answer, dict) and answer.get("error"):
