@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # (docs/benchmarks-log.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 
-.PHONY: setup engine engine-down cosign softhsm render render-check lint images test test-fast bench clean
+.PHONY: setup engine engine-down cosign softhsm stargz render render-check lint images test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ cosign: setup
 softhsm: setup
 	$(PYTHON) -m devtools.softhsm
 
+# Debian's stargz-snapshotter (its ctr-remote, unpacked under .tools/): the eStargz tests check that its TOC reader
+# takes the blobs publish --lazy writes, through a private containerd (devtools/stargz.py).
+stargz: setup
+	$(PYTHON) -m devtools.stargz
+
 render: setup
 	$(PYTHON) build.py render
 
@@ -61,13 +66,13 @@ images: render-check setup
 # The slowest tests are listed at the end: the suite must stay well inside CI's budget (docs/benchmarks.md).
 # The engine and cosign set up while the render check, lint and the engine-free tests run, then the engine tests on
 # two processes (devtools/test_lanes.sh).
-test: setup softhsm
+test: setup softhsm stargz
 	TEST_WORKERS=$(TEST_WORKERS) devtools/test_lanes.sh $(PYTHON) $(PYTEST_ARGS)
 
 # Everything that needs no Docker engine: matrix, render, plan, catalog, hostile input, the GPU-simulation lane.
 # On TEST_WORKERS processes (pytest-xdist): these tests share no engine, port or folder; those that import torch run on
 # one of them (tests/conftest.py's groups).
-test-fast: render-check lint softhsm
+test-fast: render-check lint softhsm stargz
 	$(PYTHON) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: engine

@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""Lazy pulling, emulated on loopback (issue 58, item 4): a full pull of an image's layers against fetching each eStargz
+layer's TOC and prefetch area and then, on demand, the files a start reads beyond it; one JSON line at the end.
+
+A blob server on 127.0.0.1 (BlobServer) serves the blobs as a registry would: whole or by HTTP range (one range a
+request), each request answered after a fixed latency (5 ms) and every byte through one shared link of a fixed rate
+(125 MB/s), so the clients wait on the network as a node pulling from a registry would, on any machine.
+- full (full_pull): each layer's blob fetched whole, gunzipped and untarred into a folder as it arrives (whiteouts
+  applied), the layers one after another as an engine applies them;
+- lazy (lazy_pull, then on_demand): each layer's footer and TOC, then its prefetch area [0, landmark) in one range
+  request, whose files are materialised from their members as the bytes arrive; then, for the files a start reads
+  that no prefetch area held, their members, one range request per contiguous span (a file's chunks are contiguous).
+  The other entries' metadata, which a snapshotter serves from the TOC in memory, are not written out.
+R_emulated = lazy seconds / full seconds; B = the bytes the lazy client fetched / the bytes of the blobs it reads.
+
+    python bench/lazy_pull_bench.py --selftest                  # a synthetic 200 MB layer made in a temporary folder
+    python bench/lazy_pull_bench.py IMAGE.tar STARTUP.json      # IMAGE.tar from `docker save`
+
+STARTUP.json: a list of the paths a start reads (all prefetched), or {"prefetch": [...], "on_demand": [...]}. The full
+client pulls the layers as plain gzip (what a user pulls today), the lazy one their eStargz form; both are made here
+(torchimages/publish/estargz.py), at gzip level 6. No start proxy runs in a container yet: the emulated start reads
+back the files it needs, in both trees. Both clients unpack in Python (zlib, tarfile), at the same cost per byte and
+per file: an engine's unpack is faster on the full side, a FUSE snapshotter's page-by-page reads slower on the lazy
+one. Needs no engine.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import http.client
+import json
+import os
+import posixpath
+import random
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import BinaryIO
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torchimages.publish import estargz  # noqa: E402
+
+RATE = 125_000_000  # bytes a second: a 1 Gbit/s link
+LATENCY_S = 0.005  # before the first byte of every request
+PIECE = 256 << 10
+RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
+WHITEOUT, OPAQUE = ".wh.", ".wh..wh..opq"
+
+
+# --- the blob server
+
+
+class _Link:
+    """One link of a fixed rate that every response shares: a piece leaves when the link is free for its length."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def send(self, size: int) -> None:
+        with self._lock:
+            start = max(time.perf_counter(), self._free_at)
+            self._free_at = start + size / self.rate
+            done = self._free_at
+        time.sleep(max(0.0, done - time.perf_counter()))
+
+
+class BlobServer(ThreadingHTTPServer):
+    """GET and HEAD /blobs/NAME on 127.0.0.1 (an ephemeral port), honouring one `Range: bytes=` range a request."""
+
+    daemon_threads = True
+
+    def __init__(self, blobs: dict[str, Path], rate: float = RATE, latency_s: float = LATENCY_S) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.blobs = blobs
+        self.link = _Link(rate)
+        self.latency_s = latency_s
+        self.requests = 0
+        self.bytes_sent = 0
+        self._count = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def counted(self, sent: int) -> None:
+        with self._count:
+            self.requests += 1
+            self.bytes_sent += sent
+
+
+@contextmanager
+def serving(blobs: dict[str, Path], rate: float = RATE, latency_s: float = LATENCY_S) -> Iterator[BlobServer]:
+    server = BlobServer(blobs, rate, latency_s)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection, as one to a registry does
+    # Headers and body leave in separate writes: with Nagle's algorithm on, each small answer would wait out the
+    # client's delayed ACK (40 ms), more than the latency being emulated.
+    disable_nagle_algorithm = True
+    server: BlobServer
+
+    def log_message(self, format: str, *args: object) -> None:  # the bench prints one JSON line, nothing else
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        blob = self.server.blobs.get(self.path.removeprefix("/blobs/"))
+        if blob is None:
+            self.send_error(404)
+            return
+        size = blob.stat().st_size
+        start, end, status = 0, size, 200
+        if header := self.headers.get("Range"):
+            found = RANGE.fullmatch(header.strip())
+            if not found or not (found.group(1) or found.group(2)):
+                self.send_error(416)
+                return
+            if not found.group(1):  # bytes=-N: the last N bytes
+                start = max(0, size - int(found.group(2)))
+            else:
+                start = int(found.group(1))
+                end = min(size, int(found.group(2)) + 1) if found.group(2) else size
+            if start >= end:
+                self.send_error(416)
+                return
+            status = 206
+        time.sleep(self.server.latency_s)
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        # Counted before the body leaves: a client that has read it all finds it counted.
+        self.server.counted(end - start if body else 0)
+        if not body:
+            return
+        with blob.open("rb") as source:
+            source.seek(start)
+            left = end - start
+            while left:
+                piece = source.read(min(PIECE, left))
+                self.server.link.send(len(piece))
+                self.wfile.write(piece)
+                left -= len(piece)
+
+
+# --- the clients
+
+
+@dataclass
+class BlobClient:
+    """One keep-alive connection to a BlobServer, counting what it fetched."""
+
+    port: int
+    requests: int = 0
+    fetched: int = 0
+    _connection: http.client.HTTPConnection | None = field(default=None, repr=False)
+
+    def open(self, name: str, start: int | None = None, length: int | None = None) -> http.client.HTTPResponse:
+        """The response to GET NAME (a range of it when start is given); read it to its end before the next call."""
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        headers = {} if start is None else {"Range": f"bytes={start}-{'' if length is None else start + length - 1}"}
+        self._connection.request("GET", f"/blobs/{name}", headers=headers)
+        response = self._connection.getresponse()
+        if response.status not in (200, 206):
+            raise RuntimeError(f"GET {name} {headers}: HTTP {response.status}")
+        self.requests += 1
+        self.fetched += int(response.getheader("Content-Length") or 0)
+        return response
+
+    def get(self, name: str, start: int, length: int) -> bytes:
+        return self.open(name, start, length).read()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+
+class OutsideTree(Exception):
+    """A path among whose folders a link leads out of the tree: nothing there is written or removed."""
+
+
+_INSIDE: set[Path] = set()  # folders found inside their tree (forgotten whenever a link is made)
+
+
+def _target(dest: Path, name: str) -> Path:
+    """name's path in the tree at dest; OutsideTree where a link among its folders leads out of the tree (an image's
+    absolute link, which a process on this machine would follow into the machine's own files)."""
+    target = dest / estargz.clean_name(name)
+    if target != dest and target.parent not in _INSIDE:
+        if not target.parent.resolve().is_relative_to(dest.resolve()):
+            raise OutsideTree(name)
+        _INSIDE.add(target.parent)
+    return target
+
+
+def _clear(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _whiteout(dest: Path, name: str) -> bool:
+    """Apply an OCI whiteout entry (a deleted file, or an opaque directory); False for any other entry."""
+    base = posixpath.basename(estargz.clean_name(name))
+    if base == OPAQUE:
+        folder = _target(dest, posixpath.dirname(estargz.clean_name(name)))
+        for child in folder.iterdir() if folder.is_dir() and not folder.is_symlink() else ():
+            _clear(child)
+        return True
+    if base.startswith(WHITEOUT):
+        _clear(_target(dest, posixpath.join(posixpath.dirname(estargz.clean_name(name)), base[len(WHITEOUT):])))
+        return True
+    return False
+
+
+def apply_layer(archive: tarfile.TarFile, dest: Path) -> int:
+    """Untar a layer (read as a stream) over dest as an engine applies it; the entries it could not place (a path
+    through an absolute link out of dest: a real root filesystem would hold it)."""
+    skipped = 0
+    for member in archive:
+        try:
+            if _whiteout(dest, member.name):
+                continue
+            target = _target(dest, member.name)
+            if not member.isdir() and (target.is_symlink() or target.is_file()):
+                target.unlink()  # a file of a lower layer replaced, never written through
+            archive.extract(member, dest, filter="tar")
+            if member.issym():
+                _INSIDE.clear()
+        except (OutsideTree, tarfile.FilterError, OSError):
+            skipped += 1
+    return skipped
+
+
+def full_pull(client: BlobClient, layers: Sequence[str], dest: Path) -> tuple[float, int]:
+    """Each layer's blob fetched whole and unpacked into dest as it arrives: (seconds, entries skipped)."""
+    started = time.perf_counter()
+    skipped = 0
+    for name in layers:
+        response = client.open(name)
+        with gzip.GzipFile(fileobj=response, mode="rb") as unzipped:
+            with tarfile.open(fileobj=unzipped, mode="r|") as archive:
+                skipped += apply_layer(archive, dest)
+        response.read()  # whatever follows the tar's end: the connection is reused
+    return time.perf_counter() - started, skipped
+
+
+@dataclass
+class LazyLayer:
+    name: str
+    size: int
+    toc: estargz.Toc
+
+
+def _place(entry: estargz.TocEntry, dest: Path) -> None:
+    """An entry without content: a directory, a link, an empty file (or whiteout) at its path."""
+    target = _target(dest, entry.name)
+    if _whiteout(dest, entry.name):
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if entry.type == "dir":
+        target.mkdir(exist_ok=True)
+        return
+    _clear(target)
+    if entry.type == "symlink":
+        target.symlink_to(entry.link_name)
+        _INSIDE.clear()
+    elif entry.type == "hardlink" and _target(dest, entry.link_name).is_file():
+        os.link(_target(dest, entry.link_name), target)
+    elif entry.type in ("reg", "hardlink"):
+        target.touch()
+
+
+def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
+    target = _target(dest, entry.name)
+    if entry.chunk_offset == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _clear(target)
+    with target.open("r+b" if entry.chunk_offset else "wb") as out:
+        out.seek(entry.chunk_offset)
+        out.write(estargz.chunk_content(member, entry))
+    if entry.type == "reg":
+        target.chmod(entry.mode & 0o777)
+
+
+def lazy_pull(client: BlobClient, layers: Sequence[tuple[str, int, str]],
+              dest: Path) -> tuple[float, list[LazyLayer], int]:
+    """Each eStargz layer (name, size, TOC digest: what its descriptor says) by its footer and TOC, checked, then its
+    prefetch area in one request, materialised as it arrives: (seconds, the layers with their TOCs, the entries it
+    could not place). Each chunk is checked against its TOC digest (estargz.chunk_content), as a snapshotter does."""
+    started = time.perf_counter()
+    mounted, skipped = [], 0
+    for name, size, toc_digest in layers:
+        toc = estargz.read_toc(functools.partial(client.get, name), size, toc_digest)
+        mounted.append(LazyLayer(name, size, toc))
+        end = toc.prefetch_end()
+        if not end:
+            continue
+        landmark = next(index for index, entry in enumerate(toc.entries) if entry.name == estargz.PREFETCH_LANDMARK)
+        response = client.open(name, 0, end)
+        position = 0
+        for entry in toc.entries[:landmark]:
+            if not entry.has_data:
+                skipped += _placed(_place, entry, dest)
+                continue
+            _skip(response, entry.offset - position)
+            skipped += _placed(_write_chunk, entry, _read(response, entry.next_offset - entry.offset), dest)
+            position = entry.next_offset
+        _skip(response, end - position)
+    return time.perf_counter() - started, mounted, skipped
+
+
+def _placed(function: Callable[..., None], *arguments: object) -> int:
+    """0 once function has placed an entry; 1 where it could not (OutsideTree), as the full pull skips it."""
+    try:
+        function(*arguments)
+    except OutsideTree:
+        return 1
+    return 0
+
+
+def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estargz.TocEntry, list] | None:
+    """path in the merged view of the layers (the top-most entry of each name), its symbolic links followed component
+    by component across layers: the layer and entry it ends at and the links on the way; None where nothing is."""
+    parts = [part for part in estargz.clean_name(path).split("/") if part]
+    done, found, links, hops = "", None, [], 40
+    while parts:
+        current = f"{done}/{parts[0]}" if done else parts[0]
+        found = next(((layer, entry) for layer in reversed(mounted) if (entry := layer.toc.lookup(current))), None)
+        if found is None:
+            return None
+        if found[1].type == "symlink" and hops:
+            hops -= 1
+            links.append(found[1])
+            base = "/" if found[1].link_name.startswith("/") else "/" + done
+            parts = [part for part in estargz.clean_name(posixpath.join(base, found[1].link_name)).split("/")
+                     if part] + parts[1:]
+            done = ""
+            continue
+        done, parts = current, parts[1:]
+    return (*found, links) if found else None
+
+
+def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[str],
+              dest: Path) -> tuple[float, int]:
+    """The members of files (each from the top-most layer holding it, the links on the way placed too), one range
+    request per contiguous span: (seconds, entries it could not place). The TOCs are already here: their ranges are
+    not fetched again."""
+    started, skipped = time.perf_counter(), 0
+    for path in files:
+        found = _resolve(mounted, path)
+        if found is None:
+            continue
+        layer, entry, links = found
+        for link in links:
+            skipped += _placed(_place, link, dest)
+        entries = layer.toc.data(entry.name)
+        if not entries:
+            skipped += _placed(_place, entry, dest)
+        for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries):
+            data = client.get(layer.name, start, end - start)
+            for chunk in entries:
+                if start <= chunk.offset < end:
+                    skipped += _placed(_write_chunk, chunk, data[chunk.offset - start:chunk.next_offset - start],
+                                       dest)
+    return time.perf_counter() - started, skipped
+
+
+def _read(response: BinaryIO, size: int) -> bytes:
+    data = response.read(size)
+    if len(data) != size:
+        raise RuntimeError(f"the server sent {len(data)} of {size} bytes")
+    return data
+
+
+def _skip(response: BinaryIO, size: int) -> None:
+    while size > 0:
+        size -= len(_read(response, min(size, PIECE)))
+
+
+def inside(dest: Path, path: str) -> Path:
+    """path within the tree at dest as a process chrooted there sees it: symbolic links followed, an absolute one
+    from dest."""
+    parts = [part for part in estargz.clean_name(path).split("/") if part]
+    done: list[str] = []
+    for _ in range(40 * (len(parts) + 1)):
+        if not parts:
+            break
+        here = dest.joinpath(*done, parts[0])
+        if here.is_symlink():
+            target = os.readlink(here)
+            parts = [part for part in estargz.clean_name(posixpath.join("/" if target.startswith("/") else
+                                                                        "/" + "/".join(done), target)).split("/")
+                     if part] + parts[1:]
+            done = []
+            continue
+        done.append(parts.pop(0))
+    return dest.joinpath(*done)
+
+
+def read_back(dest: Path, files: Sequence[str]) -> int:
+    """The emulated start: read the files it needs (through the tree's own links); the bytes read."""
+    total = 0
+    for path in files:
+        target = inside(dest, path)
+        if target.is_file() and not target.is_symlink():
+            total += len(target.read_bytes())
+    return total
+
+
+# --- the measurements
+
+
+def gzip_blob(layer: Path, out: Path, level: int = estargz.LEVEL) -> None:
+    """The layer as a plain single-member gzip (mtime 0), what a plain push uploads."""
+    with layer.open("rb") as source, out.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+                                                                         compresslevel=level) as sink:
+        shutil.copyfileobj(source, sink, 1 << 20)
+
+
+def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[str], work: Path,
+            rate: float = RATE, latency_s: float = LATENCY_S) -> dict:
+    """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts."""
+    blobs: dict[str, Path] = {}
+    plain: list[str] = []
+    lazy: list[tuple[str, int, str]] = []
+    started = time.perf_counter()
+    for index, layer in enumerate(layers):
+        gzip_blob(layer, work / f"{index}.tar.gz")
+        converted = estargz.convert(layer, work / f"{index}.esgz", prefetch)
+        blobs[f"{index}.tar.gz"], blobs[f"{index}.esgz"] = work / f"{index}.tar.gz", work / f"{index}.esgz"
+        plain.append(f"{index}.tar.gz")
+        lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
+    convert_s = time.perf_counter() - started
+    with serving(blobs, rate, latency_s) as server:
+        full_client, lazy_client = BlobClient(server.port), BlobClient(server.port)
+        full_s, skipped = full_pull(full_client, plain, work / "full")
+        full_s += _timed(read_back, work / "full", [*prefetch, *demand])
+        prefetch_s, mounted, lazy_skipped = lazy_pull(lazy_client, lazy, work / "lazy")
+        demand_s, demand_skipped = on_demand(lazy_client, mounted, demand, work / "lazy")
+        lazy_s = prefetch_s + demand_s + _timed(read_back, work / "lazy", [*prefetch, *demand])
+        full_client.close()
+        lazy_client.close()
+    esgz_bytes = sum(size for _, size, _ in lazy)
+    gzip_bytes = sum(blobs[name].stat().st_size for name in plain)
+    return {"full_s": round(full_s, 3), "lazy_s": round(lazy_s, 3), "R_emulated": round(lazy_s / full_s, 4),
+            "B": round(lazy_client.fetched / esgz_bytes, 4), "B_of_gzip": round(lazy_client.fetched / gzip_bytes, 4),
+            "prefetch_s": round(prefetch_s, 3), "on_demand_s": round(demand_s, 3), "gzip_bytes": gzip_bytes,
+            "estargz_bytes": esgz_bytes, "lazy_bytes": lazy_client.fetched, "lazy_requests": lazy_client.requests,
+            "full_skipped_entries": skipped, "lazy_skipped_entries": lazy_skipped + demand_skipped,
+            "convert_s": round(convert_s, 1), "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000}
+
+
+def _timed(function: Callable[..., object], *arguments: object) -> float:
+    started = time.perf_counter()
+    function(*arguments)
+    return time.perf_counter() - started
+
+
+def synthetic_layer(path: Path, total: int = 200 << 20, seed: int = 58) -> tuple[list[str], list[str]]:
+    """A site-packages-like layer of about total bytes at path: libraries of 1-48 MB and thousands of small modules,
+    each about a third random and the rest text (about 1.6x by gzip, as shared libraries go); the start-up set
+    (prefetch) about 15% of the bytes, and the files a start reads beyond it (on demand) about 2%."""
+    rng = random.Random(seed)
+    words = [bytes(rng.choices(b"abcdefghijklmnopqrstuvwxyz_", k=rng.randint(2, 10))) for _ in range(4000)]
+    text = b" ".join(rng.choices(words, k=200_000))
+
+    def content(size: int) -> bytes:
+        pieces, left = [], size
+        while left > 0:
+            take = min(left, 64 << 10)
+            if rng.random() < 0.35:
+                pieces.append(rng.randbytes(take))
+            else:
+                at = rng.randrange(len(text) - take)
+                pieces.append(text[at:at + take])
+            left -= take
+        return b"".join(pieces)
+
+    libraries = [48, 30, 24, 16, 12, 10, 8, 6, 5, 4, 3, 2, 2, 1, 1]
+    scale = total / (sum(libraries) * (1 << 20) + 2800 * (10 << 10))
+    prefetch: list[str] = []
+    demand: list[str] = []
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
+        def add(name: str, data: bytes | None) -> None:
+            info = tarfile.TarInfo(name)
+            info.mtime, info.mode = 1_700_000_000, 0o755 if data is None else 0o644
+            if data is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(data)
+            archive.addfile(info, None if data is None else _BytesReader(data))
+
+        for folder in ("usr", "usr/lib", "usr/lib/python3", "usr/lib/python3/site-packages"):
+            add(folder, None)
+        for index, megabytes in enumerate(libraries):
+            name = f"usr/lib/python3/site-packages/lib{index:02d}.so"
+            add(name, content(int(megabytes * scale * (1 << 20))))
+            (prefetch if megabytes in (10, 6, 3) or index == 13 else demand if index == 11 else []).append(name)
+        for index in range(2800):
+            name = f"usr/lib/python3/site-packages/pkg{index // 100:02d}/mod{index % 100:02d}.py"
+            if index % 100 == 0:
+                add(posixpath.dirname(name), None)
+            add(name, content(int(rng.randint(2 << 10, 18 << 10) * scale)))
+            (prefetch if index % 3 == 0 else demand if index % 50 == 1 else []).append(name)
+    return prefetch, demand
+
+
+class _BytesReader:
+    def __init__(self, data: bytes) -> None:
+        self._data, self._at = data, 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._data) if size < 0 else self._at + size
+        piece, self._at = self._data[self._at:end], min(end, len(self._data))
+        return piece
+
+
+def selftest(work: Path) -> dict:
+    layer = work / "layer.tar"
+    prefetch, demand = synthetic_layer(layer)
+    facts = measure([layer], prefetch, demand, work)
+    for path in [*prefetch, *demand]:
+        if (work / "lazy" / path).read_bytes() != (work / "full" / path).read_bytes():
+            raise SystemExit(f"selftest: {path} differs between the lazy and the full pull")
+    return facts | {"layer_bytes": layer.stat().st_size, "zlib": zlib.ZLIB_RUNTIME_VERSION}
+
+
+def saved_layers(image: Path, work: Path) -> list[Path]:
+    """The layers of a `docker save` archive (its manifest.json's first image), bottom first, as uncompressed tars."""
+    layers = []
+    with tarfile.open(image) as archive:
+        listed = archive.extractfile("manifest.json")
+        if listed is None:
+            raise SystemExit(f"{image}: no manifest.json, not a `docker save` archive")
+        for index, name in enumerate(json.load(listed)[0]["Layers"]):
+            out = work / f"layer{index}.tar"
+            source = archive.extractfile(name)
+            if source is None:
+                raise SystemExit(f"{image}: the layer {name} is not a file")
+            with source, out.open("wb") as sink:
+                # Docker 25+ saves an OCI layout, whose layers may be gzip: the converter takes the tar.
+                gzipped = source.read(2) == b"\x1f\x8b"
+                source.seek(0)
+                shutil.copyfileobj(gzip.GzipFile(fileobj=source) if gzipped else source, sink, 1 << 20)
+            layers.append(out)
+    return layers
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("image", nargs="?", type=Path, help="an image saved with `docker save`")
+    parser.add_argument("startup", nargs="?", type=Path, help="the start-up set: JSON (see above)")
+    parser.add_argument("--selftest", action="store_true", help="a synthetic 200 MB layer instead of an image")
+    parser.add_argument("--rate-mbps", type=float, default=RATE / 1e6, help="the link's MB/s (default 125)")
+    parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="per request (default 5)")
+    parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")
+    options = parser.parse_args()
+    if not options.selftest and not (options.image and options.startup):
+        parser.error("IMAGE and STARTUP, or --selftest")
+    with tempfile.TemporaryDirectory(prefix="lazy-pull-", dir=options.work) as scratch:
+        work = Path(scratch)
+        if options.selftest:
+            facts = selftest(work)
+        else:
+            startup = json.loads(options.startup.read_text())
+            prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
+            demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
+            facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
+                            options.latency_ms / 1000)
+    print(json.dumps(facts, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
