@@ -3,12 +3,15 @@ cosign CLI (Debian 13's package, `make cosign`) and by `build.py verify-image`, 
 The CPU rows themselves are published signed and checked by cosign in test_publish's nightly end-to-end test.
 """
 import base64
+import contextlib
 import json
 import re
 import shutil
 import threading
+import urllib.request
 from pathlib import Path
 
+import docker.errors
 import pytest
 from asn1crypto import keys as asn1_keys
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
@@ -337,3 +340,53 @@ def test_a_damaged_wheel_record_stops_the_publish_before_anything_is_pushed(work
     refused = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST)], env=environment(**SIGNED), check_exit=2)
     assert f"{record}:1: not a wheel record" in refused.stderr and "Traceback" not in refused.stderr
     assert workspace.tags() == []
+
+
+def test_a_lazy_variant_prefetches_the_start_up_set_is_signed_and_a_plain_engine_runs_it(workspace, docker_client,
+                                                                                          cosign, tmp_path):
+    """Issue 58: `publish --lazy estargz` pushes the image's eStargz variant under its pinned tag + -esgz: the measured
+    start-up set (REPORTS/<tag>/startup-set.json, here written as `startup-set` writes it) is each layer's prefetch
+    area, the real cosign and verify-image accept it with the image's key, and Docker 20.10, which knows nothing of
+    eStargz, pulls it as plain gzip and runs it."""
+    from torchimages.publish import estargz
+
+    image_id = workspace.build_verified(docker_client, RUNTIME)
+    diff_ids = docker_client.api.inspect_image(image_id)["RootFS"]["Layers"]
+    record = workspace.reports / RUNTIME / "startup-set.json"
+    record.write_text(json.dumps({"image_id": image_id, "layers": [{"diff_id": d} for d in diff_ids],
+                                  "files": {"/nonce": {"layer": 1, "ranges": [[0, 33]]},
+                                            "/usr/lib/os-release": {"layer": 0, "ranges": [[0, 267]]}}}))
+    published = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST), "--lazy", "estargz"],
+                                  env=environment(**SIGNED))
+    pinned = workspace.catalog_json()["images"][RUNTIME]["pinned"][0]["tag"]
+    lazy_tag = f"{pinned}-esgz"
+    variant = workspace.digest_of(lazy_tag)
+    assert variant and f"; eStargz variant {workspace.repository}:{lazy_tag} = {variant}" in published.stdout
+    reference, public = f"{workspace.repository}@{variant}", KEYS / "first.pub"
+    assert cosign_accepts(cosign, reference, public)
+    for kind in (attestations.SBOM_PREDICATE, attestations.PROVENANCE_PREDICATE, attestations.VERIFICATION_PREDICATE):
+        assert cosign_accepts(cosign, reference, public, kind), kind
+    checked = verify_image(workspace, reference, public)
+    assert checked.returncode == 0 and "signature: verified" in checked.stdout, checked.stdout + checked.stderr
+
+    store = store_of(workspace)
+    manifest = json.loads(store.registry.manifest(variant).body)
+    for layer, wanted in zip(manifest["layers"], (["usr/lib/os-release"], ["nonce"]), strict=True):
+        assert layer["annotations"][estargz.TOC_DIGEST_ANNOTATION].startswith("sha256:")
+        blob = tmp_path / "blob"
+        url = f"http://{workspace.registry_host}/v2/{workspace.namespace}/pytorch/blobs/{layer['digest']}"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            blob.write_bytes(answer.read())
+        toc = estargz.read_toc_file(blob)
+        before = [entry.name for entry in toc.entries
+                  if entry.type == "reg" and entry.size and entry.offset < toc.prefetch_end()]
+        assert before == wanted, "the layer's prefetch area is its part of the start-up set"
+
+    try:
+        docker_client.images.pull(f"{workspace.repository}@{variant}")
+        nonce = docker_client.containers.run(f"{workspace.repository}@{variant}", ["cat", "/nonce"], remove=True)
+        original = docker_client.containers.run(image_id, ["cat", "/nonce"], remove=True)
+        assert nonce == original
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            docker_client.images.remove(f"{workspace.repository}@{variant}", force=True)

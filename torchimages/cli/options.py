@@ -19,6 +19,7 @@ from ..peers.registry_access import DEFAULT_CERTS_D, AccessSettings
 from ..peers.registry_address import parse_registry
 from ..project import Project
 from ..publish import catalog
+from ..publish.lazy import LAZY_FORMATS, LAZY_SUFFIX
 from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
 from ..security import freshness, sbom
 from ..trust import keys, signing
@@ -166,6 +167,10 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layer compression of pushed images: gzip, which every client pulls (default), or zstd, "
                              "smaller and faster to unpack, for clients that read it: containerd 1.5+, Docker 23+ "
                              "(Docker 20.10 cannot pull it)")
+    parser.add_argument("--lazy", choices=LAZY_FORMATS,
+                        help="also push a lazily pullable variant of each image under its pinned tag + "
+                             f"{LAZY_SUFFIX} (eStargz layers, prefetching the start-up set `startup-set` measured), "
+                             "signed and attested as the image; any engine still pulls it as plain gzip")
     parser.add_argument("--signing-key", metavar="FILE|env://VAR|pkcs11:URI",
                         help=f"sign each published digest and attach its SBOM, provenance and verification report "
                              f"(cosign's format): a `cosign generate-key-pair` key or a PKCS#8 PEM ECDSA P-256 key, "
@@ -195,7 +200,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         date=parse_date(args.date) if args.date else datetime.now(timezone.utc).strftime("%Y%m%d"),
         retry=RetryPolicy(retries=args.retries), allowlist=sbom.load_allowlist(allowlist_path),
         daemon_host=os.environ.get("DOCKER_HOST"), compression=args.compression, signing_key=key,
-        signature_format=args.signature_format,
+        signature_format=args.signature_format, lazy=getattr(args, "lazy", None),
         security=freshness.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
         push_cache=publish_cache_folder(os.environ), base_pins=read_lock(project.lock_file),
     )

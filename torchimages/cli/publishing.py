@@ -26,6 +26,7 @@ from ..publish.catalog import (
     registry_mismatches,
     require_folder,
 )
+from ..publish.lazy import LAZY_SUFFIX
 from ..security import sbom, vex
 from ..trust import referrers
 from ..verify.reports import read_verify_report, verify_report_path
@@ -116,7 +117,8 @@ def print_results(results: list[publisher.PublishResult], repository: str) -> No
             tags = f"; tags written: {', '.join(written)}" if written else ""
             signed = f"; {referrers.signing_statuses(result.signing)}; signed with key {result.signing['key'][:19]}..." \
                 if result.signing else ""
-            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}")
+            lazy = f"; eStargz variant {repository}:{result.pinned}{LAZY_SUFFIX} = {result.lazy}" if result.lazy else ""
+            print(f"{result.status:9} {result.tag}: {repository}:{result.pinned} = {result.digest}{tags}{signed}{lazy}")
         else:
             print(f"{result.status:9} {result.tag}: {result.message}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -51,7 +52,7 @@ from ..trust.keys import SigningKey
 from ..trust.referrers import BUNDLE, CLASSIC, ReferrerStore, signing_statuses
 from ..trust.signatures import SignatureStore, attestation_tag, signature_tag
 from ..verify.reports import VerifyReport, read_verify_report, verify_report_path
-from . import catalog_page, multiarch
+from . import catalog_page, lazy, multiarch
 from .catalog import (
     Catalog,
     CatalogEntry,
@@ -167,6 +168,7 @@ class PublishOptions:
     # Which signature formats each signed digest gets: classic (.sig/.att tags), bundle (Sigstore bundles in OCI
     # referrers), or both (trust/referrers.SIGNATURE_FORMATS).
     signature_format: str = "both"
+    lazy: str | None = None  # also a lazily pullable variant of each image (lazy.LAZY_FORMATS), beside it
 
 
 @dataclass
@@ -180,6 +182,7 @@ class PublishResult:
     message: str = ""
     signing: dict = field(default_factory=dict)  # key fingerprint, signature and attestations: added or present
     blocking: list[str] = field(default_factory=list)  # what the security gate refused, every CVE named
+    lazy: str = ""  # the lazily pullable variant's digest (publish --lazy)
 
 
 class Publisher:
@@ -375,6 +378,8 @@ class Publisher:
                 self._withdraw(digest, pinned)
                 remove_file(sbom_path(self.options.catalog_dir, pinned), self.options.catalog_dir)
             raise RegistryError(f"{error}; not signed, so no tag names it", transient=False) from None
+        if self.options.lazy:
+            result.lazy = self._lazy_variant(spec, image, result)
         manifest = self.registry.manifest(digest)
         for name in targets:
             if current.get(name) != digest:
@@ -416,10 +421,34 @@ class Publisher:
                                         sbom, report.finished_at or utc_timestamp(), today),
         }
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
-                                   "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}
+                                   "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed, "predicates": predicates}
         signed = self._sign_and_attest(key, result.digest, predicates)
         self.log(f"{spec.tag}: {signing_statuses(signed)}; signed with key {key.public.fingerprint}")
         return signed
+
+    def _lazy_variant(self, spec: ImageSpec, image: dict, result: PublishResult) -> str:
+        """The image's eStargz variant under its pinned tag + LAZY_SUFFIX (written once: a pinned tag's image never
+        changes), signed and attested as the image is; its digest."""
+        tag = lazy.lazy_tag(result.pinned)
+        there = self.registry.digest_of(tag)
+        if there:
+            return there
+        self.log(f"{spec.tag}: making its eStargz variant (every layer converted; minutes for a CUDA row)")
+        folder = Path(tempfile.mkdtemp(prefix="torchimages-lazy-"))
+        try:
+            prefetch = lazy.prefetch_by_layer(self.options.reports_dir, spec.tag, image["Id"])
+            variant = lazy.write_variant(self.client.api, image["Id"], prefetch, folder)
+            self.registry.write_artifact(folder, tag)
+        finally:
+            lazy.remove_work(folder)
+        result.created.append(tag)
+        key = self.options.signing_key
+        if key is not None:
+            predicates = lazy.variant_predicates(self.attested[spec.tag]["predicates"], result.digest)
+            self._sign_and_attest(key, variant.digest, predicates)
+        self.log(f"{spec.tag}: {tag}: {variant.summary()}"
+                 + ("" if prefetch else f"; no start-up set measured (`torchimages startup-set {spec.tag}`)"))
+        return variant.digest
 
     def _sbom(self, result: PublishResult, image: dict, inventory: Inventory | None) -> dict:
         """The CycloneDX SBOM of result.pinned, as the catalog holds it."""

@@ -1,0 +1,135 @@
+"""`publish --lazy estargz`: beside each published image, a variant whose layers are eStargz (publish/estargz.py), under
+the pinned tag plus LAZY_SUFFIX, signed and attested as the image is.
+
+A node with the stargz snapshotter starts a container of it after fetching each layer's TOC and prefetch area (the
+row's measured start-up set, `torchimages startup-set`: REPORTS/<tag>/startup-set.json) and reads the rest on demand;
+any other engine pulls and unpacks it as ordinary gzip layers (each blob is one gzip stream of one tar). Its tars
+hold the layer's entries plus the landmark and the TOC, so its diff ids, config and digest are its own: the variant
+is another image with the same files, and its attestations (the image's SBOM, provenance and verification report)
+say which image it was made from (`variant_of`).
+
+The variant is written as skopeo's `dir:` layout (manifest.json, one file per blob named by its hex digest) and
+pushed byte for byte (registry.write_artifact). The blobs are made from a `docker save` of the image: each layer tar
+is spooled to a file in the work folder, recognised by its diff id, and converted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from ..build.reproducible import MAX_CONFIG_BYTES, ChunkReader
+from ..files import read_json_document
+from ..model import PeerError
+from ..trust import attestations
+from . import estargz
+
+LAZY_FORMATS = ("estargz",)
+LAZY_SUFFIX = "-esgz"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+STARTUP_RECORD = "startup-set.json"  # cli/startup.py writes it into REPORTS/<tag>/
+
+
+@dataclass(frozen=True)
+class Variant:
+    manifest: bytes
+    digest: str  # of the manifest
+    config_digest: str
+    prefetched: int  # files before the landmarks, every layer together
+    blob_bytes: int  # the layers' compressed bytes
+
+    def summary(self) -> str:
+        return (f"eStargz variant {self.digest} ({self.blob_bytes / 1e9:.2f} GB, {self.prefetched} files "
+                "prefetched)")
+
+
+def lazy_tag(pinned: str) -> str:
+    return pinned + LAZY_SUFFIX
+
+
+def prefetch_by_layer(reports_dir: Path, tag: str, image_id: str) -> dict[str, list[str]]:
+    """The start-up set of the row's image, by the diff id of the layer each file comes from: {} where none was
+    measured, or it was measured on another image (then every layer gets the no-prefetch landmark)."""
+    path = reports_dir / tag / STARTUP_RECORD
+    if not path.exists():
+        return {}
+    record = read_json_document(path, f"delete it, or measure again: `torchimages startup-set {tag}`")
+    if not isinstance(record, dict) or record.get("image_id") != image_id:
+        return {}
+    layers = record.get("layers") or []
+    found: dict[str, list[str]] = {}
+    for path_read, entry in sorted((record.get("files") or {}).items()):
+        index = entry.get("layer") if isinstance(entry, dict) else None
+        if isinstance(index, int) and 0 <= index < len(layers):
+            found.setdefault(layers[index]["diff_id"], []).append(path_read)
+    return found
+
+
+def write_variant(api: docker.APIClient, image_id: str, prefetch: dict[str, list[str]], folder: Path) -> Variant:
+    """The variant of image_id in skopeo's `dir:` layout in folder (its blobs, config and manifest)."""
+    diff_ids = api.inspect_image(image_id)["RootFS"]["Layers"]
+    converted: dict[str, estargz.Converted] = {}
+    small: dict[str, bytes] = {}
+    manifest = None
+    with tempfile.TemporaryDirectory(prefix="torchimages-lazy-", dir=folder) as spool, \
+            tarfile.open(fileobj=ChunkReader(api.get_image(image_id)), mode="r|") as saved:
+        for member in saved:
+            reader = saved.extractfile(member) if member.isfile() else None
+            if reader is None:
+                continue
+            if member.name == "manifest.json":
+                manifest = json.loads(reader.read())
+                continue
+            layer = Path(spool, "layer.tar")
+            digest = hashlib.sha256()
+            with open(layer, "wb") as copy:
+                while chunk := reader.read(1 << 20):
+                    digest.update(chunk)
+                    copy.write(chunk)
+            diff_id = f"sha256:{digest.hexdigest()}"
+            if diff_id in diff_ids and diff_id not in converted:
+                blob = Path(spool, "blob")
+                done = estargz.convert(layer, blob, prefetch.get(diff_id, ()))
+                blob.rename(folder / done.digest.removeprefix("sha256:"))
+                converted[diff_id] = done
+            elif member.size <= MAX_CONFIG_BYTES:
+                small[member.name] = layer.read_bytes()
+    if not manifest or manifest[0].get("Config") not in small or set(diff_ids) - set(converted):
+        raise PeerError(f"the engine's `docker save` of {image_id} did not hold its config and every layer")
+    config = json.loads(small[manifest[0]["Config"]])
+    config["rootfs"] = {"type": "layers", "diff_ids": [converted[diff_id].diff_id for diff_id in diff_ids]}
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    config_digest = f"sha256:{hashlib.sha256(config_bytes).hexdigest()}"
+    (folder / config_digest.removeprefix("sha256:")).write_bytes(config_bytes)
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                       "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
+                       "layers": [converted[diff_id].descriptor() for diff_id in diff_ids]},
+                      separators=(",", ":")).encode()
+    (folder / "manifest.json").write_bytes(body)
+    (folder / "version").write_text("Directory Transport Version: 1.1\n")
+    return Variant(body, f"sha256:{hashlib.sha256(body).hexdigest()}", config_digest,
+                   sum(len(done.prefetched) for done in converted.values()),
+                   sum(done.size for done in converted.values()))
+
+
+def variant_predicates(predicates: dict[str, dict], of_digest: str) -> dict[str, dict]:
+    """The image's attestations for its variant: the SBOM and the provenance as they are (the same packages, the same
+    build), the verification report saying which digest the variant was made from (its checks ran on that image's
+    files, which the variant's layers hold). Not the VEX: its statements name the image's own digest as their product,
+    and a scanner matches products by digest."""
+    report = {**predicates[attestations.VERIFICATION_PREDICATE],
+              "variant_of": {"digest": of_digest, "lazy": "estargz"}}
+    return {attestations.SBOM_PREDICATE: predicates[attestations.SBOM_PREDICATE],
+            attestations.PROVENANCE_PREDICATE: predicates[attestations.PROVENANCE_PREDICATE],
+            attestations.VERIFICATION_PREDICATE: report}
+
+
+def remove_work(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
