@@ -16,7 +16,8 @@ R_emulated = lazy seconds / full seconds; B = the bytes the lazy client fetched 
     python bench/lazy_pull_bench.py --selftest                  # a synthetic 200 MB layer made in a temporary folder
     python bench/lazy_pull_bench.py IMAGE.tar STARTUP.json      # IMAGE.tar from `docker save`
 
-STARTUP.json: a list of the paths a start reads (all prefetched), or {"prefetch": [...], "on_demand": [...]}. The full
+STARTUP.json: a list of the paths a start reads (all prefetched), {"prefetch": [...], "on_demand": [...]}, or the
+record `torchimages startup-set TAG` writes (REPORTS/<tag>/startup-set.json: its files, all prefetched). The full
 client pulls the layers as plain gzip (what a user pulls today), the lazy one their eStargz form; both are made here
 (torchimages/publish/estargz.py), at gzip level 6. No start proxy runs in a container yet: the emulated start reads
 back the files it needs, in both trees. Both clients unpack in Python (zlib, tarfile), at the same cost per byte and
@@ -597,6 +598,8 @@ def main() -> int:
             facts = selftest(work)
         else:
             startup = json.loads(options.startup.read_text())
+            if isinstance(startup, dict) and "files" in startup:  # `torchimages startup-set`'s record: all prefetched
+                startup = sorted(startup["files"])
             prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
             demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
             facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,

@@ -183,6 +183,8 @@ def test_rebuild_reproduces_a_signed_digest_offline_and_names_the_layer_and_file
         tampered_reference = published(tampered, "tampered")
         differs = cli("rebuild", tampered_reference, "--key", str(KEYS / "first.pub"), "--check",
                       "--wheelhouse", str(wheelhouse), check_exit=1)
+        assert "an earlier rebuild made from the same provenance: not built again" in differs.stdout, \
+            "the tampered copy claims the first one's provenance: compared with that rebuild, no second one"
         layers = docker_client.api.inspect_image(local)["RootFS"]["Layers"]
         index = next(i for i, d in enumerate(docker_client.api.inspect_image(tampered)["RootFS"]["Layers"])
                      if d != layers[i])

@@ -23,7 +23,7 @@ def cmd_rebuild(project: Project, args) -> int:
     wheelhouse = args.wheelhouse or project.matrix.parent / "wheelhouse"
     debs = args.debs or project.matrix.parent / "debs"
     comparison = reproduce(engine.client(), client, keys, reference, args.reference, project.load().specs,
-                           project.images, wheelhouse, debs, project.reports / "rebuild", args.check)
+                           project.images, wheelhouse, debs, project.reports / "rebuild", args.check, args.force)
     print("\n".join(comparison.lines))
     return EXIT_OK if comparison.reproduced else EXIT_FAILED
 
@@ -33,6 +33,9 @@ def register(commands) -> None:
     rebuilding.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
     rebuilding.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
                             help="the public key the provenance must be signed with (repeat it to trust several)")
+    rebuilding.add_argument("--force", action="store_true",
+                            help="build again where an earlier rebuild of the same provenance (the same row, commit, "
+                                 "wheels and .debs) is still on the engine; by default REF is compared with that")
     rebuilding.add_argument("--check", action="store_true",
                             help="where a layer differs, also name the first file in it that differs (path, size, "
                                  "mode, owner, time, content hash)")

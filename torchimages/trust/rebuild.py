@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ from ..build.context import wheel_dir
 from ..build.debs import PinnedDeb, check_files, pins_from_json
 from ..build.reproducible import ChunkReader
 from ..build.wheel_record import file_sha256
-from ..files import brief
+from ..files import atomic_write_json, brief
 from ..invocation import command
 from ..model import ImageSpec, InputError, Problem, TorchImagesError
 from ..peers import engine
@@ -163,6 +164,9 @@ def check_claimed_debs(claim: Claim, debs: Path, reference: str) -> None:
         raise _refused(reference, str(error)) from None
 
 
+REBUILD_RECORD = "rebuild.json"  # beside the rebuild's build log: the claim it built and the image it made
+
+
 def rebuilt_spec(spec: ImageSpec) -> ImageSpec:
     return dataclasses.replace(spec, repository=spec.repository + REBUILT_SUFFIX)
 
@@ -172,10 +176,32 @@ def build(client: docker.DockerClient, spec: ImageSpec, options: BuildOptions) -
     return result
 
 
+def claim_key(claim: Claim, base_id: str) -> str:
+    """What a rebuild's image is made from: the claim (row, commit, wheels, .debs) and the engine's base image."""
+    made_from = {"tag": claim.tag, "commit": claim.commit, "wheels": claim.wheels, "base": base_id,
+                 "debs": sorted((deb.step, deb.filename, deb.sha256) for deb in claim.debs)}
+    return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
+
+
+def earlier_rebuild(docker_client: docker.DockerClient, record: Path, key: str, name: str) -> str | None:
+    """The image an earlier rebuild of the same claim made, where the engine still holds it under its name: another
+    digest claiming the same provenance (a republish, or a copy someone altered) is compared with it, not built again
+    (minutes without the cache, the same image: the build is reproducible)."""
+    try:
+        earlier = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(earlier, dict) or earlier.get("claim") != key:
+        return None
+    present = engine.inspect_image(docker_client, name)
+    return present["Id"] if present and present["Id"] == earlier.get("image_id") else None
+
+
 def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys: list[PublicKey], reference: str,
               named: str, specs: list[ImageSpec], images: Path, wheelhouse: Path, debs: Path, reports: Path,
-              check: bool) -> Comparison:
-    """Verify, rebuild and compare (see the module's doc): reference is REF's tag or digest, named REF as given."""
+              check: bool, force: bool = False) -> Comparison:
+    """Verify, rebuild and compare (see the module's doc): reference is REF's tag or digest, named REF as given.
+    force: build again where an earlier rebuild of the same claim is on the engine (earlier_rebuild)."""
     manifest = registry.manifest(reference)
     claim = verified_claim(registry, keys, manifest, named)
     spec = next((spec for spec in specs if spec.tag == claim.tag), None)
@@ -184,14 +210,26 @@ def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys
     root = checkout_root(images, claim.commit, named)
     check_claimed_debs(claim, debs, named)
     ours = rebuilt_spec(spec)
-    with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder, \
-            worktree(root, claim.commit) as tree:
-        served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
-        result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports, served,
-                                                            claim, debs))
-    if result.status != "built":
-        raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
-    comparison = compared(docker_client, registry, manifest, result.image_id, f"{ours.repository}:{ours.tag}", check)
+    name = f"{ours.repository}:{ours.tag}"
+    base = engine.inspect_image(docker_client, spec.base_image)
+    key, record = claim_key(claim, base["Id"] if base else ""), reports / claim.tag / REBUILD_RECORD
+    image_id = None if force else earlier_rebuild(docker_client, record, key, name)
+    if image_id is None:
+        with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder, \
+                worktree(root, claim.commit) as tree:
+            served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
+            result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports,
+                                                                served, claim, debs))
+        if result.status != "built":
+            raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
+        image_id = result.image_id
+        atomic_write_json(record, {"claim": key, "image_id": image_id}, root=reports)
+        reused = []
+    else:
+        reused = [f"compared with {name} ({image_id[:19]}), which an earlier rebuild made from the same provenance: "
+                  "not built again (--force builds it again)"]
+    comparison = compared(docker_client, registry, manifest, image_id, name, check)
+    comparison = Comparison(comparison.reproduced, [*reused, *comparison.lines])
     note = engine_note(claim.engine, engine.daemon_info(docker_client).get("ServerVersion", ""))
     return comparison if comparison.reproduced or not note else Comparison(False, [*comparison.lines, note])
 
