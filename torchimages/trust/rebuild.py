@@ -213,21 +213,22 @@ def reproduce(docker_client: docker.DockerClient, registry: RegistryClient, keys
     name = f"{ours.repository}:{ours.tag}"
     base = engine.inspect_image(docker_client, spec.base_image)
     key, record = claim_key(claim, base["Id"] if base else ""), reports / claim.tag / REBUILD_RECORD
-    image_id = None if force else earlier_rebuild(docker_client, record, key, name)
-    if image_id is None:
-        with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder, \
-                worktree(root, claim.commit) as tree:
-            served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
-            result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports,
-                                                                served, claim, debs))
-        if result.status != "built":
-            raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
-        image_id = result.image_id
-        atomic_write_json(record, {"claim": key, "image_id": image_id}, root=reports)
-        reused = []
-    else:
-        reused = [f"compared with {name} ({image_id[:19]}), which an earlier rebuild made from the same provenance: "
-                  "not built again (--force builds it again)"]
+    with tempfile.TemporaryDirectory(prefix="torchimages-rebuild-wheels-") as folder:
+        # The claimed inputs are checked either way: a rebuild that could not be done again says so now.
+        served = claimed_wheelhouse(claim, wheelhouse, Path(folder), spec, named)
+        image_id = None if force else earlier_rebuild(docker_client, record, key, name)
+        if image_id is None:
+            with worktree(root, claim.commit) as tree:
+                result = build(docker_client, ours, rebuild_options(tree / images.resolve().relative_to(root), reports,
+                                                                    served, claim, debs))
+            if result.status != "built":
+                raise RebuildFailed(f"the rebuild of {claim.tag} failed: {result.error}")
+            image_id = result.image_id
+            atomic_write_json(record, {"claim": key, "image_id": image_id}, root=reports)
+            reused = []
+        else:
+            reused = [f"compared with {name} ({image_id[:19]}), which an earlier rebuild made from the same "
+                      "provenance: not built again (--force builds it again)"]
     comparison = compared(docker_client, registry, manifest, image_id, name, check)
     comparison = Comparison(comparison.reproduced, [*reused, *comparison.lines])
     note = engine_note(claim.engine, engine.daemon_info(docker_client).get("ServerVersion", ""))
