@@ -339,10 +339,11 @@ def test_the_probe_is_told_the_selection_and_the_side_work_follows_it():
     checks = probe.parse_arguments(arguments).checks
     assert not probe.runs_work_of(checks, "smoke") and probe.runs_work_of(checks, "devel")
     assert probe.runs_work_of(probe.parse_arguments([]).checks, "smoke")  # no --checks: every check's work
-    assert side_work_wanted(CheckSelection()) == {"files", "import", "downstream"}
+    assert side_work_wanted(CheckSelection()) == {"files", "import", "downstream", "layers"}
     assert side_work_wanted(parse_selection(["hygiene"], None)) == {"files", "import"}
     assert side_work_wanted(parse_selection(["downstream"], None)) == {"import", "downstream"}
     assert side_work_wanted(parse_selection(["smoke"], None)) == set()
+    assert side_work_wanted(parse_selection(["layout"], None)) == {"layers"}
 
 
 def test_a_selective_verification_is_never_one_to_publish_or_reuse(tmp_path, monkeypatch):

@@ -116,7 +116,19 @@ RUN rm -f /usr/local/cuda-12.6/targets/x86_64-linux/lib/libcudart.so* && ldconfi
 # index, the image's pip installs them). Nothing of the server's stays in a layer.
 # pip's index: https://download.pytorch.org/whl/cu126 (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
-# the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
+# cuBLAS, NVRTC, nvJitLink, the CUDA runtime, CUPTI, NVTX: what `import torch` reads first
+ARG WHEELS_CUDA_START
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cublas*' --dist 'nvidia-cuda-nvrtc*' --dist 'nvidia-nvjitlink*' --dist 'nvidia-cuda-runtime*' --dist 'nvidia-cuda-cupti*' --dist 'nvidia-nvtx*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
+# cuDNN: read by a first convolution or attention
+ARG WHEELS_CUDNN
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cudnn*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
+# cuFFT, cuRAND, cuSOLVER, cuSPARSE(Lt): read by a first kernel of theirs
+ARG WHEELS_CUDA_MATH
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cufft*' --dist 'nvidia-curand*' --dist 'nvidia-cusolver*' --dist 'nvidia-cusparse*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5
+# the other nvidia-* and cuda-* wheels (NCCL, NVSHMEM, cuFile, the compiler parts): change with the CUDA version
 ARG WHEELS_CUDA
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --time 946684800 torch==2.14.1+cu126 numpy==2.3.5

@@ -122,7 +122,19 @@ ENV HOME=/home/torch
 # Owned by the image's user and writable by group 0: derived images and arbitrary uids can pip install.
 # pip's index: https://pypi.org/simple (the builder serves it, or --pip-index-url's, or the wheelhouse)
 COPY --from=venv /opt/venv-tree/ /
-# the nvidia-* wheels (CUDA, cuDNN, cuBLAS, NCCL): change with the CUDA version
+# cuBLAS, NVRTC, nvJitLink, the CUDA runtime, CUPTI, NVTX: what `import torch` reads first
+ARG WHEELS_CUDA_START
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cublas*' --dist 'nvidia-cuda-nvrtc*' --dist 'nvidia-nvjitlink*' --dist 'nvidia-cuda-runtime*' --dist 'nvidia-cuda-cupti*' --dist 'nvidia-nvtx*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
+# cuDNN: read by a first convolution or attention
+ARG WHEELS_CUDNN
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cudnn*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
+# cuFFT, cuRAND, cuSOLVER, cuSPARSE(Lt): read by a first kernel of theirs
+ARG WHEELS_CUDA_MATH
+RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
+ && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-cufft*' --dist 'nvidia-curand*' --dist 'nvidia-cusolver*' --dist 'nvidia-cusparse*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
+# the other nvidia-* and cuda-* wheels (NCCL, NVSHMEM, cuFile, the compiler parts): change with the CUDA version
 ARG WHEELS_CUDA
 RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' http://torchimages-build-inputs:8679/install_layer.py /tmp/install_layer.py \
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --dist 'nvidia-*' --dist 'cuda-*' --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
