@@ -85,3 +85,48 @@ def test_only_large_wanted_layers_are_compressed_as_the_push_would():
     digest = f"sha256:{hashlib.sha256(big).hexdigest()}"
     assert fast == {digest: len(gzip.compress(big, 1, mtime=0))} and push == {digest: len(gzip.compress(big, 6, mtime=0))}
     assert fast[digest] >= push[digest]
+
+
+# The CUDA 13.0 rows' wheel set and each wheel's size, as `torchimages wheels 2.14.1-cuda13.0-cudnn9-runtime
+# 2.14.1-cuda13.0-cudnn9-devel` fetched it from PyPI (2026-11-29): a wheel's size is within a few percent of its files'
+# gzip in a layer (the one nvidia layer before issue 58: 2,251 MB gzip, docs/benchmarks.md, for these 2,294 MB).
+CU130_WHEELS = {
+    "cuda_bindings-13.5.0-cp311-cp311-manylinux_2_24_x86_64.whl": 8390178, "cuda_pathfinder-1.9.1-py3-none-any.whl": 63462,
+    "cuda_toolkit-13.0.3.0-py2.py3-none-any.whl": 2512, "nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl": 423138758,
+    "nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.whl": 3120526,
+    "nvidia_cuda_crt-13.0.88-py3-none-manylinux2014_x86_64.whl": 134086,
+    "nvidia_cuda_cupti-13.0.85-py3-none-manylinux_2_25_x86_64.whl": 10715597,
+    "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl": 37384532,
+    "nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.whl": 90215200,
+    "nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.whl": 2243632,
+    "nvidia_cudnn_cu13-9.24.0.43-py3-none-manylinux_2_27_x86_64.whl": 553099438,
+    "nvidia_cufft-12.0.0.61-py3-none-manylinux2014_x86_64.whl": 214085489,
+    "nvidia_cufile-1.15.1.6-py3-none-manylinux2014_x86_64.whl": 1223672,
+    "nvidia_curand-10.4.0.35-py3-none-manylinux_2_27_x86_64.whl": 59544258,
+    "nvidia_cusolver-12.0.4.66-py3-none-manylinux_2_27_x86_64.whl": 200941980,
+    "nvidia_cusparse-12.6.3.3-py3-none-manylinux2014_x86_64.whl": 145942937,
+    "nvidia_cusparselt_cu13-0.8.1-py3-none-manylinux2014_x86_64.whl": 170148586,
+    "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl": 215965170,
+    "nvidia_nvjitlink-13.5.37-py3-none-manylinux2010_x86_64.whl": 46642491,
+    "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.whl": 60412546,
+    "nvidia_nvtx-13.0.85-py3-none-manylinux1_x86_64.whl": 148047,
+    "nvidia_nvvm-13.0.88-py3-none-manylinux2010_x86_64.whl": 61601415,
+    "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl": 554581699,
+    "torchvision-0.29.1-cp311-cp311-manylinux_2_28_x86_64.whl": 7430666,
+    "triton-3.8.0-cp311-cp311-manylinux_2_27_x86_64.whl": 247945226,
+}
+
+
+def test_the_cuda_rows_venv_layers_are_each_filled_and_under_the_limit():
+    """build_inputs/layers.py's split of a CUDA 13.0 row's wheels: no venv layer empty (an empty RUN's layer would be
+    marked empty_layer, and the image would lack a step the others have), none over the layout check's limit, and
+    the start-up libraries (cuBLAS, NVRTC) in the first."""
+    from torchimages.build_inputs.layers import VENV_LAYERS, layer_of, wheel_name
+
+    sizes = {layer.name: 0 for layer in VENV_LAYERS}
+    for wheel, size in CU130_WHEELS.items():
+        sizes[layer_of(wheel_name(wheel)).name] += size
+    assert all(sizes[layer.name] for layer in VENV_LAYERS if layer.name != "rest"), sizes
+    assert max(sizes.values()) <= COMPRESSED_LIMIT, sizes
+    assert layer_of("nvidia-cublas").name == layer_of("nvidia-cuda-nvrtc").name == VENV_LAYERS[0].name == "cuda_start"
+    assert layer_of("nvidia-cudnn-cu12").name == "cudnn" and layer_of("nvidia-nccl-cu13").name == "cuda"
