@@ -130,3 +130,17 @@ def test_the_cuda_rows_venv_layers_are_each_filled_and_under_the_limit():
     assert max(sizes.values()) <= COMPRESSED_LIMIT, sizes
     assert layer_of("nvidia-cublas").name == layer_of("nvidia-cuda-nvrtc").name == VENV_LAYERS[0].name == "cuda_start"
     assert layer_of("nvidia-cudnn-cu12").name == "cudnn" and layer_of("nvidia-nccl-cu13").name == "cuda"
+
+
+def test_measured_sizes_are_kept_by_diff_id_and_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
+    from torchimages.verify import image_layers
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    image_layers.keep_sizes({1: {"sha256:" + "a" * 64: 10}, 6: {}})
+    image_layers.keep_sizes({1: {"sha256:" + "b" * 64: 20}, 6: {"sha256:" + "b" * 64: 15}})
+    assert image_layers.cached_sizes() == {1: {"sha256:" + "a" * 64: 10, "sha256:" + "b" * 64: 20},
+                                           6: {"sha256:" + "b" * 64: 15}}
+    cache = tmp_path / "torchimages" / image_layers.SIZES_CACHE
+    for damaged in ("{", "[]", '{"1": {"sha256:x": "ten", "other": 3}}'):
+        cache.write_text(damaged)
+        assert image_layers.cached_sizes() == {1: {}, 6: {}}

@@ -7,22 +7,31 @@ gzipped at level 1, counting the output: a bound from above on what the push wri
 skopeo uses), three times as fast. Only a layer over the limit even so is measured again at level 6, from a second
 save, before the check fails it. (Docker 20.10 writes a save into a temporary folder first, so a save costs the
 image's size on the engine's disk for a moment.) A layer whose files are under the limit is not compressed at all:
-its gzip is not larger.
+its gzip is not larger. A layer's gzip size is a function of its content, so each measured size is kept by diff id in
+the user's cache folder (SIZES_CACHE): an image derived from one measured before (the devel row on its runtime's
+layers, a nightly's unchanged layers) is not saved again.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import tarfile
 import zlib
+from collections.abc import Mapping
+from pathlib import Path
 
 import docker
 import docker.errors
 
 from ..build.reproducible import ChunkReader
 from ..checks.layout import COMPRESSED_LIMIT
+from ..files import atomic_write_json
+from ..model import TorchImagesError
 
 FAST_LEVEL, PUSH_LEVEL = 1, 6
+SIZES_CACHE = "layer-gzip-sizes.json"  # {"<level>": {diff id: bytes}} in cache_folder()
 # `#(nop) ` marks a history entry of an instruction that ran no command; of those, only COPY and ADD write a layer.
 METADATA_ONLY = re.compile(r"#\(nop\)\s+(?!COPY\b|ADD\b)[A-Z]+\b", re.ASCII)
 
@@ -42,15 +51,55 @@ def _layer_facts(api: docker.APIClient, image_id: str, limit: int) -> dict:
     # A gzip of incompressible bytes adds about 0.03%: a layer just under the limit is measured too.
     large = {layer["diff_id"] for layer in layers if layer["size"] is None or layer["size"] > limit * 0.99}
     if large:
-        sizes = gzip_sizes(api.get_image(image_id), large, limit * 0.99, FAST_LEVEL)
+        known = cached_sizes()
+        sizes = {diff_id: known[FAST_LEVEL][diff_id] for diff_id in large if diff_id in known[FAST_LEVEL]}
+        if large - set(sizes):
+            sizes.update(gzip_sizes(api.get_image(image_id), large - set(sizes), limit * 0.99, FAST_LEVEL))
         over = {diff_id for diff_id, size in sizes.items() if size > limit}
-        if over:
-            sizes.update(gzip_sizes(api.get_image(image_id), over, limit * 0.99, PUSH_LEVEL))
+        exact = {diff_id: known[PUSH_LEVEL][diff_id] for diff_id in over if diff_id in known[PUSH_LEVEL]}
+        if over - set(exact):
+            exact.update(gzip_sizes(api.get_image(image_id), over - set(exact), limit * 0.99, PUSH_LEVEL))
+        keep_sizes({FAST_LEVEL: sizes, PUSH_LEVEL: exact})
         for layer in layers:
-            layer["gzip_size"] = sizes.get(layer["diff_id"])
-            layer["gzip_level"] = (PUSH_LEVEL if layer["diff_id"] in over else FAST_LEVEL) \
+            layer["gzip_size"] = exact.get(layer["diff_id"], sizes.get(layer["diff_id"]))
+            layer["gzip_level"] = (PUSH_LEVEL if layer["diff_id"] in exact else FAST_LEVEL) \
                 if layer["diff_id"] in sizes else None
     return {"layers": layers, "limit": limit}
+
+
+def cache_folder(environ: Mapping[str, str] = os.environ) -> Path:
+    """The user's cache folder (XDG_CACHE_HOME, else ~/.cache), as publish keeps its pushes' blob-info there."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchimages"
+
+
+def cached_sizes() -> dict[int, dict[str, int]]:
+    """The gzip sizes measured before, by level and diff id; none where the file is absent or not what keep_sizes
+    writes (a cache: never an error, only a measurement again)."""
+    found: dict[int, dict[str, int]] = {FAST_LEVEL: {}, PUSH_LEVEL: {}}
+    try:
+        document = json.loads((cache_folder() / SIZES_CACHE).read_text())
+    except (OSError, ValueError):
+        return found
+    for level in found:
+        entries = document.get(str(level)) if isinstance(document, dict) else None
+        if isinstance(entries, dict):
+            found[level] = {key: value for key, value in entries.items()
+                            if isinstance(key, str) and key.startswith("sha256:") and type(value) is int}
+    return found
+
+
+def keep_sizes(measured: dict[int, dict[str, int]]) -> None:
+    """Add measured sizes to the cache (merged with what another run kept meanwhile); a folder that cannot be written
+    is left alone: the next run measures again."""
+    known = cached_sizes()
+    for level, sizes in measured.items():
+        known[level].update(sizes)
+    folder = cache_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / SIZES_CACHE, {str(level): sizes for level, sizes in known.items()}, root=folder)
+    except (OSError, TorchImagesError):
+        pass
 
 
 def matched_layers(diff_ids: list[str], history: list[dict]) -> list[dict]:
