@@ -38,24 +38,30 @@ def ensure_cosign() -> Path:
     found = cosign_path()
     if found:
         return found
-    with tempfile.TemporaryDirectory(prefix="cosign-apt-", dir=_tools_dir()) as scratch:
+    unpack_debian_package("cosign", SUITE, UNPACKED)
+    if not _runs(BINARY):
+        raise RuntimeError(f"{BINARY} was unpacked but does not run (`{BINARY} version`)")
+    return BINARY
+
+
+def unpack_debian_package(package: str, suite: str, into: Path) -> None:
+    """Debian's package from suite, fetched with `apt-get download` through a private sources list and package lists
+    under .tools/ and unpacked into `into`: the machine's apt setup is not touched."""
+    with tempfile.TemporaryDirectory(prefix=f"{package}-apt-", dir=_tools_dir()) as scratch:
         work = Path(scratch)
         (work / "lists" / "partial").mkdir(parents=True)
         (work / "cache" / "archives" / "partial").mkdir(parents=True)
         sources = work / "sources.list"
-        sources.write_text(f"deb [signed-by={KEYRING}] {debian_mirror()} {SUITE} main\n")
+        sources.write_text(f"deb [signed-by={KEYRING}] {debian_mirror()} {suite} main\n")
         options = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
                    "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
                    "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root"]
         subprocess.run(["apt-get", *options, "-qq", "update"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", *options, "-qq", "download", "cosign"], check=True, cwd=work,
+        subprocess.run(["apt-get", *options, "-qq", "download", package], check=True, cwd=work,
                        stdout=subprocess.DEVNULL)
-        package = next(work.glob("cosign_*.deb"))
-        shutil.rmtree(UNPACKED, ignore_errors=True)
-        subprocess.run(["dpkg-deb", "-x", str(package), str(UNPACKED)], check=True)
-    if not _runs(BINARY):
-        raise RuntimeError(f"{BINARY} was unpacked but does not run (`{BINARY} version`)")
-    return BINARY
+        downloaded = next(work.glob(f"{package}_*.deb"))
+        shutil.rmtree(into, ignore_errors=True)
+        subprocess.run(["dpkg-deb", "-x", str(downloaded), str(into)], check=True)
 
 
 def debian_mirror() -> str:

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.cosign import KEYRING, TOOLS, debian_mirror
+from devtools.cosign import TOOLS, unpack_debian_package
 
 UNPACKED = TOOLS / "stargz-snapshotter"
 BINARY = UNPACKED / "usr" / "bin" / "ctr-remote"
@@ -64,22 +64,7 @@ def ensure_ctr_remote() -> Path:
     found = ctr_remote_path()
     if found:
         return found
-    TOOLS.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="stargz-apt-", dir=TOOLS) as scratch:
-        work = Path(scratch)
-        (work / "lists" / "partial").mkdir(parents=True)
-        (work / "cache" / "archives" / "partial").mkdir(parents=True)
-        sources = work / "sources.list"
-        sources.write_text(f"deb [signed-by={KEYRING}] {debian_mirror()} {SUITE} main\n")
-        options = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
-                   "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
-                   "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root"]
-        subprocess.run(["apt-get", *options, "-qq", "update"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", *options, "-qq", "download", PACKAGE], check=True, cwd=work,
-                       stdout=subprocess.DEVNULL)
-        package = next(work.glob(f"{PACKAGE}_*.deb"))
-        shutil.rmtree(UNPACKED, ignore_errors=True)
-        subprocess.run(["dpkg-deb", "-x", str(package), str(UNPACKED)], check=True)
+    unpack_debian_package(PACKAGE, SUITE, UNPACKED)
     if not _runs(BINARY):
         raise RuntimeError(f"{BINARY} was unpacked but does not run (`{BINARY} --version`)")
     return BINARY
