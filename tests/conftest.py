@@ -248,7 +248,7 @@ def docker_client(engine_env):
 # step) take this lock, as the CUDA rows' build does: the engine's classic builder takes a cached step from the newest
 # image that step made, so such a build between a CUDA row's runtime and devel builds parts the flavors' layers (seen
 # once with the engine tests on two processes: the devel image shared only its base with the runtime). The secrets
-# build does not take it: it runs on the CUDA rows' side, before them.
+# build takes it too: test_build's --prune-build-stages removed a stage image it was about to copy from (2026-11-29).
 SHARED_STEPS = "builds-of-the-shared-steps"
 
 

@@ -25,7 +25,7 @@ from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 
 from .build_fixtures import make_wheel
-from .conftest import ROOT, run_cli, with_live_compat
+from .conftest import ROOT, SHARED_STEPS, one_process_at_a_time, run_cli, with_live_compat
 
 TOKEN = "0123456789abcdef" * 3  # the build's secret, as new_token() makes one
 
@@ -228,7 +228,7 @@ def test_the_server_unpacks_only_the_wheels_it_serves(tmp_path):
 
 # ---------------------------------------------------------------------------------------- on the engine
 
-def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhouse, tmp_path):
+def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhouse, tmp_path, tmp_path_factory):
     """A CA bundle and an index token given to a build are in no layer and no history entry."""
     ca_marker, token_marker = "CA-MARKER-5f1e2d", "TOKEN-MARKER-9a8b7c"
     ca_bundle = tmp_path / "corporate-ca.pem"
@@ -237,9 +237,10 @@ def test_secrets_never_reach_the_final_image(engine_env, docker_client, wheelhou
     matrix.write_text((ROOT / "matrix.yaml").read_text().replace("localhost:5000/ml/pytorch", "localhost:5000/test/secrets"))
     with_live_compat(matrix)
     reports = tmp_path / "reports"
-    run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
-            "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
-            "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
+    with one_process_at_a_time(tmp_path_factory, SHARED_STEPS):  # a prune of the stages would pull them from under it
+        run_cli("--matrix", str(matrix), "--reports", str(reports), "build", "2.13.0-cpu-runtime",
+                "--wheelhouse", str(wheelhouse), "--ca-bundle", str(ca_bundle),
+                "--pip-index-url", f"https://ci:{token_marker}@mirror.example.com/simple", check_exit=0)
     image = docker_client.images.get("localhost:5000/test/secrets:2.13.0-cpu-runtime")
     history = json.dumps(image.history()) + json.dumps(image.attrs)
     assert ca_marker not in history and token_marker not in history

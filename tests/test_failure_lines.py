@@ -45,6 +45,8 @@ def diagnosed(name: str) -> tuple[str, str]:
     ("pull-access-denied.log", "base image nvidia/cuda:13.2.0-cudnn-runtime-ubuntu24.04 is not on the engine",
      "`docker pull nvidia/cuda:13.2.0-cudnn-runtime-ubuntu24.04`"),
     ("no-such-image.log", "base image debian:bookworm is not on the engine", "Offline bases"),
+    # Recorded from an engine test (2026-11-29): another process's --prune-build-stages mid-build. Not the base.
+    ("stage-removed.log", "the image of its build stage `entrypoint` was removed while the build ran", "build it again"),
     ("apt-name-resolution.log", "apt could not resolve its mirror deb.debian.org", "HTTP_PROXY"),
 ])
 def test_each_recorded_failure_gets_its_cause_and_remedy(log, cause, remedy):

@@ -23,6 +23,8 @@ TIMED_OUT = re.compile(r"(?:Connect|Read)TimeoutError|timed out", re.ASCII)
 PROXY = re.compile(r"ProxyError\('Cannot connect to proxy", re.ASCII)
 BASE_MISSING = re.compile(r"pull access denied for (\S+?),|No such image: (\S+)|manifest for (\S+) not found"
                           r"|manifest unknown", re.ASCII)
+# A stage's image the build made earlier, gone before a later step copies from it (a prune on the engine meanwhile).
+STAGE_GONE = re.compile(r"invalid from flag value (\S+): No such image", re.ASCII)
 FROM_STEP = re.compile(r"^Step [0-9]+/[0-9]+ : ARG BASE_IMAGE=(\S+)", re.MULTILINE | re.ASCII)
 APT_UNRESOLVED = re.compile(r"Temporary failure resolving '([^']+)'|Could not resolve '([^']+)'", re.ASCII)
 APT_FAILED = re.compile(r"^(E: .+)$", re.MULTILINE | re.ASCII)
@@ -54,6 +56,10 @@ def diagnose(build_log_text: str, tag: str = "TAG") -> tuple[str, str]:
     pip = _pip(text, tag)
     if pip:
         return pip
+    stage = STAGE_GONE.search(text)
+    if stage:
+        return (f"the image of its build stage `{stage.group(1)}` was removed while the build ran (a `docker image "
+                "prune`, or another run's `--prune-build-stages`, on the engine)", "build it again")
     base = BASE_MISSING.search(text)
     if base:
         named = FROM_STEP.search(text)

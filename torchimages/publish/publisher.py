@@ -197,6 +197,7 @@ class Publisher:
         # tag -> the SBOM, verification report and VEX attested to its digest (its multi-arch index's are made from
         # them) and the fixes it carries that the row's previous digest lacked
         self.attested: dict[str, dict] = {}
+        self.predicates: dict[str, dict] = {}  # tag -> every predicate attested to its digest (its lazy variant's too)
         self.recorded: dict[str, CatalogEntry] = {}  # each row's catalog entry before this run
 
     def publish_all(self, specs: list[ImageSpec]) -> list[PublishResult]:
@@ -421,7 +422,8 @@ class Publisher:
                                         sbom, report.finished_at or utc_timestamp(), today),
         }
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
-                                   "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed, "predicates": predicates}
+                                   "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}
+        self.predicates[spec.tag] = predicates
         signed = self._sign_and_attest(key, result.digest, predicates)
         self.log(f"{spec.tag}: {signing_statuses(signed)}; signed with key {key.public.fingerprint}")
         return signed
@@ -444,7 +446,7 @@ class Publisher:
         result.created.append(tag)
         key = self.options.signing_key
         if key is not None:
-            predicates = lazy.variant_predicates(self.attested[spec.tag]["predicates"], result.digest)
+            predicates = lazy.variant_predicates(self.predicates[spec.tag], result.digest)
             self._sign_and_attest(key, variant.digest, predicates)
         self.log(f"{spec.tag}: {tag}: {variant.summary()}"
                  + ("" if prefetch else f"; no start-up set measured (`torchimages startup-set {spec.tag}`)"))
