@@ -9,15 +9,19 @@ request), each request answered after a fixed latency (5 ms) and every byte thro
   applied), the layers one after another as an engine applies them;
 - lazy (lazy_pull, then on_demand): each layer's footer and TOC, then its prefetch area [0, landmark) in one range
   request, whose files are materialised from their members as the bytes arrive; then, for the files a start reads
-  that no prefetch area held, their members, one range request per contiguous span (a file's chunks are contiguous).
-  The other entries' metadata, which a snapshotter serves from the TOC in memory, are not written out.
+  that no prefetch area held, their members, one range request per contiguous span (a file's chunks are contiguous):
+  of a file the start reads only in part (a startup-set record's ranges), only the chunks holding a byte it reads, as
+  a snapshotter fetches a chunk when a read reaches it. The other entries' metadata, which a snapshotter serves from
+  the TOC in memory, are not written out.
 R_emulated = lazy seconds / full seconds; B = the bytes the lazy client fetched / the bytes of the blobs it reads.
 
     python bench/lazy_pull_bench.py --selftest                  # a synthetic 200 MB layer made in a temporary folder
     python bench/lazy_pull_bench.py IMAGE.tar STARTUP.json      # IMAGE.tar from `docker save`
 
 STARTUP.json: a list of the paths a start reads (all prefetched), {"prefetch": [...], "on_demand": [...]}, or the
-record `torchimages startup-set TAG` writes (REPORTS/<tag>/startup-set.json: its files, all prefetched). The full
+record `torchimages startup-set TAG` writes (REPORTS/<tag>/startup-set.json), laid out as `publish --lazy` lays it
+out: the files read in every chunk prefetched, the others read by chunk on demand (`--whole-files`: all prefetched
+whole, as before; `--chunk-kib`: the chunk size). The full
 client pulls the layers as plain gzip (what a user pulls today), the lazy one their eStargz form; both are made here
 (torchimages/publish/estargz.py), at gzip level 6. No start proxy runs in a container yet: the emulated start reads
 back the files it needs, in both trees. Both clients unpack in Python (zlib, tarfile), at the same cost per byte and
@@ -42,7 +46,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,7 +56,7 @@ from typing import BinaryIO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.publish import estargz  # noqa: E402
+from torchimages.publish import estargz, lazy  # noqa: E402
 
 RATE = 125_000_000  # bytes a second: a 1 Gbit/s link
 LATENCY_S = 0.005  # before the first byte of every request
@@ -307,10 +311,11 @@ def _place(entry: estargz.TocEntry, dest: Path) -> None:
 
 def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
     target = _target(dest, entry.name)
-    if entry.chunk_offset == 0:
+    if entry.chunk_offset == 0 or not target.is_file():  # a later chunk may be the first one a start reads
         target.parent.mkdir(parents=True, exist_ok=True)
         _clear(target)
-    with target.open("r+b" if entry.chunk_offset else "wb") as out:
+        target.touch()
+    with target.open("r+b") as out:
         out.seek(entry.chunk_offset)
         out.write(estargz.chunk_content(member, entry))
     if entry.type == "reg":
@@ -375,11 +380,12 @@ def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estarg
     return (*found, links) if found else None
 
 
-def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[str],
-              dest: Path) -> tuple[float, int]:
+def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[str], dest: Path,
+              ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> tuple[float, int]:
     """The members of files (each from the top-most layer holding it, the links on the way placed too), one range
-    request per contiguous span: (seconds, entries it could not place). The TOCs are already here: their ranges are
-    not fetched again."""
+    request per contiguous span: (seconds, entries it could not place). A file with ranges (what a start reads of it)
+    gets only the chunks holding a byte of them, as a snapshotter fetches a chunk when a read reaches it. The TOCs
+    are already here: their ranges are not fetched again."""
     started, skipped = time.perf_counter(), 0
     for path in files:
         found = _resolve(mounted, path)
@@ -389,14 +395,19 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
         for link in links:
             skipped += _placed(_place, link, dest)
         entries = layer.toc.data(entry.name)
+        if ranges is not None and path in ranges:
+            entries = [chunk for chunk in entries if any(start < chunk.chunk_offset + chunk.chunk_size and
+                                                         end > chunk.chunk_offset for start, end in ranges[path])]
         if not entries:
             skipped += _placed(_place, entry, dest)
         for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries):
-            data = client.get(layer.name, start, end - start)
-            for chunk in entries:
+            response, position = client.open(layer.name, start, end - start), start
+            for chunk in entries:  # in blob order: each member written as its bytes arrive
                 if start <= chunk.offset < end:
-                    skipped += _placed(_write_chunk, chunk, data[chunk.offset - start:chunk.next_offset - start],
-                                       dest)
+                    _skip(response, chunk.offset - position)
+                    skipped += _placed(_write_chunk, chunk, _read(response, chunk.next_offset - chunk.offset), dest)
+                    position = chunk.next_offset
+            _skip(response, end - position)
     return time.perf_counter() - started, skipped
 
 
@@ -432,13 +443,21 @@ def inside(dest: Path, path: str) -> Path:
     return dest.joinpath(*done)
 
 
-def read_back(dest: Path, files: Sequence[str]) -> int:
-    """The emulated start: read the files it needs (through the tree's own links); the bytes read."""
+def read_back(dest: Path, files: Sequence[str], ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> int:
+    """The emulated start: read the files it needs (through the tree's own links), only their ranges where given;
+    the bytes read."""
     total = 0
     for path in files:
         target = inside(dest, path)
-        if target.is_file() and not target.is_symlink():
+        if not target.is_file() or target.is_symlink():
+            continue
+        if ranges is None or path not in ranges:
             total += len(target.read_bytes())
+            continue
+        with target.open("rb") as source:
+            for start, end in ranges[path]:
+                source.seek(start)
+                total += len(source.read(end - start))
     return total
 
 
@@ -453,15 +472,18 @@ def gzip_blob(layer: Path, out: Path, level: int = estargz.LEVEL) -> None:
 
 
 def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[str], work: Path,
-            rate: float = RATE, latency_s: float = LATENCY_S) -> dict:
-    """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts."""
+            rate: float = RATE, latency_s: float = LATENCY_S,
+            ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
+            chunk_size: int = estargz.CHUNK_SIZE) -> dict:
+    """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts. ranges:
+    what the start reads of a demand file (all of it where absent), fetched by chunk and read back alike."""
     blobs: dict[str, Path] = {}
     plain: list[str] = []
     lazy: list[tuple[str, int, str]] = []
     started = time.perf_counter()
     for index, layer in enumerate(layers):
         gzip_blob(layer, work / f"{index}.tar.gz")
-        converted = estargz.convert(layer, work / f"{index}.esgz", prefetch)
+        converted = estargz.convert(layer, work / f"{index}.esgz", prefetch, chunk_size=chunk_size)
         blobs[f"{index}.tar.gz"], blobs[f"{index}.esgz"] = work / f"{index}.tar.gz", work / f"{index}.esgz"
         plain.append(f"{index}.tar.gz")
         lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
@@ -469,10 +491,10 @@ def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[st
     with serving(blobs, rate, latency_s) as server:
         full_client, lazy_client = BlobClient(server.port), BlobClient(server.port)
         full_s, skipped = full_pull(full_client, plain, work / "full")
-        full_s += _timed(read_back, work / "full", [*prefetch, *demand])
+        full_s += _timed(read_back, work / "full", [*prefetch, *demand], ranges)
         prefetch_s, mounted, lazy_skipped = lazy_pull(lazy_client, lazy, work / "lazy")
-        demand_s, demand_skipped = on_demand(lazy_client, mounted, demand, work / "lazy")
-        lazy_s = prefetch_s + demand_s + _timed(read_back, work / "lazy", [*prefetch, *demand])
+        demand_s, demand_skipped = on_demand(lazy_client, mounted, demand, work / "lazy", ranges)
+        lazy_s = prefetch_s + demand_s + _timed(read_back, work / "lazy", [*prefetch, *demand], ranges)
         full_client.close()
         lazy_client.close()
     esgz_bytes = sum(size for _, size, _ in lazy)
@@ -482,7 +504,9 @@ def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[st
             "prefetch_s": round(prefetch_s, 3), "on_demand_s": round(demand_s, 3), "gzip_bytes": gzip_bytes,
             "estargz_bytes": esgz_bytes, "lazy_bytes": lazy_client.fetched, "lazy_requests": lazy_client.requests,
             "full_skipped_entries": skipped, "lazy_skipped_entries": lazy_skipped + demand_skipped,
-            "convert_s": round(convert_s, 1), "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000}
+            "convert_s": round(convert_s, 1), "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000,
+            "chunk_size": chunk_size, "prefetch_files": len(prefetch), "on_demand_files": len(demand),
+            "on_demand_by_chunk": len(ranges or {})}
 
 
 def _timed(function: Callable[..., object], *arguments: object) -> float:
@@ -581,6 +605,22 @@ def saved_layers(image: Path, work: Path) -> list[Path]:
     return layers
 
 
+def split_record(files: dict[str, dict], chunk_size: int,
+                 whole_files: bool = False) -> tuple[list[str], list[str], dict[str, list[list[int]]]]:
+    """A `torchimages startup-set` record as publish --lazy lays it out (lazy.read_whole): (the files prefetched
+    whole, those read on demand, what a start reads of each of those)."""
+    if whole_files:
+        return sorted(files), [], {}
+    prefetch, demand, ranges = [], [], {}
+    for path, entry in sorted(files.items()):
+        if lazy.read_whole(entry["size"], entry["ranges"], chunk_size):
+            prefetch.append(path)
+        else:
+            demand.append(path)
+            ranges[path] = entry["ranges"]
+    return prefetch, demand, ranges
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("image", nargs="?", type=Path, help="an image saved with `docker save`")
@@ -588,22 +628,29 @@ def main() -> int:
     parser.add_argument("--selftest", action="store_true", help="a synthetic 200 MB layer instead of an image")
     parser.add_argument("--rate-mbps", type=float, default=RATE / 1e6, help="the link's MB/s (default 125)")
     parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="per request (default 5)")
+    parser.add_argument("--chunk-kib", type=int, default=estargz.CHUNK_SIZE >> 10,
+                        help="the eStargz chunk size in KiB (default 4096, the Go writer's)")
+    parser.add_argument("--whole-files", action="store_true",
+                        help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")
     options = parser.parse_args()
     if not options.selftest and not (options.image and options.startup):
         parser.error("IMAGE and STARTUP, or --selftest")
+    chunk_size = options.chunk_kib << 10
     with tempfile.TemporaryDirectory(prefix="lazy-pull-", dir=options.work) as scratch:
         work = Path(scratch)
         if options.selftest:
             facts = selftest(work)
         else:
             startup = json.loads(options.startup.read_text())
-            if isinstance(startup, dict) and "files" in startup:  # `torchimages startup-set`'s record: all prefetched
-                startup = sorted(startup["files"])
-            prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
-            demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
+            ranges = None
+            if isinstance(startup, dict) and "files" in startup:  # `torchimages startup-set`'s record
+                prefetch, demand, ranges = split_record(startup["files"], chunk_size, options.whole_files)
+            else:
+                prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
+                demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
             facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
-                            options.latency_ms / 1000)
+                            options.latency_ms / 1000, ranges, chunk_size)
     print(json.dumps(facts, sort_keys=True))
     return 0
 

@@ -373,3 +373,63 @@ def test_the_bench_never_writes_through_a_link_out_of_its_tree(tmp_path):
         bench._target(tmp_path / "tree", "/etc/away/x")
     (tmp_path / "tree/etc/rooted").symlink_to("/opt")  # the start reads it as a chroot would: from the tree's root
     assert bench.inside(tmp_path / "tree", "etc/rooted/x") == tmp_path / "tree/opt/x"
+
+
+# What goes into the prefetch area (publish/lazy.py): files a start reads in every chunk; of the others, only the
+# chunks a read touches, fetched when read.
+
+
+def test_only_a_file_read_in_every_chunk_is_prefetched_whole():
+    from torchimages.publish import lazy
+
+    size = 3 * CHUNK + 10  # four chunks, the last 10 bytes
+    assert lazy.chunks_read(size, [[0, 1], [CHUNK - 1, CHUNK + 1], [3 * CHUNK + 9, 3 * CHUNK + 10]]) == {0, 1, 3}
+    assert not lazy.read_whole(size, [[0, 1], [CHUNK - 1, CHUNK + 1], [3 * CHUNK + 9, 3 * CHUNK + 10]])
+    assert lazy.read_whole(size, [[0, 1], [CHUNK - 1, CHUNK + 1], [2 * CHUNK, 2 * CHUNK + 1], [size - 1, size]])
+    assert lazy.read_whole(4096, [[0, 4096]]) and lazy.read_whole(100, [[50, 51]])  # one chunk: read at all, whole
+    assert lazy.chunks_read(size, [[5, 5]]) == set()  # an empty range touches nothing
+    assert not lazy.read_whole(2 * CHUNK, [[0, 4096]], chunk_size=CHUNK)
+    assert lazy.read_whole(2 * CHUNK, [[0, 4096]], chunk_size=4 * CHUNK)
+
+
+def test_the_prefetch_areas_leave_a_partly_read_library_to_be_read_on_demand(tmp_path):
+    from torchimages.publish import lazy
+
+    record = {"image_id": "sha256:" + "a" * 64, "layers": [{"diff_id": "sha256:" + "1" * 64},
+                                                           {"diff_id": "sha256:" + "2" * 64}],
+              "files": {"/opt/libbig.so": {"layer": 1, "size": 10 * CHUNK, "ranges": [[0, CHUNK]]},
+                        "/opt/small.py": {"layer": 1, "size": 900, "ranges": [[0, 900]]},
+                        "/usr/lib/os-release": {"layer": 0, "size": 267, "ranges": [[0, 267]]},
+                        "/old": {"layer": 0, "ranges": [[0, 1]]}}}  # recorded before sizes: prefetched, as then
+    (tmp_path / "row").mkdir()
+    (tmp_path / "row" / lazy.STARTUP_RECORD).write_text(json.dumps(record))
+    assert lazy.prefetch_by_layer(tmp_path, "row", record["image_id"]) == {
+        "sha256:" + "1" * 64: ["/old", "/usr/lib/os-release"], "sha256:" + "2" * 64: ["/opt/small.py"]}
+    assert lazy.prefetch_by_layer(tmp_path, "row", "sha256:" + "b" * 64) == {}  # measured on another image
+
+
+def test_the_bench_fetches_only_the_chunks_a_start_reads_of_a_partly_read_file(tmp_path):
+    from bench import lazy_pull_bench as bench
+
+    rng = random.Random(11)
+    library, module = rng.randbytes(5 * CHUNK + 100), rng.randbytes(3000)
+    with tarfile.open(tmp_path / "layer.tar", "w") as archive:
+        _add(archive, "opt", type=tarfile.DIRTYPE, mode=0o755)
+        _add(archive, "opt/libbig.so", library)
+        _add(archive, "opt/mod.py", module)
+    reads = [[10, 20], [3 * CHUNK + 5, 3 * CHUNK + 4096]]  # chunks 0 and 3 of 6
+    record = {"/opt/libbig.so": {"size": len(library), "ranges": reads},
+              "/opt/mod.py": {"size": len(module), "ranges": [[0, 3000]]}}
+    prefetch, demand, ranges = bench.split_record(record, CHUNK)
+    assert (prefetch, demand) == (["/opt/mod.py"], ["/opt/libbig.so"])
+    facts = bench.measure([tmp_path / "layer.tar"], prefetch, demand, tmp_path, rate=1e9, latency_s=0, ranges=ranges)
+    lazy_copy, full_copy = (tmp_path / "lazy/opt/libbig.so").read_bytes(), (tmp_path / "full/opt/libbig.so").read_bytes()
+    for start, end in reads:
+        assert lazy_copy[start:end] == full_copy[start:end] == library[start:end]
+    assert lazy_copy[CHUNK:2 * CHUNK] == bytes(CHUNK), "a chunk no read touched was fetched"
+    assert (tmp_path / "lazy/opt/mod.py").read_bytes() == module
+    # The footer, the TOC, the prefetch area, then one request for each run of chunks read: chunk 0, then chunk 3.
+    assert facts["lazy_requests"] == 2 + 1 + 2 and facts["on_demand_by_chunk"] == 1
+    assert facts["lazy_bytes"] < 3 * CHUNK
+    whole = bench.split_record(record, CHUNK, whole_files=True)
+    assert whole == (["/opt/libbig.so", "/opt/mod.py"], [], {})
