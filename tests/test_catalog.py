@@ -10,6 +10,8 @@ from torchimages.model import InputError
 from torchimages.publish import catalog as catalog_stage
 from torchimages.publish.catalog import Catalog, load_catalog
 from torchimages.publish.catalog_page import readme, save
+from torchimages.security import trivy
+from torchimages.security.gate import scan_image
 from torchimages.security.sbom import (
     AllowedVulnerability,
     Allowlist,
@@ -20,7 +22,6 @@ from torchimages.security.sbom import (
     parse_grype,
     parse_inventory,
     parse_trivy,
-    scan_image,
 )
 
 from .catalog_fixtures import DIGEST_NEW, DIGEST_OLD, REPOSITORY, entry
@@ -175,8 +176,19 @@ def test_serious_findings_block_unless_allowlisted_and_not_expired():
 
 def test_no_scanner_installed_means_skipped_with_a_message(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(trivy, "find_trivy", lambda: None)  # the test extra's trivy, beside this Python
     result = scan_image("anything:latest", Allowlist())
     assert result.status == "skipped" and "neither trivy nor grype is installed" in result.message
+
+
+def test_an_installed_scanner_without_a_database_is_not_run(monkeypatch):
+    """No download, no hang: without a database given the scanner does not run, and the verdict says why."""
+    monkeypatch.setattr(trivy, "find_trivy", lambda: "/nowhere/trivy")
+    monkeypatch.setattr(trivy, "run_trivy", lambda *args, **kwargs: pytest.fail("trivy ran without a database"))
+    result = scan_image("anything:latest", Allowlist())
+    assert result.status == "skipped" and result.message == (
+        "vulnerability scan skipped: trivy is installed but was given no database to read offline (--scanner-db DIR "
+        "or $TORCHIMAGES_SCANNER_DB; docs/security.md, \"Scanning offline\")")
 
 
 def test_the_committed_allowlist_loads_and_bad_entries_name_their_line(tmp_path):

@@ -21,7 +21,7 @@ from ..project import Project
 from ..publish import catalog
 from ..publish.lazy import LAZY_FORMATS, LAZY_SUFFIX
 from ..publish.publisher import ALLOWLIST_NAME, PublishOptions
-from ..security import freshness, sbom
+from ..security import freshness, sbom, trivy
 from ..trust import keys, signing
 from ..trust.referrers import SIGNATURE_FORMATS
 from .console import log
@@ -186,6 +186,34 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--security-mirror", metavar="URL|DIR",
                         help="the OS's security archive the gate compares each image with: a mirror, or a folder "
                              "holding a saved index (default: compat.yaml's os.<name>.security.url)")
+    add_scanner_db_argument(parser)
+
+
+def add_scanner_db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scanner-db", type=Path, metavar="DIR",
+                        help="the vulnerability database the installed scanner reads, offline (it never downloads "
+                             "one): for trivy, a folder holding the team's mirrored trivy.db and metadata.json (or "
+                             "their db/ folder); for grype, its database cache folder; without one the scanner is not "
+                             f"run, and the gate says so (default: ${trivy.SCANNER_DB_VARIABLE})")
+
+
+def scanner_db(args: argparse.Namespace) -> Path | None:
+    """--scanner-db, else $TORCHIMAGES_SCANNER_DB, checked before anything runs: a folder trivy (where installed)
+    finds its database in, or an InputError naming what is missing (exit 2). None: no database given."""
+    given, source = getattr(args, "scanner_db", None), "--scanner-db"
+    if given is None and os.environ.get(trivy.SCANNER_DB_VARIABLE):
+        given, source = Path(os.environ[trivy.SCANNER_DB_VARIABLE]), f"${trivy.SCANNER_DB_VARIABLE}"
+    if given is None:
+        return None
+    try:
+        if trivy.find_trivy():
+            trivy.database_folder(given)
+        elif not given.is_dir():
+            raise InputError([Problem(str(given), 0, f"no such folder: {trivy.DB_FIX}")])
+    except InputError as error:
+        raise InputError([Problem(problem.file, problem.line, f"{problem.message} (the {source} given)")
+                          for problem in error.problems]) from None
+    return given
 
 
 def publish_options(project: Project, args: argparse.Namespace) -> PublishOptions:
@@ -203,6 +231,7 @@ def publish_options(project: Project, args: argparse.Namespace) -> PublishOption
         signature_format=args.signature_format, lazy=getattr(args, "lazy", None),
         security=freshness.Checker(load_compat(project.compat), str(project.compat), args.security_mirror, log),
         push_cache=publish_cache_folder(os.environ), base_pins=read_lock(project.lock_file),
+        scanner_db=scanner_db(args),
     )
 
 

@@ -43,7 +43,6 @@ from ..security.sbom import (
     collect_inventory,
     cyclonedx,
     sbom_path,
-    scan_image,
     write_sbom,
 )
 from ..trust import attestations, bundles
@@ -169,6 +168,9 @@ class PublishOptions:
     # referrers), or both (trust/referrers.SIGNATURE_FORMATS).
     signature_format: str = "both"
     lazy: str | None = None  # also a lazily pullable variant of each image (lazy.LAZY_FORMATS), beside it
+    # The vulnerability database the installed scanner (trivy, else grype) reads offline at the gate; None: the
+    # scanner is not run, and the verdict says so (it never downloads one).
+    scanner_db: Path | None = None
 
 
 @dataclass
@@ -392,11 +394,13 @@ class Publisher:
         return result
 
     def _scan(self, spec: ImageSpec, inventory: Inventory) -> ScanResult:
-        """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed."""
+        """One verdict from the OS's security index (fixable OS updates) and trivy or grype where installed and given
+        a database (offline)."""
         allowlist, today = self.options.allowlist, datetime.now().date()
         fixes = security_gate.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today,
                                inventory.apt_suites)
-        return security_gate.merge([fixes, scan_image(local_name(spec), allowlist)])
+        scanned = security_gate.scan_image(local_name(spec), allowlist, self.options.scanner_db)
+        return security_gate.merge([fixes, scanned])
 
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, result: PublishResult,
                 inventory: Inventory | None = None) -> dict:

@@ -1,12 +1,22 @@
 """The publish gate: the security index's findings on an image judged against the project's allowlist, in one
-verdict, and a refusal a person can act on (what freshness.py reads, judged here; the scanner's verdict merged in)."""
+verdict, and a refusal a person can act on (what freshness.py reads, judged here; the scanner's verdict merged in).
+The scanner (trivy, else grype, where installed) runs offline against the database the team gives, or not at all:
+never a download of its own."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 from ..invocation import command
+from ..model import InputError
+from . import trivy
 from .freshness import Checker, Fixable, Installed, RowSecurity, archive_for, fix_age
-from .sbom import Allowlist, Finding, ScanResult
+from .sbom import Allowlist, Finding, ScanResult, parse_grype
+from .sbom import judge as judge_findings
 
 SHOWN_PACKAGES = 3  # packages a refusal names; the publish report lists every one with its CVEs
 
@@ -101,3 +111,48 @@ def merge(verdicts: list[ScanResult]) -> ScanResult:
     message = "; ".join(verdict.message.removeprefix(f"{verdict.scanner}: ") for verdict in verdicts if verdict.message)
     return ScanResult(status, sources, f"judged by {sources}: {message}",
                       [f for v in judged for f in v.blocking], [a for v in judged for a in v.allowed])
+
+
+def scan_image(image: str, allowlist: Allowlist, scanner_db: Path | None = None) -> ScanResult:
+    """The installed scanner's verdict on image, in the Docker engine (DOCKER_HOST), read offline from scanner_db:
+    trivy (trivy.find_trivy) or else grype. Skipped, saying why in one line, when neither is installed or no
+    database was given; failed, saying why, when the scanner cannot run."""
+    found = trivy.find_trivy()
+    scanner = "trivy" if found else ("grype" if shutil.which("grype") else "")
+    if not scanner:
+        return ScanResult("skipped", message="vulnerability scan skipped: neither trivy nor grype is installed")
+    if scanner_db is None:
+        return ScanResult("skipped", message=f"vulnerability scan skipped: {scanner} is installed but was given no "
+                                             f"database to read offline (--scanner-db DIR or "
+                                             f"${trivy.SCANNER_DB_VARIABLE}; docs/security.md, \"Scanning offline\")")
+    today = dt.date.today()
+    if found:
+        try:
+            report = trivy.run_trivy(image, scanner_db, source="docker", trivy=found)
+        except (trivy.ScannerError, InputError) as error:
+            return ScanResult("failed", "trivy", f"{' '.join(str(error).split())}; fix the scanner's database "
+                                                 f"({scanner_db}) or uninstall trivy")
+        return judge_findings(report.findings, allowlist, today, "trivy")
+    return _grype(image, allowlist, scanner_db, today)
+
+
+def _grype(image: str, allowlist: Allowlist, scanner_db: Path, today: dt.date) -> ScanResult:
+    """Grype from its database cache folder, with no update or version check (untested here: Grype is not
+    installable on the test hosts)."""
+    environment = {**os.environ, "GRYPE_DB_CACHE_DIR": str(scanner_db), "GRYPE_DB_AUTO_UPDATE": "false",
+                   "GRYPE_CHECK_FOR_APP_UPDATE": "false"}
+    try:
+        finished = subprocess.run(["grype", "--quiet", "--output", "json", f"docker:{image}"], capture_output=True,
+                                  text=True, timeout=trivy.TIMEOUT_S, check=False, env=environment,
+                                  stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return ScanResult("failed", "grype", f"grype did not finish scanning {image} in {trivy.TIMEOUT_S} s")
+    if finished.returncode != 0:
+        return ScanResult("failed", "grype", f"grype could not scan {image} (exit {finished.returncode}: "
+                                             f"{trivy.failure_line(finished.stderr)}); fix its database "
+                                             f"({scanner_db}) or uninstall it")
+    try:
+        document = json.loads(finished.stdout or "{}")
+    except ValueError:
+        return ScanResult("failed", "grype", f"grype's report on {image} is not JSON")
+    return judge_findings(parse_grype(document), allowlist, today, "grype")

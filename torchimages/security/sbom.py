@@ -2,16 +2,15 @@
 
 The SBOM lists what is really inside the image (the OS's package database, whichever of dpkg, rpm and apk the image
 has, and pip's view of the venv, read in a container started from it), so it cannot disagree with the bits users pull
-and needs nothing from the OS family's table. The scan runs trivy or grype when one is installed;
-findings at the allowlist's `fail_on` severities block publishing unless allowlisted (with a reason, until a date).
+and needs nothing from the OS family's table. A scanner's findings (trivy or grype, run offline by the publish gate:
+gate.scan_image, trivy.py) at the allowlist's `fail_on` severities block publishing unless allowlisted (with a
+reason, until a date).
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import re
-import shutil
-import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +60,6 @@ JUSTIFICATIONS = ("component_not_present", "vulnerable_code_not_present", "vulne
                   "vulnerable_code_cannot_be_controlled_by_adversary", "inline_mitigations_already_exist")
 ALLOWLIST_SUBJECTS = ("cve", "package")  # a vulnerability, or an OS package whose security fixes are not taken yet
 PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+", re.ASCII)  # Debian policy 5.6.1
-SCAN_TIMEOUT_S = 1800
 
 
 class SbomError(TorchImagesError):
@@ -279,6 +277,7 @@ class Finding:
     package: str
     version: str
     severity: str
+    fixed: str = ""  # the version that fixes it, where the scanner names one
 
     def __str__(self) -> str:
         return f"{self.id} ({self.severity}) in {self.package} {self.version}"
@@ -297,18 +296,23 @@ class ScanResult:
                 "blocking": [str(finding) for finding in self.blocking], "allowed": self.allowed}
 
 
+def trivy_finding(item: dict) -> Finding:
+    """One of Trivy's JSON report's vulnerabilities (or a VEX-suppressed finding's `Finding`)."""
+    return Finding(str(item.get("VulnerabilityID", "")), str(item.get("PkgName", "")),
+                   str(item.get("InstalledVersion", "")), str(item.get("Severity") or "UNKNOWN").upper(),
+                   str(item.get("FixedVersion", "")))
+
+
 def parse_trivy(document: dict) -> list[Finding]:
-    return [
-        Finding(item["VulnerabilityID"], item.get("PkgName", ""), item.get("InstalledVersion", ""),
-                item.get("Severity", "UNKNOWN").upper())
-        for result in document.get("Results") or [] for item in result.get("Vulnerabilities") or []
-    ]
+    return [trivy_finding(item) for result in document.get("Results") or []
+            for item in result.get("Vulnerabilities") or []]
 
 
 def parse_grype(document: dict) -> list[Finding]:
     return [
         Finding(match["vulnerability"]["id"], match.get("artifact", {}).get("name", ""),
-                match.get("artifact", {}).get("version", ""), match["vulnerability"].get("severity", "Unknown").upper())
+                match.get("artifact", {}).get("version", ""), match["vulnerability"].get("severity", "Unknown").upper(),
+                ", ".join((match["vulnerability"].get("fix") or {}).get("versions") or []))
         for match in document.get("matches") or []
     ]
 
@@ -331,27 +335,3 @@ def judge(findings: list[Finding], allowlist: Allowlist, today: dt.date, scanner
                + f". Fix them (rebuild on a newer base) or allowlist each with a reason and expiry in "
                  f"{allowlist.path or 'scanner-allowlist.yaml'}")
     return ScanResult("failed", scanner, message, blocking, allowed)
-
-
-def scanner_command(scanner: str, image: str) -> list[str]:
-    if scanner == "trivy":
-        return ["trivy", "image", "--quiet", "--format", "json", "--scanners", "vuln", image]
-    return ["grype", "--quiet", "--output", "json", f"docker:{image}"]
-
-
-def scan_image(image: str, allowlist: Allowlist) -> ScanResult:
-    """Scan with trivy or grype (the first installed); skipped, saying so, when neither is."""
-    scanner = next((name for name in ("trivy", "grype") if shutil.which(name)), None)
-    if scanner is None:
-        return ScanResult("skipped", message="vulnerability scan skipped: neither trivy nor grype is installed")
-    try:
-        finished = subprocess.run(scanner_command(scanner, image), capture_output=True, text=True,
-                                  timeout=SCAN_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return ScanResult("failed", scanner, f"{scanner} did not finish scanning {image} in {SCAN_TIMEOUT_S} s")
-    if finished.returncode != 0:
-        tail = " ".join(finished.stderr.strip().splitlines()[-3:])
-        return ScanResult("failed", scanner, f"{scanner} could not scan {image} (exit {finished.returncode}: {tail}); "
-                                             "fix the scanner (e.g. its vulnerability database) or uninstall it")
-    parse = parse_trivy if scanner == "trivy" else parse_grype
-    return judge(parse(json.loads(finished.stdout or "{}")), allowlist, dt.date.today(), scanner)
