@@ -126,6 +126,33 @@ def test_the_venv_is_one_tree_with_one_owner_mode_and_file_time(cpu_images, dock
     assert listing.split("\n")[:-1] == ["946684800 torch root"], listing[:2000]
 
 
+START_WITHOUT_COMPILING = """
+import importlib.util, os, sys, time
+started = time.perf_counter()
+import torch
+x = torch.randn(64, 64); (x @ x).sum().item()
+seconds = time.perf_counter() - started
+sources = [m.__file__ for m in list(sys.modules.values())
+           if (getattr(m, "__file__", None) or "").startswith("/opt/venv/") and m.__file__.endswith(".py")]
+missing = [path for path in sources if not os.path.exists(importlib.util.cache_from_source(path))]
+flags = {int.from_bytes(open(importlib.util.cache_from_source(path), "rb").read(8)[4:8], "little")
+         for path in sources if path not in missing}
+print(len(sources), len(missing), sorted(flags), round(seconds, 2), missing[:3])
+"""
+
+
+def test_a_start_on_a_read_only_root_as_an_arbitrary_uid_compiles_nothing(cpu_images, docker_client):
+    """Issue 58, item 5: the bytecode of every venv module `import torch` and a first op load was compiled at build
+    time, as unchecked-hash pyc files (PEP 552 flags 0b01: the same bytes every build, never checked against the
+    source's time), so a start where nothing can be written (a read-only root filesystem, an arbitrary uid) compiles
+    none of them again. (That the pyc files have the venv's owner, mode and time is the test above's.)"""
+    name = cpu_images["2.13.0-cpu-runtime"]
+    answer = docker_client.containers.run(name, ["python", "-c", START_WITHOUT_COMPILING], read_only=True,
+                                          user="4242:0", remove=True).decode()
+    modules, missing, flags, _, examples = answer.strip().rsplit("\n", 1)[-1].split(" ", 4)
+    assert int(modules) > 500 and (missing, flags) == ("0", "[1]"), answer
+
+
 def test_a_server_that_cannot_start_on_the_engine_fails_the_build_and_leaves_nothing(docker_client, engine_env,
                                                                                       tmp_path):
     """The python stage's image without that Python (here the bare base): the server's exit is the error, and the

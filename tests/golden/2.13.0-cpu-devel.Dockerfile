@@ -119,7 +119,7 @@ RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretri
 # again each time. Unchecked-hash pyc files (PEP 552) carry no time: the same sources give the same layer.
 RUN touch /tmp/.torchimages-step \
  && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c 'import sys, torch; x = torch.randn(64, 64); (x @ x).sum().item(); torch.nn.functional.conv2d(torch.randn(1, 3, 16, 16), torch.randn(8, 3, 3, 3)).sum().item(); print("\n".join(sorted({m.__file__ for m in list(sys.modules.values()) if (getattr(m, "__file__", None) or "").startswith("/opt/venv/") and m.__file__.endswith(".py")})))' > /tmp/started-modules \
- && /opt/venv/bin/python -m compileall -q --invalidation-mode unchecked-hash -i /tmp/started-modules \
+ && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -i /tmp/started-modules \
  && rm /tmp/started-modules \
  && find /opt/venv -newercc /tmp/.torchimages-step ! -type l -exec chmod g=u {} + \
  && find /opt/venv -newercc /tmp/.torchimages-step -exec touch -h -d @946684800 {} + \
