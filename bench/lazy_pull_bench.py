@@ -31,12 +31,14 @@ one. Needs no engine.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import gzip
 import http.client
 import json
 import os
 import posixpath
+import queue
 import random
 import re
 import shutil
@@ -47,6 +49,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -212,6 +215,83 @@ class BlobClient:
             self._connection.close()
 
 
+class Pipelined:
+    """A response read ahead by a thread of its own (at most AHEAD bytes), as a puller's network reads run beside its
+    unpacking: the link is not left idle while the reader decompresses and writes. Both clients read through one."""
+
+    AHEAD = 64 << 20
+
+    def __init__(self, response: BinaryIO) -> None:
+        self._queue: queue.Queue[bytes] = queue.Queue(maxsize=max(1, self.AHEAD // PIECE))
+        self._piece, self._at, self._done = b"", 0, False
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._fill, args=(response,), daemon=True)
+        self._thread.start()
+
+    def _fill(self, response: BinaryIO) -> None:
+        try:
+            while piece := response.read(PIECE):
+                self._queue.put(piece)
+        except (OSError, http.client.HTTPException) as error:  # handed to the reader, which raises it
+            self._error = error
+        finally:
+            self._queue.put(b"")
+
+    def read(self, size: int = -1) -> bytes:
+        parts, want = [], size
+        while want != 0:
+            if self._at >= len(self._piece):
+                if self._done:
+                    break
+                self._piece, self._at = self._queue.get(), 0
+                if not self._piece:
+                    self._done = True
+                    self._thread.join()
+                    if self._error is not None:
+                        raise self._error
+                    break
+            take = len(self._piece) - self._at if want < 0 else min(want, len(self._piece) - self._at)
+            parts.append(self._piece[self._at:self._at + take])
+            self._at += take
+            want = want - take if want > 0 else want
+        return b"".join(parts)
+
+    def finish(self) -> None:
+        """Read to the end (the connection is then free for the next request)."""
+        while self.read(PIECE):
+            pass
+
+
+class Writers:
+    """Chunks checked and written by a pool of threads (zlib and sha256 let go of the interpreter's lock), as a
+    snapshotter decompresses the independent gzip members of an eStargz layer side by side; a plain gzip stream, one
+    member, can only be inflated in order. The file of a chunk is made in the caller's thread, before any of its
+    chunks is handed over (a file's chunks come in order). At most 4 chunks per worker wait."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.workers = os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.workers)
+        self._waiting: collections.deque = collections.deque()
+        self.skipped = 0
+
+    def write(self, entry: estargz.TocEntry, member: bytes) -> None:
+        try:
+            _made(entry, self.dest)
+        except OutsideTree:
+            self.skipped += 1
+            return
+        self._waiting.append(self._pool.submit(_placed, _write_chunk, entry, member, self.dest))
+        while len(self._waiting) > 4 * self.workers:
+            self.skipped += self._waiting.popleft().result()
+
+    def close(self) -> int:
+        while self._waiting:
+            self.skipped += self._waiting.popleft().result()
+        self._pool.shutdown()
+        return self.skipped
+
+
 class OutsideTree(Exception):
     """A path among whose folders a link leads out of the tree: nothing there is written or removed."""
 
@@ -275,11 +355,11 @@ def full_pull(client: BlobClient, layers: Sequence[str], dest: Path) -> tuple[fl
     started = time.perf_counter()
     skipped = 0
     for name in layers:
-        response = client.open(name)
-        with gzip.GzipFile(fileobj=response, mode="rb") as unzipped:
+        response = Pipelined(client.open(name))
+        with gzip.GzipFile(fileobj=response, mode="rb") as unzipped:  # type: ignore[arg-type]
             with tarfile.open(fileobj=unzipped, mode="r|") as archive:
                 skipped += apply_layer(archive, dest)
-        response.read()  # whatever follows the tar's end: the connection is reused
+        response.finish()  # whatever follows the tar's end: the connection is reused
     return time.perf_counter() - started, skipped
 
 
@@ -309,12 +389,20 @@ def _place(entry: estargz.TocEntry, dest: Path) -> None:
         target.touch()
 
 
-def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
+def _made(entry: estargz.TocEntry, dest: Path) -> None:
+    """The file a chunk goes into, made empty at its first chunk (or where a later chunk is the first a start
+    reads)."""
     target = _target(dest, entry.name)
-    if entry.chunk_offset == 0 or not target.is_file():  # a later chunk may be the first one a start reads
+    if entry.chunk_offset == 0 or not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         _clear(target)
         target.touch()
+
+
+def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
+    target = _target(dest, entry.name)
+    if not target.is_file():
+        _made(entry, dest)
     with target.open("r+b") as out:
         out.seek(entry.chunk_offset)
         out.write(estargz.chunk_content(member, entry))
@@ -336,16 +424,17 @@ def lazy_pull(client: BlobClient, layers: Sequence[tuple[str, int, str]],
         if not end:
             continue
         landmark = next(index for index, entry in enumerate(toc.entries) if entry.name == estargz.PREFETCH_LANDMARK)
-        response = client.open(name, 0, end)
-        position = 0
+        response = Pipelined(client.open(name, 0, end))
+        position, writers = 0, Writers(dest)
         for entry in toc.entries[:landmark]:
             if not entry.has_data:
                 skipped += _placed(_place, entry, dest)
                 continue
             _skip(response, entry.offset - position)
-            skipped += _placed(_write_chunk, entry, _read(response, entry.next_offset - entry.offset), dest)
+            writers.write(entry, _read(response, entry.next_offset - entry.offset))
             position = entry.next_offset
-        _skip(response, end - position)
+        skipped += writers.close()
+        response.finish()
     return time.perf_counter() - started, mounted, skipped
 
 
@@ -401,13 +490,14 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
         if not entries:
             skipped += _placed(_place, entry, dest)
         for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries):
-            response, position = client.open(layer.name, start, end - start), start
+            response, position, writers = Pipelined(client.open(layer.name, start, end - start)), start, Writers(dest)
             for chunk in entries:  # in blob order: each member written as its bytes arrive
                 if start <= chunk.offset < end:
                     _skip(response, chunk.offset - position)
-                    skipped += _placed(_write_chunk, chunk, _read(response, chunk.next_offset - chunk.offset), dest)
+                    writers.write(chunk, _read(response, chunk.next_offset - chunk.offset))
                     position = chunk.next_offset
-            _skip(response, end - position)
+            skipped += writers.close()
+            response.finish()
     return time.perf_counter() - started, skipped
 
 
