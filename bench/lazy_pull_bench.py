@@ -718,8 +718,8 @@ def main() -> int:
     parser.add_argument("--selftest", action="store_true", help="a synthetic 200 MB layer instead of an image")
     parser.add_argument("--rate-mbps", type=float, default=RATE / 1e6, help="the link's MB/s (default 125)")
     parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="per request (default 5)")
-    parser.add_argument("--chunk-kib", type=int, default=estargz.CHUNK_SIZE >> 10,
-                        help="the eStargz chunk size in KiB (default 4096, the Go writer's)")
+    parser.add_argument("--chunk-kib", type=int, default=lazy.CHUNK_SIZE >> 10,
+                        help="the eStargz chunk size in KiB (default 1024, publish --lazy's; the Go writer's: 4096)")
     parser.add_argument("--whole-files", action="store_true",
                         help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")

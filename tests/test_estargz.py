@@ -382,6 +382,7 @@ def test_the_bench_never_writes_through_a_link_out_of_its_tree(tmp_path):
 def test_only_a_file_read_in_every_chunk_is_prefetched_whole():
     from torchimages.publish import lazy
 
+    CHUNK = lazy.CHUNK_SIZE  # noqa: N806 (publish's, not the converter's default)
     size = 3 * CHUNK + 10  # four chunks, the last 10 bytes
     assert lazy.chunks_read(size, [[0, 1], [CHUNK - 1, CHUNK + 1], [3 * CHUNK + 9, 3 * CHUNK + 10]]) == {0, 1, 3}
     assert not lazy.read_whole(size, [[0, 1], [CHUNK - 1, CHUNK + 1], [3 * CHUNK + 9, 3 * CHUNK + 10]])
@@ -395,6 +396,7 @@ def test_only_a_file_read_in_every_chunk_is_prefetched_whole():
 def test_the_prefetch_areas_leave_a_partly_read_library_to_be_read_on_demand(tmp_path):
     from torchimages.publish import lazy
 
+    CHUNK = lazy.CHUNK_SIZE  # noqa: N806
     record = {"image_id": "sha256:" + "a" * 64, "layers": [{"diff_id": "sha256:" + "1" * 64},
                                                            {"diff_id": "sha256:" + "2" * 64}],
               "files": {"/opt/libbig.so": {"layer": 1, "size": 10 * CHUNK, "ranges": [[0, CHUNK]]},

@@ -36,6 +36,10 @@ LAZY_SUFFIX = "-esgz"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 STARTUP_RECORD = "startup-set.json"  # cli/startup.py writes it into REPORTS/<tag>/
+# A quarter of the Go writer's default: a start reads libraries in part, and a snapshotter fetches whole chunks. On
+# the CUDA 13.0 runtime row's start-up set, 1 MiB chunks fetch 8% fewer bytes than 4 MiB ones, 256 KiB 2% fewer
+# again at four times the TOC entries (docs/benchmarks-log.md, 2026-11-29).
+CHUNK_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def lazy_tag(pinned: str) -> str:
     return pinned + LAZY_SUFFIX
 
 
-def chunks_read(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = estargz.CHUNK_SIZE) -> set[int]:
+def chunks_read(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = CHUNK_SIZE) -> set[int]:
     """The indexes of a file's chunks (of chunk_size, as the converter cuts it) that hold a byte of ranges."""
     touched: set[int] = set()
     for start, end in ranges:
@@ -64,7 +68,7 @@ def chunks_read(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = es
     return touched
 
 
-def read_whole(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = estargz.CHUNK_SIZE) -> bool:
+def read_whole(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = CHUNK_SIZE) -> bool:
     """Whether a start reads a byte of every chunk of a file: such a file goes into the prefetch area whole; of any
     other, a snapshotter fetches only the chunks a read touches, when it is read (one range request each run of
     them), so prefetching it whole would fetch chunks no start reads (a start reads 229 MB of libtorch_cpu's 414 MB
@@ -123,7 +127,7 @@ def write_variant(api: docker.APIClient, image_id: str, prefetch: dict[str, list
             diff_id = f"sha256:{digest.hexdigest()}"
             if diff_id in diff_ids and diff_id not in converted:
                 blob = Path(spool, "blob")
-                done = estargz.convert(layer, blob, prefetch.get(diff_id, ()))
+                done = estargz.convert(layer, blob, prefetch.get(diff_id, ()), chunk_size=CHUNK_SIZE)
                 blob.rename(folder / done.digest.removeprefix("sha256:"))
                 converted[diff_id] = done
             elif member.size <= MAX_CONFIG_BYTES:
