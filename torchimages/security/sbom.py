@@ -1,8 +1,9 @@
 """Supply chain: a CycloneDX SBOM of each published image, and the vulnerability-scan hook with its allowlist.
 
 The SBOM lists what is really inside the image (the OS's package database, whichever of dpkg, rpm and apk the image
-has, and pip's view of the venv, read in a container started from it), so it cannot disagree with the bits users pull
-and needs nothing from the OS family's table. A scanner's findings (trivy or grype, run offline by the publish gate:
+has, pip's view of the venv and every Python package's metadata file anywhere in the image, read in a container
+started from it), so it cannot disagree with the bits users pull and needs nothing from the OS family's table. Its
+PURLs are Trivy's (purls.py), checked against Trivy's own inventory of the same images (agreement.py). A scanner's findings (trivy or grype, run offline by the publish gate:
 gate.scan_image, trivy.py) at the allowlist's `fail_on` severities block publishing unless allowlisted (with a
 reason, until a date).
 """
@@ -14,7 +15,6 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import docker
 import docker.errors
@@ -23,11 +23,15 @@ from ..files import atomic_write_json, brief
 from ..model import InputError, Problem, TorchImagesError
 from ..peers.engine import NO_GPUS
 from ..yamlsource import LineDict, LineList, load_yaml
+from .purls import PURL_TYPES, RELEASE_FILES, os_purl, pypi_purl, release
 
 SBOM_DIR = "sbom"
 # One container run reads everything: sections start with a marker line.
 INVENTORY_SCRIPT = r"""set -e
 echo '### os-release'; cat /etc/os-release
+for f in debian_version lsb-release alpine-release; do
+  if [ -f "/etc/$f" ]; then echo "### $f"; cat "/etc/$f"; fi
+done
 if command -v dpkg-query >/dev/null 2>&1; then
   echo '### dpkg'; dpkg-query -W -f='${Package}\t${Version}\t${Architecture}\n'
 fi
@@ -48,8 +52,16 @@ if [ -d /etc/apt ]; then
 fi
 echo '### pip'
 if command -v python >/dev/null 2>&1; then python -m pip list --format=json --disable-pip-version-check; fi
+echo '### python-metadata'
+find / -xdev -type f \( -path '*.dist-info/*' -name METADATA -o -path '*.egg-info/PKG-INFO' \
+    -o -path '*.egg-info/METADATA' -o -path '*/EGG-INFO/PKG-INFO' -o -name '*.egg-info' \) -exec awk '
+  FNR == 1 { name = ""; version = ""; head = 1 }
+  head { sub(/\r$/, "") }
+  head && $0 == "" { head = 0 }
+  head && /^Name:/ { name = $0; sub(/^Name:[ \t]*/, "", name); sub(/[ \t]+$/, "", name) }
+  head && /^Version:/ { version = $0; sub(/^Version:[ \t]*/, "", version); sub(/[ \t]+$/, "", version) }
+  head && name != "" && version != "" { print FILENAME "\t" name "\t" version; head = 0 }' {} + 2>/dev/null || true
 """
-PURL_TYPES = {"dpkg": "deb", "rpm": "rpm", "apk": "apk"}  # package database -> package-url type
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
 DEFAULT_FAIL_ON = ("CRITICAL", "HIGH")
 VULNERABILITY_ID = re.compile(r"CVE-[0-9]{4}-[0-9]{4,}|GHSA(?:-[23456789cfghjmpqrvwx]{4}){3}", re.ASCII)
@@ -78,6 +90,11 @@ class Inventory:
     # The suites the image's apt sources name (bookworm, bookworm-security): whether a rebuild's apt upgrade can take
     # the security fixes. None where the image has no apt, or was listed before this was read.
     apt_suites: list[str] | None = None
+    # The files scanners read the OS release from (debian_version: "12.15\n"), by name (purls.RELEASE_FILES)
+    release_files: dict[str, str] = field(default_factory=dict)
+    # Every Python package's metadata file in the image (path, name, version), where scanners find them: the venv's,
+    # and those vendored below another package (setuptools/_vendor). None where listed before this was read.
+    python_files: list[tuple[str, str, str]] | None = None
 
 
 def _three_fields(line: str) -> tuple[str, str, str]:
@@ -106,14 +123,18 @@ def parse_inventory(text: str) -> Inventory:
     python = [(package["name"], package["version"]) for package in json.loads(pip_text)] if pip_text else []
     suites = sorted({suite for line in sections.get("apt-suites", []) for suite in line.split()}) \
         if "apt-suites" in sections else None
+    release_files = {name: "\n".join(sections[name]) for name in RELEASE_FILES.values() if name in sections}
+    python_files = sorted(_three_fields(line) for line in sections["python-metadata"] if line.count("\t") == 2) \
+        if "python-metadata" in sections else None
     return Inventory(os_release, listed["dpkg"], sorted(python, key=lambda item: item[0].lower()), listed["rpm"],
-                     listed["apk"], suites)
+                     listed["apk"], suites, release_files, python_files)
 
 
 def collect_inventory(docker_client: docker.DockerClient, image: str) -> Inventory:
     try:
         # Reading package lists needs no GPU: on a GPU host the image's NVIDIA_VISIBLE_DEVICES=all must not decide.
-        output = docker_client.containers.run(image, ["-c", INVENTORY_SCRIPT], entrypoint=["/bin/sh"],
+        # As root, so that every file a scanner reads from the layers is readable here too (the image's user may not).
+        output = docker_client.containers.run(image, ["-c", INVENTORY_SCRIPT], entrypoint=["/bin/sh"], user="0",
                                               environment=NO_GPUS, network_disabled=True, remove=True, stdout=True,
                                               stderr=False)
     except docker.errors.ContainerError as error:
@@ -127,11 +148,11 @@ def collect_inventory(docker_client: docker.DockerClient, image: str) -> Invento
 def cyclonedx(inventory: Inventory, repository: str, digest: str, image_id: str, timestamp: str) -> dict:
     """A CycloneDX 1.5 document for the image repository@digest (deterministic for the same inputs)."""
     distro = inventory.os_release.get("ID", "linux")
-    distro_version = inventory.os_release.get("VERSION_ID", "")
+    distro_version = release(inventory.os_release, inventory.release_files)
     components = [_os_component(manager, name, version, arch, distro, distro_version)
                   for manager, packages in (("dpkg", inventory.debs), ("rpm", inventory.rpms), ("apk", inventory.apks))
                   for name, version, arch in packages]
-    components += [_pypi_component(name, version) for name, version in inventory.python]
+    components += _python_components(inventory)
     return {
         "bomFormat": "CycloneDX",
         "specVersion": "1.5",
@@ -153,16 +174,25 @@ def cyclonedx(inventory: Inventory, repository: str, digest: str, image_id: str,
 
 
 def _os_component(manager: str, name: str, version: str, arch: str, distro: str, distro_version: str) -> dict:
-    qualifiers = "&".join(([f"arch={arch}"] if arch else []) + ([f"distro={distro}-{distro_version}"]
-                                                                 if distro_version else []))
-    purl = f"pkg:{PURL_TYPES[manager]}/{distro}/{quote(name)}@{quote(version, safe='')}?{qualifiers}"
+    purl = os_purl(manager, name, version, arch, distro, distro_version)
     return {"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
             "properties": [{"name": "io.torchimages:package-manager", "value": manager}]}
 
 
+def _python_components(inventory: Inventory) -> list[dict]:
+    """One component per Python package (name and version): each metadata file found for it is an occurrence (its
+    location), as a scanner finds one package in each; then what pip lists that no metadata file gave."""
+    components: dict[str, dict] = {}
+    for path, name, version in inventory.python_files or []:
+        component = components.setdefault(pypi_purl(name, version), _pypi_component(name, version))
+        component.setdefault("evidence", {"occurrences": []})["occurrences"].append({"location": path})
+    for name, version in inventory.python:
+        components.setdefault(pypi_purl(name, version), _pypi_component(name, version))
+    return list(components.values())
+
+
 def _pypi_component(name: str, version: str) -> dict:
-    normalized = re.sub(r"[-_.]+", "-", name).lower()
-    purl = f"pkg:pypi/{normalized}@{quote(version, safe='')}"
+    purl = pypi_purl(name, version)
     return {"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
             "properties": [{"name": "io.torchimages:package-manager", "value": "pip"}]}
 
