@@ -119,6 +119,7 @@ class Advisory:
     fixed: str
     severity: str = "HIGH"
     title: str = ""
+    published: str = ""  # an RFC 3339 time (types.Vulnerability PublishedDate); "" leaves it out
 
 
 def _json(value: dict) -> bytes:
@@ -135,7 +136,8 @@ def trivy_buckets(advisories: list[Advisory], debian_major: str = "12") -> dict:
     details = {advisory.id: _json({"Title": advisory.title or f"{advisory.id} in {advisory.source}",
                                    "Severity": advisory.severity,
                                    "VendorSeverity": {"debian": SEVERITIES.index(advisory.severity)},
-                                   "References": [f"https://security-tracker.debian.org/tracker/{advisory.id}"]})
+                                   "References": [f"https://security-tracker.debian.org/tracker/{advisory.id}"],
+                                   **({"PublishedDate": advisory.published} if advisory.published else {})})
                for advisory in advisories}
     return {platform: by_source, "vulnerability": details, "data-source": {platform: _json(DEBIAN_SOURCE)}}
 

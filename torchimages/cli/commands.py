@@ -57,6 +57,8 @@ COMMANDS = {
     "report": Command("nightly", "work with reports: `report merge` joins CI shards' results"),
     "compat": Command("compat", "compatibility facts (compat.yaml beside the matrix, or --compat)"),
     "security": Command("security", "OS packages with a security fix the image lacks (no scanner database needed)"),
+    "scan": Command("security", "scan a published digest with Trivy, offline, applying only the VEX its publisher's "
+                                "key signed about it"),
 }
 
 

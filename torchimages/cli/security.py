@@ -1,19 +1,35 @@
-"""`build.py security`: which OS packages of the published rows (or of any image) already have a security fix."""
+"""`security`: which OS packages of the published rows (or of any image) already have a security fix. `scan`: a
+published digest through the real scanner, offline, with only the VEX its publisher's key signed
+(publish/scan.py)."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 from rich.table import Table
 
 from ..files import read_json_document
 from ..matrix.load import load_compat
+from ..model import InputError, Problem
 from ..peers import engine
+from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..publish.catalog import catalog_file, load_catalog
+from ..publish.publisher import ALLOWLIST_NAME
 from ..security import freshness, sbom
 from .commands import add_command
 from .console import console, log
-from .options import add_catalog_argument, add_selectors, catalog_dir
+from .options import (
+    access_settings,
+    add_access_arguments,
+    add_catalog_argument,
+    add_scanner_db_argument,
+    add_selectors,
+    catalog_dir,
+    integer,
+    scanner_db,
+)
 
 
 def cmd_security(project: Project, args) -> int:
@@ -77,6 +93,98 @@ def print_table(rows: list[freshness.RowSecurity]) -> None:
         console().print(table)
 
 
+def cmd_scan(project: Project, args) -> int:
+    import datetime as dt
+
+    from ..publish import scan
+    from ..publish.verify_image import host_platform, image_reference
+    from ..trust.signing import load_public_key
+
+    keys = [load_public_key(path) for path in args.key]
+    registry, reference = image_reference(args.reference)
+    db = scanner_db(args)
+    if db is None:
+        raise InputError([Problem("--scanner-db", 0, "scan needs the team's vulnerability database: --scanner-db DIR "
+                                                     "or $TORCHIMAGES_SCANNER_DB (docs/security.md, \"Scanning "
+                                                     "offline\")")])
+    allowlist = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
+    fail_on = sbom.load_allowlist(allowlist).fail_on if allowlist.exists() or args.allowlist else scan.DEFAULT_FAIL_ON
+    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
+    try:
+        outcome = scan.scan_published(client, keys, reference, args.platform or host_platform(), db, fail_on,
+                                      args.vex_out)
+    except RegistryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    if outcome is None:
+        print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
+        return EXIT_FAILED
+    today = dt.date.today()
+    if args.format == "json":
+        print(json.dumps(scan_json(outcome, today), indent=2, sort_keys=True))
+    else:
+        print_scan(outcome, ", ".join(key.fingerprint for key in keys), today)
+    return EXIT_OK if outcome.passed else EXIT_FAILED
+
+
+def _age(published: str, today) -> str:
+    import datetime as dt
+    try:
+        return f"published {published}, {(today - dt.date.fromisoformat(published)).days} days ago"
+    except ValueError:
+        return "publication date unknown"
+
+
+def print_scan(outcome, fingerprint: str, today) -> None:
+    from ..security.vex import VEX_PREDICATE
+
+    evidence, report = outcome.subject.evidence, outcome.report
+    formats = evidence.formats.get(VEX_PREDICATE)
+    print(outcome.scanned)
+    print(f"  signature: {'verified, signs ' + ', '.join(evidence.signed_as) if outcome.signed else 'NOT VERIFIED'} "
+          f"(key {fingerprint})")
+    if outcome.vex_document is not None:
+        print(f"  OpenVEX: {len(outcome.vex_document['statements'])} signed statement(s) in force"
+              + (f" [{', '.join(formats)}]" if formats else "") + ", handed to the scanner")
+    else:
+        print("  OpenVEX: none signed by this key in force for this digest: the scanner suppresses nothing")
+    for line in outcome.ignored_vex:
+        print(f"  ignored: {line}")
+    for problem in evidence.problems:
+        print(f"  problem: {problem}")
+    print(f"  trivy ({report.os or 'no OS found'}): {len(report.findings)} finding(s) left, {len(report.suppressed)} "
+          "suppressed by the signed VEX")
+    for finding in report.findings:
+        fix = f"fixed in {finding.fixed}" if finding.fixed else "no fix yet"
+        print(f"    {finding}: {fix}, {_age(report.published.get(finding.id, ''), today)}")
+    for finding in report.suppressed:
+        print(f"    suppressed: {finding}")
+    blocking = outcome.blocking
+    if not outcome.signed:
+        print(f"NOT PASSED: {outcome.scanned} is not signed by this key")
+    elif blocking:
+        print(f"NOT PASSED: {len(blocking)} fixable {'/'.join(outcome.fail_on)} finding(s) no signed statement "
+              "explains")
+    else:
+        print(f"passed: no unexplained fixable {'/'.join(outcome.fail_on)} finding")
+
+
+def scan_json(outcome, today) -> dict:
+    report = outcome.report
+
+    def finding(item, suppressed: bool = False) -> dict:
+        return {"id": item.id, "package": item.package, "version": item.version, "severity": item.severity,
+                "fixed": item.fixed, "published": report.published.get(item.id, ""), "suppressed": suppressed}
+
+    return {"scanned": outcome.scanned, "signed_as": outcome.subject.evidence.signed_as,
+            "vex_statements": len(outcome.vex_document["statements"]) if outcome.vex_document else 0,
+            "ignored_vex": outcome.ignored_vex, "problems": outcome.subject.evidence.problems, "os": report.os,
+            "findings": [finding(item) for item in report.findings]
+            + [finding(item, True) for item in report.suppressed],
+            "blocking": [str(item) for item in outcome.blocking], "fail_on": list(outcome.fail_on),
+            "passed": outcome.passed, "date": today.isoformat()}
+
+
 def register(commands) -> None:
     checking = add_command(commands, "security")
     add_selectors(checking, default="every published row")
@@ -87,3 +195,24 @@ def register(commands) -> None:
                                "(default: compat.yaml's os.<name>.security.url)")
     add_catalog_argument(checking)
     checking.set_defaults(handler=cmd_security, writes=lambda project, args: [])
+
+    scanning = add_command(commands, "scan")
+    scanning.add_argument("reference", metavar="REF", help="HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:<hex>")
+    scanning.add_argument("--key", type=Path, action="append", required=True, metavar="KEY.pub",
+                          help="the publisher's public key (catalog/keys/<fingerprint>.pub); repeat it to trust "
+                               "several: only a VEX one of them signed about the digest is applied")
+    add_scanner_db_argument(scanning)
+    scanning.add_argument("--scanner", choices=("trivy",), default="trivy",
+                          help="the scanner run (Grype: the recipe in docs/security.md)")
+    scanning.add_argument("--platform", metavar="OS/ARCH",
+                          help="of a multi-arch tag, the platform's image (default: this machine's)")
+    scanning.add_argument("--allowlist", type=Path,
+                          help=f"whose fail_on severities block (default: {ALLOWLIST_NAME} beside the matrix, else "
+                               "CRITICAL and HIGH); its entries suppress nothing here: only signed VEX does")
+    scanning.add_argument("--vex-out", type=Path, metavar="FILE",
+                          help="also keep the verified VEX handed to the scanner in FILE")
+    scanning.add_argument("--format", choices=("text", "json"), default="text")
+    scanning.add_argument("--retries", type=integer, default=RetryPolicy.retries,
+                          help="tries again after a transient registry error (default: %(default)s)")
+    add_access_arguments(scanning)
+    scanning.set_defaults(handler=cmd_scan, writes=lambda project, args: [args.vex_out.parent] if args.vex_out else [])

@@ -58,6 +58,7 @@ class TrivyReport:
     findings: list[Finding] = field(default_factory=list)
     suppressed: list[Finding] = field(default_factory=list)  # by VEX (not_affected or fixed)
     purls: dict[str, str] = field(default_factory=dict)  # each finding's package -> the PURL Trivy gave it
+    published: dict[str, str] = field(default_factory=dict)  # vulnerability id -> the date its advisory came out
 
 
 # ---------------------------------------------------------------------------------------------------------- pure
@@ -123,13 +124,15 @@ def parse_report(document: dict) -> TrivyReport:
     """Trivy's JSON report (`--format json --show-suppressed`) -> TrivyReport; a ScannerError if it is not one."""
     if not isinstance(document, dict) or not isinstance(document.get("Results") or [], list):
         raise ScannerError("trivy answered something that is not its JSON report")
-    findings, suppressed, purls = [], [], {}
+    findings, suppressed, purls, published = [], [], {}, {}
     for result in document.get("Results") or []:
         if not isinstance(result, dict):
             continue
         for item in result.get("Vulnerabilities") or []:
             findings.append(trivy_finding(item))
             purls[str(item.get("PkgName", ""))] = str((item.get("PkgIdentifier") or {}).get("PURL", ""))
+            if isinstance(item.get("PublishedDate"), str):
+                published[str(item.get("VulnerabilityID", ""))] = item["PublishedDate"][:10]
         for modified in result.get("ExperimentalModifiedFindings") or result.get("ModifiedFindings") or []:
             if isinstance(modified, dict) and modified.get("Type", "vulnerability") == "vulnerability":
                 suppressed.append(trivy_finding(modified.get("Finding") or {}))
@@ -137,7 +140,7 @@ def parse_report(document: dict) -> TrivyReport:
     system = metadata.get("OS") or {}
     return TrivyReport(str(document.get("ArtifactName", "")),
                        " ".join(str(part) for part in (system.get("Family"), system.get("Name")) if part),
-                       sorted(findings, key=_order), sorted(suppressed, key=_order), purls)
+                       sorted(findings, key=_order), sorted(suppressed, key=_order), purls, published)
 
 
 def _order(finding: Finding) -> tuple[str, str]:

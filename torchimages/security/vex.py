@@ -306,3 +306,12 @@ def explain(reports: list[dict], documents: list[dict], today: dt.date) -> tuple
     findings = findings_of(reports)
     return ([f for f in findings if explained(f, documents, today)],
             [f for f in findings if not explained(f, documents, today)])
+
+
+def in_force(documents: list[dict], digest: str, today: dt.date) -> dict | None:
+    """What a scanner may apply to digest, as one OpenVEX document: the statements of the signed documents that name
+    its image and are not past their "accepted until" date, under the newest document's header; None when none is
+    left (a scanner then suppresses nothing)."""
+    statements = [statement for document in documents for statement in about_image(document, digest)["statements"]
+                  if _still_accepted(statement, today)]
+    return {**documents[-1], "statements": statements} if statements else None
