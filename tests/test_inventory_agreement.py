@@ -23,7 +23,14 @@ from torchimages.security.agreement import (
     Listed,
 )
 from torchimages.security.freshness import Fixable, RowSecurity
-from torchimages.security.sbom import AllowedVulnerability, Allowlist, Inventory, cyclonedx, parse_inventory
+from torchimages.security.sbom import (
+    INVENTORY_SCRIPT,
+    AllowedVulnerability,
+    Allowlist,
+    Inventory,
+    cyclonedx,
+    parse_inventory,
+)
 
 from .conftest import ROOT
 from .inventory_fixtures import trivy_image, trivy_rootfs, unexplained_differences
@@ -231,3 +238,19 @@ def test_trivys_own_inventory_of_each_cpu_row_is_ours(cpu_images, docker_client)
         if image == runtime:
             assert agreement.trivy_inventory(scanned) == image_mode
         assert unexplained_differences(docker_client, image, scanned) == [], tag
+
+
+def test_the_metadata_walk_reads_the_header_only_and_a_path_cannot_forge_a_section(cpu_images, docker_client):
+    """A metadata file with CRLF lines and a Name repeated in its body gives its header's name and version; one whose
+    path holds a newline (an image names its folders as it likes) is skipped, so it cannot start a section of the
+    inventory (a forged `### dpkg`)."""
+    forged = "/opt/x\n### dpkg\nforged\t6.6.6\tall\n/evil.dist-info"
+    prepare = (f"mkdir -p '{forged}' /opt/ok.dist-info && printf 'Name: evil\\nVersion: 1.0\\n' > '{forged}/METADATA' && "
+               "printf 'Metadata-Version: 2.1\\r\\nName: good_pkg \\r\\nVersion: 2.0\\r\\n\\r\\nName: body\\n' "
+               "> /opt/ok.dist-info/METADATA\n")
+    output = docker_client.containers.run(cpu_images["2.13.0-cpu-runtime"], ["-c", prepare + INVENTORY_SCRIPT],
+                                          entrypoint=["/bin/sh"], user="0", network_disabled=True, remove=True)
+    inventory = parse_inventory(output.decode())
+    assert ("/opt/ok.dist-info/METADATA", "good_pkg", "2.0") in inventory.python_files
+    assert not [item for item in inventory.python_files if "evil" in item[0] or item[1] == "evil"]
+    assert "forged" not in {name for name, _, _ in inventory.debs} and len(inventory.debs) > 100  # the real list

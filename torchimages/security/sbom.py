@@ -55,7 +55,7 @@ if command -v python >/dev/null 2>&1; then python -m pip list --format=json --di
 echo '### python-metadata'
 find / -xdev -type f \( -path '*.dist-info/*' -name METADATA -o -path '*.egg-info/PKG-INFO' \
     -o -path '*.egg-info/METADATA' -o -path '*/EGG-INFO/PKG-INFO' -o -name '*.egg-info' \) -exec awk '
-  FNR == 1 { name = ""; version = ""; head = 1 }
+  FNR == 1 { name = ""; version = ""; head = (FILENAME !~ /\n/) }
   head { sub(/\r$/, "") }
   head && $0 == "" { head = 0 }
   head && /^Name:/ { name = $0; sub(/^Name:[ \t]*/, "", name); sub(/[ \t]+$/, "", name) }
