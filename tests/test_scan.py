@@ -32,7 +32,7 @@ from torchimages.trust.signatures import (
     signature_tag,
 )
 
-from .conftest import run_cli_in_process
+from .conftest import FIXTURE_PROJECT, run_cli_in_process
 from .registry_fixtures import ServingRegistry
 from .signing_fixtures import FIRST, KEYS, SECOND, key
 from .trivy_db import Advisory, DebPackage, debian_image, write_trivy_db
@@ -90,8 +90,8 @@ class Published:
         self.serve_artifact(attestation_tag(self.digest), self.attestations)
 
     def scan(self, *extra: str) -> tuple[int, str, str]:
-        done = run_cli_in_process("scan", self.reference, "--key", str(KEYS / "first.pub"), "--scanner-db",
-                                  str(self.cache), *extra)
+        done = run_cli_in_process("--project", str(FIXTURE_PROJECT), "scan", self.reference, "--key",
+                                  str(KEYS / "first.pub"), "--scanner-db", str(self.cache), *extra)
         return done.returncode, done.stdout, done.stderr
 
 
@@ -165,13 +165,13 @@ def test_an_image_the_key_did_not_sign_is_not_passed_and_its_vex_is_ignored(publ
 
 
 def test_bad_input_is_exit_2_in_one_line(published, tmp_path):
-    done = run_cli_in_process("scan", published.reference, "--key", str(KEYS / "first.pub"),
-                              env={trivy.SCANNER_DB_VARIABLE: ""})
+    done = run_cli_in_process("--project", str(FIXTURE_PROJECT), "scan", published.reference, "--key",
+                              str(KEYS / "first.pub"), env={trivy.SCANNER_DB_VARIABLE: ""})
     assert done.returncode == 2 and "--scanner-db" in done.stderr and "Traceback" not in done.stderr
     code, out, err = published.scan("--scanner-db", str(tmp_path / "nowhere"))
     assert code == 2 and "nowhere" in err and "Traceback" not in err
-    done = run_cli_in_process("scan", "not a reference", "--key", str(KEYS / "first.pub"), "--scanner-db",
-                              str(published.cache))
+    done = run_cli_in_process("--project", str(FIXTURE_PROJECT), "scan", "not a reference", "--key",
+                              str(KEYS / "first.pub"), "--scanner-db", str(published.cache))
     assert done.returncode == 2 and "REF" in done.stderr and "Traceback" not in done.stderr
 
 
