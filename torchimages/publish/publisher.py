@@ -199,6 +199,7 @@ class Publisher:
         # tag -> the SBOM, verification report and VEX attested to its digest (its multi-arch index's are made from
         # them) and the fixes it carries that the row's previous digest lacked
         self.attested: dict[str, dict] = {}
+        self.scanned: dict[str, list] = {}  # tag -> the gate's scanner findings (sbom.Finding)
         self.predicates: dict[str, dict] = {}  # tag -> every predicate attested to its digest (its lazy variant's too)
         self.recorded: dict[str, CatalogEntry] = {}  # each row's catalog entry before this run
 
@@ -400,6 +401,7 @@ class Publisher:
         fixes = security_gate.gate(self.options.security, spec.tag, spec.os, inventory.debs, allowlist, today,
                                inventory.apt_suites)
         scanned = security_gate.scan_image(local_name(spec), allowlist, self.options.scanner_db)
+        self.scanned[spec.tag] = scanned.findings  # the packages the VEX statements name
         return security_gate.merge([fixes, scanned])
 
     def _attach(self, spec: ImageSpec, image: dict, report: VerifyReport, result: PublishResult,
@@ -423,7 +425,7 @@ class Publisher:
             attestations.VERIFICATION_PREDICATE: attestations.verification_predicate(
                 spec, image["Id"], report, freshness.fix_record(row, today)),
             **vex.image_predicate(self.options.allowlist, row, fixed, self.options.registry.name, result.digest,
-                                        sbom, report.finished_at or utc_timestamp(), today),
+                                  sbom, report.finished_at or utc_timestamp(), today, self.scanned.get(spec.tag, [])),
         }
         self.attested[spec.tag] = {"sbom": sbom, "report": predicates[attestations.VERIFICATION_PREDICATE],
                                    "vex": predicates.get(vex.VEX_PREDICATE), "fixed": fixed}

@@ -48,12 +48,14 @@ def judge(rows: list[RowSecurity], allowlist: Allowlist, today: dt.date, missing
         blocking.append(Finding(",".join(item.cves) or "no CVE named", item.package, f"{item.installed} -> {item.fixed}",
                                 "FIXABLE" + note))
         unallowed.append(item)
+    found = [Finding(cve, item.package, item.installed, "FIXABLE", item.fixed)
+             for row in rows for item in row.fixable for cve in item.cves]
     if not blocking:
         return ScanResult("passed", source, f"{source}: no unallowed fixable OS updates ({len(allowed)} allowlisted)",
-                          allowed=sorted(allowed))
+                          allowed=sorted(allowed), findings=found)
     return ScanResult("failed", source, refusal(rows[0].subject, unallowed, lapsed_on, missing_suite, today,
                                                 allowlist.path or "scanner-allowlist.yaml"),
-                      blocking, sorted(allowed))
+                      blocking, sorted(allowed), found)
 
 
 def refusal(tag: str, unallowed: list[Fixable], lapsed_on: list[str], missing_suite: str, today: dt.date,
@@ -109,8 +111,32 @@ def merge(verdicts: list[ScanResult]) -> ScanResult:
     status = "failed" if any(v.status == "failed" for v in judged) else ("passed" if judged else "skipped")
     # Each verdict's message without its own source in front: "judged by" names them all once.
     message = "; ".join(verdict.message.removeprefix(f"{verdict.scanner}: ") for verdict in verdicts if verdict.message)
+    differing = disagreements(judged)
+    if differing:
+        message += f"; the sources disagree: {'; '.join(differing[:10])}" + (
+            f" (and {len(differing) - 10} more)" if len(differing) > 10 else "")
     return ScanResult(status, sources, f"judged by {sources}: {message}",
-                      [f for v in judged for f in v.blocking], [a for v in judged for a in v.allowed])
+                      [f for v in judged for f in v.blocking], [a for v in judged for a in v.allowed],
+                      [f for v in judged for f in v.findings])
+
+
+def disagreements(verdicts: list[ScanResult]) -> list[str]:
+    """Where the security index and a scanner, both run on one image, disagree: a fixable OS package (and CVE) one
+    reports and the other does not. Said, never decided: each has its own reach (the index knows only the fixes
+    published in the security suite; a scanner's database may know a CVE before a fix, or be older)."""
+    fixable = {verdict.scanner: {(finding.package, finding.id) for finding in verdict.findings if finding.fixed}
+               for verdict in verdicts if verdict.status != "skipped"}
+    scanners = [name for name in fixable if name in ("trivy", "grype")]
+    index = next((name for name in fixable if name not in scanners), None)  # named by its archive
+    if index is None or not scanners:
+        return []
+    lines = []
+    for scanner in scanners:
+        lines += [f"the security index ({index}) has {package} fixable for {cve}, {scanner} does not report it"
+                  for package, cve in sorted(fixable[index] - fixable[scanner])]
+        lines += [f"{scanner} reports {package} fixable for {cve}, the security index does not list it"
+                  for package, cve in sorted(fixable[scanner] - fixable[index])]
+    return lines
 
 
 def scan_image(image: str, allowlist: Allowlist, scanner_db: Path | None = None) -> ScanResult:

@@ -320,6 +320,8 @@ class ScanResult:
     message: str = ""
     blocking: list[Finding] = field(default_factory=list)
     allowed: list[str] = field(default_factory=list)
+    # Every finding a source reported (blocking or not): the VEX names their packages, the gate compares the sources.
+    findings: list[Finding] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"status": self.status, "scanner": self.scanner, "message": self.message,
@@ -358,10 +360,10 @@ def judge(findings: list[Finding], allowlist: Allowlist, today: dt.date, scanner
     if not blocking:
         return ScanResult("passed", scanner, f"{scanner}: no unallowed {'/'.join(allowlist.fail_on)} findings "
                                              f"({len(findings)} findings in all, {len(allowed)} allowlisted)",
-                          allowed=allowed)
+                          allowed=allowed, findings=list(findings))
     lines = [str(finding) + (f" [allowlist entry expired {expired[finding.id].expires}]" if finding.id in expired else "")
              for finding in blocking]
     message = (f"{scanner} found {len(blocking)} {'/'.join(allowlist.fail_on)} vulnerabilities: " + "; ".join(lines[:20])
                + f". Fix them (rebuild on a newer base) or allowlist each with a reason and expiry in "
                  f"{allowlist.path or 'scanner-allowlist.yaml'}")
-    return ScanResult("failed", scanner, message, blocking, allowed)
+    return ScanResult("failed", scanner, message, blocking, allowed, list(findings))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..reporting import as_object
 from ..trust.attestations import VEX_PREDICATE
 from .freshness import Checker, Fixable, Installed, RowSecurity, fix_record, sbom_packages
 from .sbom import AllowedVulnerability, Allowlist
+from .sbom import Finding as ScannerFinding
 
 CONTEXT = "https://openvex.dev/ns/v0.2.0"
 AUTHOR = "torchimages publish"
@@ -91,15 +93,19 @@ def accepted(entry: AllowedVulnerability, cve: str, product: dict, allowlist_pat
 
 
 def accepted_statements(allowlist: Allowlist, fixable: list[Fixable], image: str, purls: dict[str, str],
-                        today: dt.date) -> list[dict]:
+                        today: dt.date, scanned: Sequence[ScannerFinding] = ()) -> list[dict]:
     """A statement for each finding the allowlist accepts: every active `cve:` entry (a scanner may raise it whether
-    or not the security index does), and each CVE of a fixable package a `package:` entry accepts."""
+    or not the security index does), and each CVE of a fixable package a `package:` entry accepts. Its products name
+    the packages the security index and the gate's scanner (scanned) found the CVE in, by their SBOM PURLs: Trivy
+    suppresses a finding only when the statement names its package among the image's subcomponents."""
     active = [entry for entry in allowlist.entries if entry.expires >= today]
     path = Path(allowlist.path).name or "scanner-allowlist.yaml"
-    carriers: dict[str, list[str]] = {}  # CVE -> the fixable packages whose fix closes it
+    carriers: dict[str, list[str]] = {}  # CVE -> the packages it was found in
     for item in fixable:
         for cve in item.cves:
             carriers.setdefault(cve, []).append(item.package)
+    for finding in scanned:
+        carriers.setdefault(finding.id, []).append(finding.package)
     statements = [accepted(entry, entry.id, _product(image, carriers.get(entry.id, []), purls), path)
                   for entry in active if is_vulnerability(entry)]
     by_package = {entry.id: entry for entry in active if not is_vulnerability(entry)}
@@ -165,10 +171,12 @@ def _installed(sbom: dict) -> list[Installed]:
 
 
 def image_predicate(allowlist: Allowlist, row: RowSecurity | None, fixed: list[dict], repository: str, digest: str,
-                    sbom: dict, timestamp: str, today: dt.date) -> dict[str, dict]:
-    """{VEX_PREDICATE: the image's document}, validated; {} when it has nothing to say (OpenVEX needs a statement)."""
+                    sbom: dict, timestamp: str, today: dt.date,
+                    scanned: Sequence[ScannerFinding] = ()) -> dict[str, dict]:
+    """{VEX_PREDICATE: the image's document}, validated; {} when it has nothing to say (OpenVEX needs a statement).
+    scanned: what the gate's scanner found in the image (its packages join the statements' products)."""
     image, purls = image_purl(repository, digest), package_purls(sbom)
-    statements = (accepted_statements(allowlist, row.fixable if row else [], image, purls, today)
+    statements = (accepted_statements(allowlist, row.fixable if row else [], image, purls, today, scanned)
                   + fixed_statements(fixed, image, purls))
     if not statements:
         return {}
