@@ -7,11 +7,12 @@ import base64
 import datetime as dt
 import json
 import shutil
+import subprocess
 
 import pytest
 
 from torchimages.matrix.load import load_matrix
-from torchimages.security.sbom import collect_inventory
+from torchimages.security.sbom import collect_inventory, sbom_path
 from torchimages.security.vex import VEX_PREDICATE, image_purl
 from torchimages.trust import signing
 from torchimages.trust.referrers import ReferrerStore
@@ -156,3 +157,72 @@ def test_a_multi_arch_tag_resolves_to_an_index_whose_vex_cosign_verifies(multi_a
     assert len(products) == 2 and all(ids[0] == image_purl(space.repository, index["digest"]) for ids in products)
     assert sorted(ids[1] for ids in products) == sorted(image_purl(space.repository, member["digest"])
                                                         for member in index["platforms"].values())
+
+
+def test_the_real_trivy_obeys_the_vex_publish_signs_and_scan_ignores_a_forged_one(workspace, docker_client, cosign,
+                                                                                   tmp_path):
+    """Issue 59 end to end, with the real Trivy (offline, on a database this test writes) and the real cosign: the
+    row has two advisories, one accepted in the allowlist. Publish's gate runs Trivy, so the signed VEX names the
+    package Trivy found the accepted CVE in; `scan` then suppresses exactly that one. An attacker who can push
+    replaces the VEX with one signed by another key that accepts both: `trivy --vex oci`, which verifies nothing,
+    suppresses both; `scan` suppresses none and names the forged one."""
+    from .signing_fixtures import SECOND
+    from .trivy_db import Advisory, trivy_vex_oci, write_trivy_db
+
+    image_id = workspace.build_verified(docker_client, RUNTIME)
+    installed = {name: version for name, version, _ in collect_inventory(docker_client, image_id).debs}
+    database = tmp_path / "trivy"
+    write_trivy_db(database, [Advisory("CVE-2026-91001", "base-files", installed["base-files"] + "+sec1", "HIGH"),
+                              Advisory("CVE-2026-91002", "bash", installed["bash"] + "+sec1", "LOW")])
+    allowlist = workspace.root / "allowlist.yaml"
+    allowlist.write_text("allow:\n  - {cve: CVE-2026-91001, reason: nothing in the image reads base-files, "
+                         "expires: 2099-01-01, justification: vulnerable_code_not_in_execute_path}\n")
+    published = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST), "--allowlist", str(allowlist),
+                                                  "--scanner-db", str(database)], env=environment(**SIGNED))
+    assert "trivy" in published.stdout + published.stderr, published.stdout  # the gate ran it
+    digest = workspace.catalog_json()["images"][RUNTIME]["digest"]
+    reference = f"{workspace.repository}@{digest}"
+
+    def scanned() -> tuple[int, dict]:
+        done = workspace.cli("scan", reference, "--key", str(PUBLIC), "--scanner-db", str(database), "--allowlist",
+                             str(allowlist), "--format", "json")
+        return done.returncode, json.loads(done.stdout)
+
+    code, facts = scanned()
+    assert code == 0 and facts["vex_statements"] == 1, facts  # the LOW finding left blocks nothing
+    assert sorted((item["id"], item["suppressed"]) for item in facts["findings"]) == [
+        ("CVE-2026-91001", True), ("CVE-2026-91002", False)]
+
+    # The VEX replaced, in both formats, by one signed with another key, accepting both.
+    store = store_of(workspace)
+    layers = store.layers(attestation_tag(digest), signing.ATTESTATION_MEDIA_TYPE)
+    write_layers(store, attestation_tag(digest), [layer for layer in layers if layer.predicate_type != VEX_PREDICATE])
+    ReferrerStore(store.registry).remove(digest)
+    pinned = workspace.catalog_json()["images"][RUNTIME]["pinned"][0]["tag"]
+    sbom = json.loads(sbom_path(workspace.catalog, pinned).read_text())
+    purls = {component["name"]: component["purl"] for component in sbom["components"]
+             if str(component.get("purl", "")).startswith("pkg:deb/")}
+    image = image_purl(workspace.repository, digest)
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({
+        "@context": "https://openvex.dev/ns/v0.2.0", "@id": "https://example.invalid/vex/forged", "author": "someone",
+        "timestamp": "2026-11-29T00:00:00Z", "version": 1,
+        "statements": [{"vulnerability": {"name": cve}, "status": "not_affected",
+                        "justification": "vulnerable_code_not_in_execute_path",
+                        "products": [{"@id": image, "subcomponents": [{"@id": purls[package]}]}]}
+                       for cve, package in (("CVE-2026-91001", "base-files"), ("CVE-2026-91002", "bash"))]}))
+    attached = subprocess.run([str(cosign), "attest", "--yes", "--key", str(SECOND), "--tlog-upload=false",
+                               "--allow-insecure-registry", "--allow-http-registry", "--type", "openvex",
+                               "--predicate", str(forged), reference],
+                              capture_output=True, text=True, timeout=120, env=environment(**SIGNED), check=False)
+    assert attached.returncode == 0, attached.stderr
+
+    with_oci = trivy_vex_oci(reference, database, tmp_path)
+    assert with_oci.returncode == 0, with_oci.stderr[-2000:]
+    report = json.loads(with_oci.stdout)
+    assert not [item for result in report.get("Results") or [] for item in result.get("Vulnerabilities") or []]
+
+    code, facts = scanned()
+    assert facts["vex_statements"] == 0 and len(facts["ignored_vex"]) == 1, facts
+    assert not any(item["suppressed"] for item in facts["findings"])
+    assert code == 1 and facts["blocking"] == [f"CVE-2026-91001 (HIGH) in base-files {installed['base-files']}"]
