@@ -4,8 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 from ..build import builder, debs
 from ..build.bases_lock import read_lock
@@ -14,7 +17,14 @@ from ..files import read_bytes
 from ..invocation import command
 from ..matrix.load import load_compat
 from ..model import PROXY_ARGS, InputError, Problem
-from ..peers.registry import COMPRESSIONS, DEFAULT_COMPRESSION, RetryPolicy, publish_cache_folder
+from ..peers.registry import (
+    COMPRESSIONS,
+    DEFAULT_COMPRESSION,
+    RegistryClient,
+    RegistryError,
+    RetryPolicy,
+    publish_cache_folder,
+)
 from ..peers.registry_access import DEFAULT_CERTS_D, AccessSettings
 from ..peers.registry_address import parse_registry
 from ..project import Project
@@ -121,6 +131,24 @@ def add_access_arguments(parser: argparse.ArgumentParser) -> None:
 
 def access_settings(args: argparse.Namespace) -> AccessSettings:
     return AccessSettings(certs_d=args.certs_d, ca_file=args.registry_ca, insecure=args.insecure_registry)
+
+
+Answer = TypeVar("Answer")
+
+
+def ask_registry(args: argparse.Namespace, registry, reference: str,
+                 ask: Callable[[RegistryClient], Answer | None]) -> Answer | None:
+    """ask(a client of registry, with the command's access flags and retries) for what REF names (verify-image, scan);
+    None after one line on stderr where the registry failed or has no such image (the command exits 1)."""
+    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
+    try:
+        found = ask(client)
+    except RegistryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    if found is None:
+        print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
+    return found
 
 
 def add_catalog_argument(parser: argparse.ArgumentParser) -> None:

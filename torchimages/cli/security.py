@@ -4,7 +4,6 @@ published digest through the real scanner, offline, with only the VEX its publis
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -13,7 +12,7 @@ from ..files import read_json_document
 from ..matrix.load import load_compat
 from ..model import InputError, Problem
 from ..peers import engine
-from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
+from ..peers.registry import RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..publish.catalog import catalog_file, load_catalog
 from ..publish.publisher import ALLOWLIST_NAME
@@ -21,11 +20,11 @@ from ..security import freshness, sbom
 from .commands import add_command
 from .console import console, log
 from .options import (
-    access_settings,
     add_access_arguments,
     add_catalog_argument,
     add_scanner_db_argument,
     add_selectors,
+    ask_registry,
     catalog_dir,
     integer,
     scanner_db,
@@ -109,15 +108,9 @@ def cmd_scan(project: Project, args) -> int:
                                                      "offline\")")])
     allowlist = args.allowlist or project.matrix.parent / ALLOWLIST_NAME
     fail_on = sbom.load_allowlist(allowlist).fail_on if allowlist.exists() or args.allowlist else scan.DEFAULT_FAIL_ON
-    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
-    try:
-        outcome = scan.scan_published(client, keys, reference, args.platform or host_platform(), db, fail_on,
-                                      args.vex_out)
-    except RegistryError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    outcome = ask_registry(args, registry, reference, lambda client: scan.scan_published(
+        client, keys, reference, args.platform or host_platform(), db, fail_on, args.vex_out))
     if outcome is None:
-        print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
         return EXIT_FAILED
     today = dt.date.today()
     if args.format == "json":

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 from ..model import InputError, Problem
-from ..peers.registry import RegistryClient, RegistryError, RetryPolicy
+from ..peers.registry import RetryPolicy
 from ..project import EXIT_FAILED, EXIT_OK, Project
 from ..publish.verify_image import NO_FIXABLE, Subject, host_platform, image_reference, verify_image
 from ..security import vex
@@ -17,8 +16,7 @@ from ..trust.referrers import SIGNATURE
 from ..trust.signatures import Evidence
 from ..trust.signing import load_public_key
 from .commands import add_command
-from .console import log
-from .options import access_settings, add_access_arguments, integer
+from .options import add_access_arguments, ask_registry, integer
 
 PLATFORM = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/v[0-9]+)?", re.ASCII)
 
@@ -32,14 +30,9 @@ def cmd_verify_image(project: Project, args) -> int:
     no_fixable = NO_FIXABLE in args.require  # not a check's status: every fixable finding must be explained
     requirements = ([admission.parse_requirement(text, "check") for text in args.require if text != NO_FIXABLE]
                     + [admission.parse_requirement(text, "host") for text in args.require_host])
-    client = RegistryClient(registry, access_settings(args).access(registry), RetryPolicy(retries=args.retries), log)
-    try:
-        subjects = verify_image(client, keys, reference, requirements, args.platform, no_fixable)
-    except RegistryError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    subjects = ask_registry(args, registry, reference, lambda client: verify_image(
+        client, keys, reference, requirements, args.platform, no_fixable))
     if subjects is None:
-        print(f"error: {registry.name} has no image {reference}", file=sys.stderr)
         return EXIT_FAILED
     verified = all(subject.verified for subject in subjects)
     if args.format == "json":
