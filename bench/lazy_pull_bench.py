@@ -268,8 +268,8 @@ class Writers:
     member, can only be inflated in order. The file of a chunk is made in the caller's thread, before any of its
     chunks is handed over (a file's chunks come in order). At most 4 chunks per worker wait."""
 
-    def __init__(self, dest: Path) -> None:
-        self.dest = dest
+    def __init__(self, dest: Path, made: bool = False) -> None:
+        self.dest, self.made = dest, made  # made: every file is there already (on_demand made them)
         self.workers = os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(self.workers)
         self._waiting: collections.deque = collections.deque()
@@ -277,7 +277,8 @@ class Writers:
 
     def write(self, entry: estargz.TocEntry, member: bytes) -> None:
         try:
-            _made(entry, self.dest)
+            if not self.made:
+                _made(entry, self.dest)
         except OutsideTree:
             self.skipped += 1
             return
@@ -469,13 +470,18 @@ def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estarg
     return (*found, links) if found else None
 
 
+FETCHERS = 4  # range requests in flight at once, each on a connection of its own, as a snapshotter keeps several
+
+
 def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[str], dest: Path,
               ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> tuple[float, int]:
     """The members of files (each from the top-most layer holding it, the links on the way placed too), one range
-    request per contiguous span: (seconds, entries it could not place). A file with ranges (what a start reads of it)
-    gets only the chunks holding a byte of them, as a snapshotter fetches a chunk when a read reaches it. The TOCs
-    are already here: their ranges are not fetched again."""
+    request per contiguous span, FETCHERS of them in flight (the link stays busy while a span's chunks are inflated):
+    (seconds, entries it could not place). A file with ranges (what a start reads of it) gets only the chunks holding
+    a byte of them, as a snapshotter fetches a chunk when a read reaches it. The TOCs are already here: their ranges
+    are not fetched again. The requests and bytes of every connection are counted on client."""
     started, skipped = time.perf_counter(), 0
+    spans: list[tuple[str, int, int, list[estargz.TocEntry]]] = []
     for path in files:
         found = _resolve(mounted, path)
         if found is None:
@@ -489,16 +495,42 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
                                                          end > chunk.chunk_offset for start, end in ranges[path])]
         if not entries:
             skipped += _placed(_place, entry, dest)
-        for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries):
-            response, position, writers = Pipelined(client.open(layer.name, start, end - start)), start, Writers(dest)
-            for chunk in entries:  # in blob order: each member written as its bytes arrive
-                if start <= chunk.offset < end:
-                    _skip(response, chunk.offset - position)
-                    writers.write(chunk, _read(response, chunk.next_offset - chunk.offset))
-                    position = chunk.next_offset
-            skipped += writers.close()
-            response.finish()
+            continue
+        if _placed(_fresh, entries[0].name, dest):  # made here, once: spans of one file are written side by side
+            skipped += 1
+            continue
+        spans += [(layer.name, start, end, [chunk for chunk in entries if start <= chunk.offset < end])
+                  for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries)]
+    connections: list[BlobClient] = []
+    local = threading.local()
+
+    def fetch(span: tuple[str, int, int, list[estargz.TocEntry]]) -> int:
+        if not hasattr(local, "client"):
+            local.client = BlobClient(client.port)
+            connections.append(local.client)
+        name, start, end, chunks = span
+        response, position, writers = Pipelined(local.client.open(name, start, end - start)), start, Writers(dest, True)
+        for chunk in chunks:  # in blob order: each member written as its bytes arrive
+            _skip(response, chunk.offset - position)
+            writers.write(chunk, _read(response, chunk.next_offset - chunk.offset))
+            position = chunk.next_offset
+        response.finish()
+        return writers.close()
+
+    with ThreadPoolExecutor(FETCHERS) as pool:
+        skipped += sum(pool.map(fetch, spans))
+    for connection in connections:
+        client.requests += connection.requests
+        client.fetched += connection.fetched
+        connection.close()
     return time.perf_counter() - started, skipped
+
+
+def _fresh(name: str, dest: Path) -> None:
+    target = _target(dest, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clear(target)
+    target.touch()
 
 
 def _read(response: BinaryIO, size: int) -> bytes:
