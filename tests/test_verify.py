@@ -414,7 +414,7 @@ BROKEN_IMAGES = (
     Broken("read-only-venv", RUNTIME, "downstream", ("could not pip-install a package as its user 1000", "/opt/venv",
                                                       "COPY --chown")),
     Broken("broken-torchrun", RUNTIME, "distributed", ("torchrun", "exit code 1", "broken on purpose")),
-    Broken("duplicate-layer", RUNTIME, "layout", ("layer 12 of 12 (COPY file:", "in /torchimages-marker)",
+    Broken("duplicate-layer", RUNTIME, "layout", ("layer 13 of 13 (COPY file:", "in /torchimages-marker)",
                                                    "has the same content as layer 11", "drop the step")),
 )
 

@@ -152,10 +152,11 @@ RUN /opt/venv/bin/python -c 'import sys, urllib.request; urllib.request.urlretri
  && /opt/venv/bin/python /tmp/install_layer.py --inputs http://torchimages-build-inputs:8679 --venv /opt/venv --site /opt/venv/lib/python3.11/site-packages --owner 1000:0 --time 946684800 torch==2.14.1 torchvision==0.29.1 numpy==2.3.5
 # Bytecode of the venv's modules a start imports (`import torch` and a first op, as `torchimages startup-set` runs it),
 # compiled here: a start on a read-only root filesystem, or as a uid that cannot write the venv, would compile them all
-# again each time. Unchecked-hash pyc files (PEP 552) carry no time: the same sources give the same layer.
+# again each time. Checked-hash pyc files (PEP 552) carry the source's hash, no time: the same sources give the same
+# layer, and a derived image that edits a module gets its edit (an unchecked pyc would be run instead).
 RUN touch /tmp/.torchimages-step \
  && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c 'import sys, torch; x = torch.randn(64, 64); (x @ x).sum().item(); torch.nn.functional.conv2d(torch.randn(1, 3, 16, 16), torch.randn(8, 3, 3, 3)).sum().item(); print("\n".join(sorted({m.__file__ for m in list(sys.modules.values()) if (getattr(m, "__file__", None) or "").startswith("/opt/venv/") and m.__file__.endswith(".py")})))' > /tmp/started-modules \
- && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -i /tmp/started-modules \
+ && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -m compileall -q -f --invalidation-mode checked-hash -i /tmp/started-modules \
  && rm /tmp/started-modules \
  && find /opt/venv -newercc /tmp/.torchimages-step -exec chown -h 1000:0 {} + \
  && find /opt/venv -newercc /tmp/.torchimages-step ! -type l -exec chmod g=u {} + \

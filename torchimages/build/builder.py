@@ -38,6 +38,7 @@ from .reproducible import base_entries, settle_image, source_date
 from .wheel_record import read_wheel_record, wheel_record_path, write_wheel_record  # noqa: F401
 
 INPUT_HASH_LABEL = f"{LABEL_PREFIX}.input-hash"
+REVISION_LABEL = "org.opencontainers.image.revision"  # the row folder's commit (reproducible.source_date)
 # A build step that prints nothing for this long is stuck (pip, apt and the compilers print as they go): the build is
 # failed, naming the engine, instead of waiting forever on a wedged dockerd.
 BUILD_SILENCE_S = 3600
@@ -145,7 +146,7 @@ def runtime_labels(context: BuildContext) -> dict[str, str]:
     return {
         INPUT_HASH_LABEL: context.input_hash,
         "org.opencontainers.image.created": context.source.timestamp,
-        "org.opencontainers.image.revision": context.source.commit,
+        REVISION_LABEL: context.source.commit,
         "org.opencontainers.image.base.digest": context.base_image_id,
     }
 
@@ -208,7 +209,11 @@ class Builder:
             return None, BuildResult(spec.tag, "failed", error=str(error))
         if not (self.options.force or self.options.no_cache or spec.tag in self.options.security_refresh):
             existing = engine.inspect_image(self.client, local_name(spec))
-            if existing and (existing["Config"].get("Labels") or {}).get(INPUT_HASH_LABEL) == context.input_hash:
+            labels = (existing["Config"].get("Labels") or {}) if existing else {}
+            # Same inputs, but an image labelled with another revision (built from uncommitted files, then committed)
+            # is built again: what it says of its source, and so its id, would not be a build of this tree's.
+            if existing and labels.get(INPUT_HASH_LABEL) == context.input_hash and labels.get(REVISION_LABEL) == \
+                    source_date(self.options.images_dir / spec.tag).commit:
                 return None, BuildResult(spec.tag, "skipped", local_name(spec), existing["Id"], existing["Size"],
                                          input_hash=context.input_hash, log=str(self._log_path(spec)))
         if self.options.inputs_server == "loopback" and not engine_is_local():
