@@ -415,7 +415,7 @@ BROKEN_IMAGES = (
                                                       "COPY --chown")),
     Broken("broken-torchrun", RUNTIME, "distributed", ("torchrun", "exit code 1", "broken on purpose")),
     Broken("duplicate-layer", RUNTIME, "layout", ("layer 13 of 13 (COPY file:", "in /torchimages-marker)",
-                                                   "has the same content as layer 11", "drop the step")),
+                                                   "has the same content as layer 12", "drop the step")),
 )
 
 
