@@ -144,3 +144,48 @@ def test_measured_sizes_are_kept_by_diff_id_and_a_damaged_cache_is_measured_agai
     for damaged in ("{", "[]", '{"1": {"sha256:x": "ten", "other": 3}}'):
         cache.write_text(damaged)
         assert image_layers.cached_sizes() == {1: {}, 6: {}}
+
+
+def test_one_measuring_save_at_a_time_the_second_waits_and_a_lock_never_fails_the_check(tmp_path, monkeypatch):
+    """Two layout checks at once (the CUDA rows verified side by side) would hold two `docker save` copies on the
+    engine's disk: the second waits for the first. Past its wait, or where the cache folder cannot be made, it goes
+    on (the lock saves disk; it never fails a check)."""
+    import threading
+    import time
+
+    from torchimages.verify.image_layers import one_save_at_a_time
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    order: list[str] = []
+    first_holds, second_may_go = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with one_save_at_a_time():
+            order.append("first in")
+            first_holds.set()
+            second_may_go.wait(10)
+            order.append("first out")
+
+    def second() -> None:
+        first_holds.wait(10)
+        with one_save_at_a_time():
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    first_holds.wait(10)
+    time.sleep(1.2)  # the second polls twice a second: given time, it would have entered
+    second_may_go.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["first in", "first out", "second in"]
+
+    with one_save_at_a_time():  # held here, a second one that may not wait goes on
+        with one_save_at_a_time(wait_s=0):
+            order.append("went on")
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    with one_save_at_a_time():
+        order.append("no folder")
+    assert order[-2:] == ["went on", "no folder"]

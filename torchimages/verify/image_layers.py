@@ -13,13 +13,16 @@ layers, a nightly's unchanged layers) is not saved again.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import tarfile
+import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import docker
@@ -32,6 +35,8 @@ from ..model import TorchImagesError
 
 FAST_LEVEL, PUSH_LEVEL = 1, 6
 SIZES_CACHE = "layer-gzip-sizes.json"  # {"<level>": {diff id: bytes}} in cache_folder()
+SAVE_LOCK = "layer-gzip-sizes.lock"  # held while a save is measured (one_save_at_a_time)
+SAVE_WAIT_S = 1800  # a save of a CUDA devel image and its gzip take about 2 minutes here
 # `#(nop) ` marks a history entry of an instruction that ran no command; of those, only COPY and ADD write a layer.
 METADATA_ONLY = re.compile(r"#\(nop\)\s+(?!COPY\b|ADD\b)[A-Z]+\b", re.ASCII)
 
@@ -51,20 +56,54 @@ def _layer_facts(api: docker.APIClient, image_id: str, limit: int) -> dict:
     # A gzip of incompressible bytes adds about 0.03%: a layer just under the limit is measured too.
     large = {layer["diff_id"] for layer in layers if layer["size"] is None or layer["size"] > limit * 0.99}
     if large:
-        known = cached_sizes()
-        sizes = {diff_id: known[FAST_LEVEL][diff_id] for diff_id in large if diff_id in known[FAST_LEVEL]}
-        if large - set(sizes):
-            sizes.update(gzip_sizes(api.get_image(image_id), large - set(sizes), limit * 0.99, FAST_LEVEL))
-        over = {diff_id for diff_id, size in sizes.items() if size > limit}
-        exact = {diff_id: known[PUSH_LEVEL][diff_id] for diff_id in over if diff_id in known[PUSH_LEVEL]}
-        if over - set(exact):
-            exact.update(gzip_sizes(api.get_image(image_id), over - set(exact), limit * 0.99, PUSH_LEVEL))
-        keep_sizes({FAST_LEVEL: sizes, PUSH_LEVEL: exact})
-        for layer in layers:
-            layer["gzip_size"] = exact.get(layer["diff_id"], sizes.get(layer["diff_id"]))
-            layer["gzip_level"] = (PUSH_LEVEL if layer["diff_id"] in exact else FAST_LEVEL) \
-                if layer["diff_id"] in sizes else None
+        with one_save_at_a_time():
+            _measure(api, image_id, layers, large, limit)
     return {"layers": layers, "limit": limit}
+
+
+def _measure(api: docker.APIClient, image_id: str, layers: list[dict], large: set[str], limit: int) -> None:
+    known = cached_sizes()  # read under the lock: what a run that held it before measured
+    sizes = {diff_id: known[FAST_LEVEL][diff_id] for diff_id in large if diff_id in known[FAST_LEVEL]}
+    if large - set(sizes):
+        sizes.update(gzip_sizes(api.get_image(image_id), large - set(sizes), limit * 0.99, FAST_LEVEL))
+    over = {diff_id for diff_id, size in sizes.items() if size > limit}
+    exact = {diff_id: known[PUSH_LEVEL][diff_id] for diff_id in over if diff_id in known[PUSH_LEVEL]}
+    if over - set(exact):
+        exact.update(gzip_sizes(api.get_image(image_id), over - set(exact), limit * 0.99, PUSH_LEVEL))
+    keep_sizes({FAST_LEVEL: sizes, PUSH_LEVEL: exact})
+    for layer in layers:
+        layer["gzip_size"] = exact.get(layer["diff_id"], sizes.get(layer["diff_id"]))
+        layer["gzip_level"] = (PUSH_LEVEL if layer["diff_id"] in exact else FAST_LEVEL) \
+            if layer["diff_id"] in sizes else None
+
+
+@contextlib.contextmanager
+def one_save_at_a_time(wait_s: float = SAVE_WAIT_S) -> Iterator[None]:
+    """One measuring save at a time for this user (a flock in the cache folder): Docker 20.10 writes each save to
+    a temporary folder on the engine's disk first, so two at once hold two images' copies (the CUDA rows verified side
+    by side: 12.7 GB at once, which filled a CI runner's disk; docs/benchmarks-log.md), and the second then finds the
+    layers the two share measured. Past wait_s, or where the folder cannot be written, it measures anyway: the lock
+    saves disk, the check never fails for it."""
+    folder = cache_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = os.open(folder / SAVE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.5)
+        yield
+    finally:
+        os.close(handle)  # the lock goes with the descriptor
 
 
 def cache_folder(environ: Mapping[str, str] = os.environ) -> Path:
