@@ -4,8 +4,10 @@ first op. A lazily pulled image needs exactly these first; the rest can come whi
 One container of the image: the page cache of its files is dropped (checks/startup_probe.py, as root), the start runs
 as the image's user (`import torch` and a first op: a matmul and a convolution; on GPUs also `torch.cuda.init()`, a
 bf16 matmul and a cuDNN convolution), then the pages in the cache are read back with `mincore` (what the start read,
-and what the kernel read ahead around it: what a lazy pull fetches too). Each file is the topmost layer's that holds
-it, read from a `docker save` of the image (its file lists only).
+and what the kernel read ahead around it: what a lazy pull fetches too). How far the kernel reads ahead is the disk's
+setting; with `binds` (snapshotter_view.py) /usr and /opt are read from a loop device that reads ahead as a lazy-pull
+snapshotter's mount does. Each file is the topmost layer's that holds it, read from a `docker save` of the image (its
+file lists only).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class StartupSet:
     image_id: str
     start: str
     start_s: float
+    readahead_kib: int | None = None  # the loop copy's read-ahead (snapshotter_view.py); None: the engine's disk's
     files: dict[str, dict] = field(default_factory=dict)  # path -> {size, ranges, layer}
     layers: list[dict] = field(default_factory=list)  # bottom first: {diff_id, bytes, read}
 
@@ -53,19 +56,23 @@ class StartupSet:
 
     def to_json(self) -> dict:
         return {"image_id": self.image_id, "start": self.start, "start_s": self.start_s,
+                "readahead_kib": self.readahead_kib,
                 "read_bytes": self.read_bytes, "image_bytes": self.image_bytes, "layers": self.layers,
                 "files": self.files}
 
 
 def measure(docker_client: docker.DockerClient, image: str, spec: ImageSpec,
-            device_requests: list | None = None) -> StartupSet:
-    """device_requests: the GPUs to give the container (none: the CPU start)."""
+            device_requests: list | None = None, binds: dict | None = None,
+            readahead_kib: int | None = None) -> StartupSet:
+    """device_requests: the GPUs to give the container (none: the CPU start); binds: read-only folders over the
+    image's own (snapshotter_view.loop_copy's, whose read-ahead is readahead_kib)."""
     api = docker_client.api
     image_id = api.inspect_image(image)["Id"]
     start = START_GPU if device_requests else START_CPU
     requests = device_requests or None
     container = api.create_container(image, ["sleep", "infinity"], entrypoint=[], network_disabled=True,
-                                     host_config=api.create_host_config(network_mode="none", device_requests=requests))
+                                     host_config=api.create_host_config(network_mode="none", device_requests=requests,
+                                                                       binds=binds or None))
     try:
         api.start(container)
         api.put_archive(container, "/tmp", _probe_archive())
@@ -77,7 +84,7 @@ def measure(docker_client: docker.DockerClient, image: str, spec: ImageSpec,
         resident = json.loads(_exec(api, container, [python, PROBE_PATH, "resident"], "0"))["files"]
     finally:
         api.remove_container(container, force=True)
-    result = StartupSet(image_id, start, start_s)
+    result = StartupSet(image_id, start, start_s, readahead_kib)
     owners, result.layers = layer_files(api.get_image(image_id))
     for path, entry in sorted(resident.items()):
         layer = owners.get(path.lstrip("/"))
