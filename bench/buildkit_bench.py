@@ -65,9 +65,9 @@ def cold_build(client, kind: str, row: str, wheelhouse: Path, scratch: Path) -> 
 
 
 def step_seconds(build_log: str) -> dict[str, float]:
-    """BuildKit's plain progress: each step's name (`#7 [venv 2/3] RUN ...`) and time (`#7 DONE 4.2s`); the classic
-    builder's log has no times (empty)."""
-    names = dict(re.findall(r"^#(\d+) (\[.*)$", build_log, re.MULTILINE))
+    """BuildKit's plain progress: each step's name (`#7 [venv 2/3] RUN ...`, `#20 exporting to image`) and time (`#7
+    DONE 4.2s`); the classic builder's log has no times (empty)."""
+    names = dict(re.findall(r"^#(\d+) (\[.*|exporting .*)$", build_log, re.MULTILINE))
     return {names[number][:100]: float(seconds) for number, seconds in re.findall(r"^#(\d+) DONE ([0-9.]+)s$",
                                                                                    build_log, re.MULTILINE)
             if number in names}

@@ -8,7 +8,10 @@ request), each request answered after a fixed latency (5 ms) and every byte thro
 - full (full_pull): each layer's blob fetched whole, gunzipped and untarred into a folder as it arrives (whiteouts
   applied), the layers one after another as an engine applies them;
 - lazy (lazy_pull, then on_demand): each layer's footer and TOC, then its prefetch area [0, landmark) in one range
-  request, whose files are materialised from their members as the bytes arrive; then, for the files a start reads
+  request, whose files are materialised from their members as the bytes arrive, every layer side by side (as
+  stargz-snapshotter's Mount resolves and prefetches every layer of the manifest at once: containerd/stargz-snapshotter
+  fs/fs.go, 7cf47cba, "Also resolve and cache other layers in parallel"; the start waits for each layer's prefetch,
+  its Check); what an upper layer hides is not written (MergedView); then, for the files a start reads
   that no prefetch area held, their members, one range request per contiguous span (a file's chunks are contiguous):
   of a file the start reads only in part (a startup-set record's ranges), only the chunks holding a byte it reads, as
   a snapshotter fetches a chunk when a read reaches it. The other entries' metadata, which a snapshotter serves from
@@ -341,8 +344,8 @@ def apply_layer(archive: tarfile.TarFile, dest: Path) -> int:
             if _whiteout(dest, member.name):
                 continue
             target = _target(dest, member.name)
-            if not member.isdir() and (target.is_symlink() or target.is_file()):
-                target.unlink()  # a file of a lower layer replaced, never written through
+            if not member.isdir() or target.is_symlink() or (target.exists() and not target.is_dir()):
+                _clear(target)  # a lower layer's entry replaced (a folder by a link too), never written through
             archive.extract(member, dest, filter="tar")
             if member.issym():
                 _INSIDE.clear()
@@ -411,23 +414,86 @@ def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
         target.chmod(entry.mode & 0o777)
 
 
+class Connections:
+    """A keep-alive connection per thread (a BlobClient serves one request at a time), their requests and bytes
+    counted on client when closed."""
+
+    def __init__(self, client: BlobClient) -> None:
+        self.client, self._local, self._all = client, threading.local(), []
+        self._lock = threading.Lock()
+
+    def get(self) -> BlobClient:
+        if not hasattr(self._local, "client"):
+            self._local.client = BlobClient(self.client.port)
+            with self._lock:
+                self._all.append(self._local.client)
+        return self._local.client
+
+    def close(self) -> None:
+        for connection in self._all:
+            self.client.requests += connection.requests
+            self.client.fetched += connection.fetched
+            connection.close()
+
+
+class MergedView:
+    """Which entries of a layer the layers above it hide, as overlayfs merges them: the same name above (but a folder
+    over a folder, which merge), a whiteout of it or of a folder above it, an opaque folder above it, or a folder of
+    its path that is no folder above. Layers materialised side by side into one tree leave out what is hidden, so the
+    tree is what the layers applied in order give, whichever layer's thread writes first."""
+
+    def __init__(self, tocs: Sequence[estargz.Toc]) -> None:
+        self.tocs = list(tocs)
+        self._folders: dict[tuple[int, str], bool] = {}
+
+    def hidden(self, index: int, entry: estargz.TocEntry) -> bool:
+        name = estargz.clean_name(entry.name)
+        folder, base = posixpath.split(name)
+        for upper in self.tocs[index + 1:]:
+            above = upper.lookup(name)
+            if above is not None and not (above.type == "dir" and entry.type == "dir"):
+                return True
+            if upper.lookup(posixpath.join(folder, WHITEOUT + base)) is not None:
+                return True
+        return self._folder_hidden(index, folder)
+
+    def _folder_hidden(self, index: int, folder: str) -> bool:
+        if folder in ("", "/", "."):
+            return False
+        if (index, folder) not in self._folders:
+            parent, base = posixpath.split(folder)
+            hidden = any((above := upper.lookup(folder)) is not None and above.type != "dir"
+                         or upper.lookup(posixpath.join(parent, WHITEOUT + base)) is not None
+                         or upper.lookup(posixpath.join(folder, OPAQUE)) is not None
+                         for upper in self.tocs[index + 1:])
+            self._folders[(index, folder)] = hidden or self._folder_hidden(index, parent)
+        return self._folders[(index, folder)]
+
+
 def lazy_pull(client: BlobClient, layers: Sequence[tuple[str, int, str]],
               dest: Path) -> tuple[float, list[LazyLayer], int]:
     """Each eStargz layer (name, size, TOC digest: what its descriptor says) by its footer and TOC, checked, then its
-    prefetch area in one request, materialised as it arrives: (seconds, the layers with their TOCs, the entries it
-    could not place). Each chunk is checked against its TOC digest (estargz.chunk_content), as a snapshotter does."""
+    prefetch area in one request, materialised as it arrives, every layer side by side on a connection of its own:
+    (seconds, the layers with their TOCs, the entries it could not place). Each chunk is checked against its TOC
+    digest (estargz.chunk_content), as a snapshotter does. Whiteouts are not applied: what they hide is not written."""
     started = time.perf_counter()
-    mounted, skipped = [], 0
-    for name, size, toc_digest in layers:
-        toc = estargz.read_toc(functools.partial(client.get, name), size, toc_digest)
-        mounted.append(LazyLayer(name, size, toc))
-        end = toc.prefetch_end()
+    connections = Connections(client)
+
+    def resolve(layer: tuple[str, int, str]) -> LazyLayer:
+        name, size, toc_digest = layer
+        return LazyLayer(name, size, estargz.read_toc(functools.partial(connections.get().get, name), size, toc_digest))
+
+    def prefetch(index: int) -> int:
+        layer, skipped = mounted[index], 0
+        end = layer.toc.prefetch_end()
         if not end:
-            continue
-        landmark = next(index for index, entry in enumerate(toc.entries) if entry.name == estargz.PREFETCH_LANDMARK)
-        response = Pipelined(client.open(name, 0, end))
+            return 0
+        landmark = next(at for at, entry in enumerate(layer.toc.entries) if entry.name == estargz.PREFETCH_LANDMARK)
+        response = Pipelined(connections.get().open(layer.name, 0, end))
         position, writers = 0, Writers(dest)
-        for entry in toc.entries[:landmark]:
+        for entry in layer.toc.entries[:landmark]:
+            if view.hidden(index, entry) or posixpath.basename(entry.name).startswith(WHITEOUT):
+                continue  # read past (the area is one request), never written
             if not entry.has_data:
                 skipped += _placed(_place, entry, dest)
                 continue
@@ -436,6 +502,15 @@ def lazy_pull(client: BlobClient, layers: Sequence[tuple[str, int, str]],
             position = entry.next_offset
         skipped += writers.close()
         response.finish()
+        return skipped
+
+    try:
+        with ThreadPoolExecutor(max(1, len(layers))) as pool:
+            mounted = list(pool.map(resolve, layers))
+            view = MergedView([layer.toc for layer in mounted])
+            skipped = sum(pool.map(prefetch, range(len(mounted))))
+    finally:
+        connections.close()
     return time.perf_counter() - started, mounted, skipped
 
 
@@ -501,15 +576,12 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
             continue
         spans += [(layer.name, start, end, [chunk for chunk in entries if start <= chunk.offset < end])
                   for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries)]
-    connections: list[BlobClient] = []
-    local = threading.local()
+    connections = Connections(client)
 
     def fetch(span: tuple[str, int, int, list[estargz.TocEntry]]) -> int:
-        if not hasattr(local, "client"):
-            local.client = BlobClient(client.port)
-            connections.append(local.client)
         name, start, end, chunks = span
-        response, position, writers = Pipelined(local.client.open(name, start, end - start)), start, Writers(dest, True)
+        response, position = Pipelined(connections.get().open(name, start, end - start)), start
+        writers = Writers(dest, True)
         for chunk in chunks:  # in blob order: each member written as its bytes arrive
             _skip(response, chunk.offset - position)
             writers.write(chunk, _read(response, chunk.next_offset - chunk.offset))
@@ -517,12 +589,11 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
         response.finish()
         return writers.close()
 
-    with ThreadPoolExecutor(FETCHERS) as pool:
-        skipped += sum(pool.map(fetch, spans))
-    for connection in connections:
-        client.requests += connection.requests
-        client.fetched += connection.fetched
-        connection.close()
+    try:
+        with ThreadPoolExecutor(FETCHERS) as pool:
+            skipped += sum(pool.map(fetch, spans))
+    finally:
+        connections.close()
     return time.perf_counter() - started, skipped
 
 
@@ -599,18 +670,39 @@ def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[st
             chunk_size: int = estargz.CHUNK_SIZE) -> dict:
     """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts. ranges:
     what the start reads of a demand file (all of it where absent), fetched by chunk and read back alike."""
-    blobs: dict[str, Path] = {}
-    plain: list[str] = []
-    lazy: list[tuple[str, int, str]] = []
     started = time.perf_counter()
+    blobs = convert_layers(layers, prefetch, work, chunk_size)
+    return pull_both(blobs, prefetch, demand, work, rate, latency_s, ranges) | {
+        "convert_s": round(time.perf_counter() - started, 1), "chunk_size": chunk_size}
+
+
+@dataclass
+class Blobs:
+    """Each layer twice: plain gzip (what a plain push uploads) and eStargz (name, size, TOC digest), in folder."""
+
+    folder: Path
+    plain: list[str]
+    lazy: list[tuple[str, int, str]]
+
+    def paths(self) -> dict[str, Path]:
+        return {name: self.folder / name for name in [*self.plain, *(name for name, _, _ in self.lazy)]}
+
+
+def convert_layers(layers: Sequence[Path], prefetch: Sequence[str], folder: Path, chunk_size: int) -> Blobs:
+    blobs = Blobs(folder, [], [])
     for index, layer in enumerate(layers):
-        gzip_blob(layer, work / f"{index}.tar.gz")
-        converted = estargz.convert(layer, work / f"{index}.esgz", prefetch, chunk_size=chunk_size)
-        blobs[f"{index}.tar.gz"], blobs[f"{index}.esgz"] = work / f"{index}.tar.gz", work / f"{index}.esgz"
-        plain.append(f"{index}.tar.gz")
-        lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
-    convert_s = time.perf_counter() - started
-    with serving(blobs, rate, latency_s) as server:
+        gzip_blob(layer, folder / f"{index}.tar.gz")
+        converted = estargz.convert(layer, folder / f"{index}.esgz", prefetch, chunk_size=chunk_size)
+        blobs.plain.append(f"{index}.tar.gz")
+        blobs.lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
+    return blobs
+
+
+def pull_both(blobs: Blobs, prefetch: Sequence[str], demand: Sequence[str], work: Path, rate: float = RATE,
+              latency_s: float = LATENCY_S, ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> dict:
+    """The full pull and the lazy one of the same blobs, unpacked under work/full and work/lazy; the facts."""
+    plain, lazy = blobs.plain, blobs.lazy
+    with serving(blobs.paths(), rate, latency_s) as server:
         full_client, lazy_client = BlobClient(server.port), BlobClient(server.port)
         full_s, skipped = full_pull(full_client, plain, work / "full")
         full_s += _timed(read_back, work / "full", [*prefetch, *demand], ranges)
@@ -620,14 +712,14 @@ def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[st
         full_client.close()
         lazy_client.close()
     esgz_bytes = sum(size for _, size, _ in lazy)
-    gzip_bytes = sum(blobs[name].stat().st_size for name in plain)
+    gzip_bytes = sum((blobs.folder / name).stat().st_size for name in plain)
     return {"full_s": round(full_s, 3), "lazy_s": round(lazy_s, 3), "R_emulated": round(lazy_s / full_s, 4),
             "B": round(lazy_client.fetched / esgz_bytes, 4), "B_of_gzip": round(lazy_client.fetched / gzip_bytes, 4),
             "prefetch_s": round(prefetch_s, 3), "on_demand_s": round(demand_s, 3), "gzip_bytes": gzip_bytes,
             "estargz_bytes": esgz_bytes, "lazy_bytes": lazy_client.fetched, "lazy_requests": lazy_client.requests,
             "full_skipped_entries": skipped, "lazy_skipped_entries": lazy_skipped + demand_skipped,
-            "convert_s": round(convert_s, 1), "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000,
-            "chunk_size": chunk_size, "prefetch_files": len(prefetch), "on_demand_files": len(demand),
+            "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000,
+            "prefetch_files": len(prefetch), "on_demand_files": len(demand),
             "on_demand_by_chunk": len(ranges or {})}
 
 
@@ -743,6 +835,27 @@ def split_record(files: dict[str, dict], chunk_size: int,
     return prefetch, demand, ranges
 
 
+def kept_blobs(folder: Path, image: Path, prefetch: Sequence[str], chunk_size: int,
+               work: Path) -> tuple[Blobs, float]:
+    """The blobs kept in folder when they were made from this image file (its path, size and time), prefetch list
+    and chunk size; else made there now (its old blobs removed first). (The blobs, the seconds making them took: 0.0
+    when kept.)"""
+    stat = image.stat()
+    key = {"image": str(image.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+           "prefetch": sorted(prefetch), "chunk_size": chunk_size}
+    record = folder / "blobs.json"
+    if record.is_file():
+        kept = json.loads(record.read_text())
+        if kept.get("key") == key:
+            return Blobs(folder, kept["plain"], [tuple(layer) for layer in kept["lazy"]]), 0.0
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    started = time.perf_counter()
+    blobs = convert_layers(saved_layers(image, work), prefetch, folder, chunk_size)
+    record.write_text(json.dumps({"key": key, "plain": blobs.plain, "lazy": blobs.lazy}))
+    return blobs, round(time.perf_counter() - started, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("image", nargs="?", type=Path, help="an image saved with `docker save`")
@@ -755,6 +868,10 @@ def main() -> int:
     parser.add_argument("--whole-files", action="store_true",
                         help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")
+    parser.add_argument("--blobs", type=Path,
+                        help="keep the converted blobs in this folder, and take them from there when the image, the "
+                             "start-up set and the chunk size are the ones they were made from (a CUDA row's "
+                             "conversion takes minutes; the pulls are what is measured)")
     options = parser.parse_args()
     if not options.selftest and not (options.image and options.startup):
         parser.error("IMAGE and STARTUP, or --selftest")
@@ -771,8 +888,13 @@ def main() -> int:
             else:
                 prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
                 demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
-            facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
-                            options.latency_ms / 1000, ranges, chunk_size)
+            if options.blobs:
+                blobs, made_s = kept_blobs(options.blobs, options.image, prefetch, chunk_size, work)
+                facts = pull_both(blobs, prefetch, demand, work, options.rate_mbps * 1e6, options.latency_ms / 1000,
+                                  ranges) | {"convert_s": made_s, "chunk_size": chunk_size}
+            else:
+                facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
+                                options.latency_ms / 1000, ranges, chunk_size)
     print(json.dumps(facts, sort_keys=True))
     return 0
 

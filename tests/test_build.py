@@ -8,7 +8,7 @@ import docker
 import pytest
 
 from torchimages.build.builder import INPUT_HASH_LABEL
-from torchimages.build.reproducible import INLINE_CACHE_KEY, saved_config
+from torchimages.build.reproducible import INLINE_CACHE_KEY, saved_config, stored_config
 from torchimages.build_inputs.container import BuildInputsContainer, ServerFailed
 from torchimages.project import DEFAULT_TEMPLATES
 
@@ -344,6 +344,8 @@ def test_buildkit_writes_the_very_venv_layers_of_the_classic_builder(cpu_images,
         assert runs and not runs & cached, "the no-cache BuildKit build really ran the RUN steps again"
         assert devel[:start + 4] == runtime[:start + 4], "devel shares the runtime layers up to the entrypoint's"
         first = settled_config_of(docker_client, "localhost:5000/test/bk:2.13.0-cpu-runtime")
+        assert stored_config(docker_client.api, docker_client.api.inspect_image(
+            "localhost:5000/test/bk:2.13.0-cpu-runtime")["Id"]) == first, "settled from the store, inline cache and all"
         run_cli(*build, "2.13.0-cpu-runtime", "--no-cache", "--force", check_exit=0)
         second = settled_config_of(docker_client, "localhost:5000/test/bk:2.13.0-cpu-runtime")
         # Every layer and the whole config again, but BuildKit's inline cache: its records are the engine's cache

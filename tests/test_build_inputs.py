@@ -21,7 +21,13 @@ from torchimages.build.builder import default_inputs_server, engine_is_local
 from torchimages.build_inputs import install_layer
 from torchimages.build_inputs.container import upload
 from torchimages.build_inputs.layers import layer_args
-from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX, BuildInputsServer, basic_authorization
+from torchimages.build_inputs.server import (
+    BUILD_INPUTS_PORT,
+    TOKEN_HOST_SUFFIX,
+    BuildInputsServer,
+    basic_authorization,
+    planner_zip,
+)
 from torchimages.build_inputs.unpack import LayerWheel, Venv, read_wheels, record_hash, unpack
 
 from .build_fixtures import make_wheel
@@ -271,3 +277,21 @@ def image_layer_files(image):
                 for member in inner.getmembers():
                     if member.isfile() and member.size < 50_000_000:
                         yield member.name, inner.extractfile(member).read()
+
+
+def test_the_planner_brings_its_bytecode_and_pip_runs_from_it(tmp_path):
+    """Issue 58's cold build: a layer step cannot write bytecode into the planner's zip, so each of its plans compiled
+    the pip it imported. Every module now comes with its unchecked-hash bytecode beside it, which zipimport takes on
+    an interpreter of this magic number; pip runs from the zip and says it imported its bytecode."""
+    (tmp_path / "planner.zip").write_bytes(planner_zip())
+    names = set(zipfile.ZipFile(tmp_path / "planner.zip").namelist())
+    sources = {name for name in names if name.endswith(".py")}
+    assert sources and {name[:-3] + ".pyc" for name in sources} <= names
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "planner.zip"), PYTHONDONTWRITEBYTECODE="1")
+    ran = subprocess.run([sys.executable, "-c", "import pip, pip._internal.commands.install as i; "
+                          "print(pip.__file__, i.__file__)"], env=env, capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
+    assert ran.stdout.split() == [f"{tmp_path}/planner.zip/pip/__init__.pyc",
+                                  f"{tmp_path}/planner.zip/pip/_internal/commands/install.pyc"]
+    assert subprocess.run([sys.executable, "-m", "pip", "--version"], env=env, capture_output=True, text=True, check=True,
+                          cwd=tmp_path).stdout.startswith("pip ")

@@ -361,6 +361,41 @@ def test_the_bench_reads_a_saved_image_layer_by_layer(tmp_path):
     assert facts["full_skipped_entries"] == facts["lazy_skipped_entries"] == 0
 
 
+def test_layers_prefetched_side_by_side_give_the_tree_the_layers_applied_in_order_give(tmp_path):
+    """The lazy client prefetches every layer at once (as stargz-snapshotter's Mount does), into one tree: what an
+    upper layer replaces, whites out, makes opaque or turns into a link is never written from below, whichever
+    layer's thread gets there first, and folders merge."""
+    from bench import lazy_pull_bench as bench
+
+    lower, upper = io.BytesIO(), io.BytesIO()
+    with tarfile.open(fileobj=lower, mode="w") as archive:
+        for folder in ("etc", "opt", "opt/pkg", "opt/old", "srv"):
+            _add(archive, folder, type=tarfile.DIRTYPE, mode=0o755)
+        for name in ("etc/conf", "opt/pkg/a", "opt/old/b", "srv/gone", "opt/keep"):
+            _add(archive, name, f"lower {name}".encode() * 500)
+    with tarfile.open(fileobj=upper, mode="w") as archive:
+        for folder in ("etc", "opt", "opt/pkg", "srv"):
+            _add(archive, folder, type=tarfile.DIRTYPE, mode=0o755)
+        _add(archive, "etc/conf", b"upper conf" * 400)
+        _add(archive, "opt/pkg/.wh..wh..opq", b"")
+        _add(archive, "opt/pkg/c", b"upper c" * 300)
+        _add(archive, "opt/old", type=tarfile.SYMTYPE, linkname="pkg")
+        _add(archive, "srv/.wh.gone", b"")
+    layers = []
+    for index, data in enumerate((lower, upper)):
+        layers.append(tmp_path / f"layer{index}.tar")
+        layers[-1].write_bytes(data.getvalue())
+    prefetch = ["/etc/conf", "/opt/pkg/a", "/opt/pkg/c", "/opt/old/b", "/srv/gone", "/opt/keep", "/opt/old"]
+    (tmp_path / "work").mkdir()
+    facts = bench.measure(layers, prefetch, [], tmp_path / "work", rate=1e9, latency_s=0)
+    full, lazy = tmp_path / "work/full", tmp_path / "work/lazy"
+    listing = {tree: sorted(str(path.relative_to(tree)) for path in tree.rglob("*")) for tree in (full, lazy)}
+    assert listing[lazy] == listing[full] == ["etc", "etc/conf", "opt", "opt/keep", "opt/old", "opt/pkg",
+                                              "opt/pkg/c", "srv"]
+    assert (lazy / "etc/conf").read_bytes() == b"upper conf" * 400 and (lazy / "opt/old").is_symlink()
+    assert facts["lazy_skipped_entries"] == 0
+
+
 def test_the_bench_never_writes_through_a_link_out_of_its_tree(tmp_path):
     from bench import lazy_pull_bench as bench
 

@@ -1,6 +1,7 @@
 """Issue 47, the pure parts: the settled image config, the archive that loads it, the source date of a row, and
 where two layers differ. The engine's part (two --no-cache builds, one image id) is tests/test_reproducible_build.py."""
 import base64
+import hashlib
 import io
 import json
 import subprocess
@@ -16,6 +17,7 @@ from torchimages.build.reproducible import (
     saved_config,
     settled_config,
     source_date,
+    stored_config,
 )
 from torchimages.trust.layer_diff import FileEntry, first_differing_file, first_differing_layer, layer_entries
 
@@ -155,3 +157,34 @@ def test_buildkit_s_inline_cache_gets_the_image_s_time_and_keeps_everything_else
     assert json.loads(base64.b64decode(settled[INLINE_CACHE_KEY])) == [
         {"layers": [{"layer": 2, "createdAt": iso_time(0)}], "digest": "sha256:17b3", "inputs": [[{"link": 20}]]}]
     assert settled_config({**BUILT, INLINE_CACHE_KEY: "not base64!"}, iso_time(0), 1)[INLINE_CACHE_KEY] == "not base64!"
+
+
+class StoreOnly:
+    """The one call stored_config makes of the engine: where it keeps its images."""
+
+    def __init__(self, root, driver="overlay2"):
+        self.root, self.driver = root, driver
+
+    def info(self) -> dict:
+        return {"DockerRootDir": str(self.root), "Driver": self.driver}
+
+
+def test_the_engine_s_stored_config_is_read_only_where_its_id_vouches_for_it(tmp_path):
+    """Issue 58: a BuildKit build's config read from the engine's store, not a save of the image. The file named by
+    the id is taken only when its sha256 is that id; a missing folder, a short id, another driver's folder, a file
+    whose bytes are not the config (a store we do not understand, a file changed on disk) all give None: the caller
+    saves the image."""
+    content = config_bytes(BUILT)
+    image_hex = hashlib.sha256(content).hexdigest()
+    store = tmp_path / "image" / "overlay2" / "imagedb" / "content" / "sha256"
+    store.mkdir(parents=True)
+    (store / image_hex).write_bytes(content)
+    assert stored_config(StoreOnly(tmp_path), f"sha256:{image_hex}") == BUILT
+    assert stored_config(StoreOnly(tmp_path), image_hex[:12]) is None
+    assert stored_config(StoreOnly(tmp_path, "vfs"), f"sha256:{image_hex}") is None
+    assert stored_config(StoreOnly(tmp_path / "elsewhere"), f"sha256:{image_hex}") is None
+    (store / image_hex).write_bytes(content.replace(b"amd64", b"arm64"))
+    assert stored_config(StoreOnly(tmp_path), f"sha256:{image_hex}") is None
+    other = b'["not a config"]'
+    (store / hashlib.sha256(other).hexdigest()).write_bytes(other)
+    assert stored_config(StoreOnly(tmp_path), f"sha256:{hashlib.sha256(other).hexdigest()}") is None

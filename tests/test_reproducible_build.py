@@ -11,7 +11,13 @@ import docker.errors
 import pytest
 
 from torchimages.build import debs as deb_pins
-from torchimages.build.reproducible import ChunkReader, engine_config, saved_config, settled_config
+from torchimages.build.reproducible import (
+    ChunkReader,
+    engine_config,
+    saved_config,
+    settled_config,
+    stored_config,
+)
 from torchimages.matrix.load import load_matrix
 from torchimages.peers.registry import RegistryClient, RetryPolicy
 from torchimages.peers.registry_access import registry_access
@@ -72,9 +78,9 @@ def test_a_no_cache_build_from_the_recorded_debs_gives_the_very_images_and_manif
 
 
 def test_the_config_read_without_a_save_is_the_one_a_save_gives(cpu_images, docker_client):
-    """Issue 58: a classic build's config is read from the engine's inspect and history (and its base's own config),
-    not from a `docker save` of the whole image: settled, it is byte for byte the config the save gives, so the images
-    keep their ids and published digests."""
+    """Issue 58: a classic build's config is read from the engine's store, or else its inspect and history (and its
+    base's own config), not from a `docker save` of the whole image: settled, it is byte for byte the config the save
+    gives, so the images keep their ids and published digests."""
     api = docker_client.api
     for name in cpu_images.values():
         saved = saved_config(api.get_image(name))
@@ -83,6 +89,7 @@ def test_the_config_read_without_a_save_is_the_one_a_save_gives(cpu_images, dock
         assert read is not None, f"{name}: its history did not add up to its layers"
         assert settled_config(read, saved["created"], base_history) == settled_config(saved, saved["created"],
                                                                                       base_history)
+        assert stored_config(api, api.inspect_image(name)["Id"]) == saved, "the engine's store: the very config"
 
 
 def tampered_copy(docker_client, image: str, name: str, path: str, scratch) -> None:

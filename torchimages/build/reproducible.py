@@ -4,8 +4,9 @@ writes into an image's config that depends on the run is rewritten after the bui
 The layers are made reproducible where they are written (templates/macros.j2: the venv's file time, the OS steps'
 os_step_begin/os_step_end). What remains is the image config: the classic builder dates it and every history entry
 with the clock and names the container that committed it (Docker 20.10 has no SOURCE_DATE_EPOCH for it). The config
-is read from the engine (from its inspect and history where the classic builder made the image, else a `docker save`
-stream, read through), rewritten here (pure), and loaded back with the
+is read from the engine, the cheapest way that works (the engine's own store, where this host can read it; else its
+inspect and history, where the classic builder made the image; else a `docker save` stream, read through), rewritten
+here (pure), and loaded back with the
 layers the engine already holds: `docker load` takes a layer it has by its chain id, so the archive loaded carries
 the config and manifest alone. The image built keeps its parent chain in the engine, untagged, so that the next build
 takes its steps from the cache and settles to the same image again.
@@ -39,6 +40,7 @@ RUN_DEPENDENT_KEYS = ("container", "container_config", "docker_version")
 # BuildKit's inline cache in the config (the builder asks for it: a fresh runner's build takes layers from the image)
 INLINE_CACHE_KEY = "moby.buildkit.cache.v0"
 MAX_CONFIG_BYTES = 4 << 20  # an image config is kilobytes (a history entry per step); a layer blob is not read
+FULL_IMAGE_ID = re.compile(r"sha256:([0-9a-f]{64})", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,33 @@ def engine_config(api: docker.APIClient, image_id: str, base: str) -> dict | Non
     return config
 
 
+def stored_config(api: docker.APIClient, image_id: str) -> dict | None:
+    """The config as the engine keeps it, read from its image store where this host can read that folder (a local
+    engine and a user who may read its root folder: root on a CI runner, as the project's own engine). An image's id
+    is the sha256 of its config, so the file named by the id is checked against it, never trusted. This is the only
+    read of a BuildKit build's config short of a save: its inline cache is in no inspect field. None where the folder
+    is not this host's or not readable, the engine keeps images elsewhere (the containerd image store) or the file is
+    not the config: the caller reads it another way."""
+    matched = FULL_IMAGE_ID.fullmatch(image_id)
+    info = api.info()
+    root, driver = info.get("DockerRootDir"), info.get("Driver")
+    if not matched or not isinstance(root, str) or not isinstance(driver, str):
+        return None
+    path = Path(root) / "image" / driver / "imagedb" / "content" / "sha256" / matched.group(1)
+    try:
+        with open(path, "rb") as stored:
+            content = stored.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return None
+    if hashlib.sha256(content).hexdigest() != matched.group(1):
+        return None
+    try:
+        config = json.loads(content)
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) and isinstance(config.get("rootfs"), dict) else None
+
+
 def base_entries(api: docker.APIClient, base: str) -> int:
     """How many history entries an image built FROM base takes from it (`docker history` lists one per entry)."""
     return len(api.history(base))
@@ -215,8 +244,10 @@ def settle_image(api: docker.APIClient, image_id: str, name: str, created: str, 
                  classic_base: str | None = None) -> str:
     """Rewrite the config of the image built (see the module's doc) and tag the result name; its id. from_base: the
     number of history entries that are its base's (base_entries). classic_base: the base of a classic build, whose
-    config is then read without saving the image (engine_config)."""
-    config = (engine_config(api, image_id, classic_base) if classic_base else None) \
+    config can be read without saving the image where the engine's store cannot (engine_config). A save is the last
+    way: Docker 20.10 writes the whole image into a folder on its disk before it streams it (issue 58)."""
+    config = stored_config(api, image_id) \
+        or (engine_config(api, image_id, classic_base) if classic_base else None) \
         or saved_config(api.get_image(image_id))
     settled = config_bytes(settled_config(config, created, from_base))
     for answer in api.load_image(load_archive(settled, len(config["rootfs"]["diff_ids"]), name)):
