@@ -62,14 +62,56 @@ def test_wheel_members_are_confined_to_their_scheme_folder(tmp_path, members, na
     assert said in str(refused.value)
 
 
-def test_a_wheel_with_a_bad_crc_is_refused_before_streaming(tmp_path):
-    from torchimages.build_inputs.unpack import WheelError
-    wheel = hostile_wheel(tmp_path, {"demo_pkg/__init__.py": b"MARKER-" + b"a" * 100})
-    data = wheel.read_bytes()
-    wheel.write_bytes(data.replace(b"MARKER-", b"MARKED-"))  # stored: the bytes change, the CRC does not
+def damaged_wheel(folder: Path) -> Path:
+    wheel = hostile_wheel(folder, {"demo_pkg/__init__.py": b"MARKER-" + b"a" * 100})
+    wheel.write_bytes(wheel.read_bytes().replace(b"MARKER-", b"MARKED-"))  # stored: the bytes change, the CRC does not
+    return wheel
+
+
+def test_a_wheel_with_a_bad_crc_never_makes_a_whole_layer(tmp_path):
+    """The CRCs are checked as the members are unpacked (issue 58: a check before the stream inflated every wheel
+    twice): the damaged member is a WheelError naming the wheel, and the tar written up to it has no end."""
+    import io
+
+    from torchimages.build_inputs.unpack import LayerWheel, Venv, WheelError, read_wheels, unpack
+    wheel = damaged_wheel(tmp_path)
+    venv = Venv(**LAYER_VENV)
+    out = io.BytesIO()
     with pytest.raises(WheelError) as refused:
-        layer_of(wheel)
-    assert "CRC" in str(refused.value)
+        unpack(read_wheels([LayerWheel(wheel, True)], venv), venv, out)
+    assert "CRC" in str(refused.value) and wheel.name in str(refused.value)
+    assert not out.getvalue().endswith(bytes(1024)), "the tar's end was written after the damaged member"
+
+
+def test_a_layer_cut_short_by_a_damaged_wheel_is_refused_by_the_step_with_the_server_s_reason(tmp_path):
+    """Over HTTP: the server sends a layer in chunks and ends it with the last one only when it is whole. A stream
+    cut short (here by a damaged member) is refused by the step's reader, which asks the server why, where a tar cut
+    at a member's end would have extracted without a word; a whole layer reads to its end."""
+    import io
+    import tarfile
+    import urllib.request
+
+    from torchimages.build_inputs import install_layer
+    from torchimages.build_inputs.server import BUILD_INPUTS_PORT, TOKEN_HOST_SUFFIX, BuildInputsServer
+    damaged = damaged_wheel(tmp_path / "damaged")
+    good = hostile_wheel(tmp_path / "good", {"demo_pkg/__init__.py": b"print('hello')\n"})
+    token = "c" * 48
+    with BuildInputsServer({"damaged.whl": damaged, "good.whl": good}, "", None, token) as served, within(30):
+        url = f"http://{served.address}:{BUILD_INPUTS_PORT}"
+        install_layer.authorize({"no_proxy": token + TOKEN_HOST_SUFFIX})
+        try:
+            said = {}
+            for name in ("good.whl", "damaged.whl"):
+                post = urllib.request.Request(url + "/layer.tar", data=json.dumps(
+                    {"wheels": [[name, True]], "venv": LAYER_VENV}).encode(), headers={"Content-Type": "application/json"})
+                sink = io.BytesIO()
+                said[name] = (install_layer.receive_layer(url, post, sink), sink.getvalue())
+        finally:
+            urllib.request.install_opener(None)
+    assert said["good.whl"][0] is None
+    with tarfile.open(fileobj=io.BytesIO(said["good.whl"][1])) as layer:
+        assert "opt/venv/lib/python3.11/site-packages/demo_pkg/__init__.py" in layer.getnames()
+    assert "CRC" in said["damaged.whl"][0] and "damaged" in said["damaged.whl"][0]
 
 
 def test_a_good_wheel_still_makes_its_layer(tmp_path):

@@ -10,6 +10,7 @@ g=u and one file time. Either way the same wheels give byte-identical layers. Ev
 bundle) is deleted before the step ends: none of it reaches a layer."""
 import argparse
 import base64
+import http.client
 import json
 import os
 import re
@@ -110,15 +111,32 @@ def extract_layer(url, names, chosen, venv, site, owner, file_time):
                                   headers={"Content-Type": "application/json"})
     tar = subprocess.Popen(["tar", "--extract", "--file=-", "--directory=/", "--numeric-owner", "--same-owner",
                             "--same-permissions", "--delay-directory-restore"], stdin=subprocess.PIPE)
+    cut = None
     try:
-        with urllib.request.urlopen(post, timeout=600) as response:
-            shutil.copyfileobj(response, tar.stdin, 1 << 20)
-    except urllib.error.HTTPError as error:
-        sys.exit("install_layer: the build-input server wrote no layer: " + error.read().decode(errors="replace"))
+        cut = receive_layer(url, post, tar.stdin)
     finally:
         tar.stdin.close()
-        if tar.wait() != 0:
+        if tar.wait() != 0 and cut is None:
             raise subprocess.CalledProcessError(tar.returncode, ["tar", "--extract", "(the layer from the server)"])
+    if cut is not None:  # what tar wrote is part of a layer: the step fails, so no image keeps it
+        sys.exit("install_layer: the build-input server cut the layer short: " + cut)
+
+
+def receive_layer(url, post, sink):
+    """The layer's stream copied into sink; None once it ended as the server ends a whole layer (its last chunk),
+    else why the server cut it short. A server's refusal before the stream exits here."""
+    try:
+        with urllib.request.urlopen(post, timeout=600) as response:
+            shutil.copyfileobj(response, sink, 1 << 20)
+        return None
+    except urllib.error.HTTPError as error:
+        sys.exit("install_layer: the build-input server wrote no layer: " + error.read().decode(errors="replace"))
+    except http.client.IncompleteRead:
+        try:
+            with urllib.request.urlopen(url + "/layer-error", timeout=60) as response:
+                return response.read(4096).decode(errors="replace").strip() or "(it said no more)"
+        except (OSError, http.client.HTTPException) as error:
+            return f"(and could not be asked why: {error})"
 
 
 def forget_request(site, names):

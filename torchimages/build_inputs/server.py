@@ -68,6 +68,7 @@ class BuildInputsServer:
         self.planner = planner
         self.metadata = {name: _metadata(path) for name, path in wheels.items() if name.endswith(".whl")}
         self.inputs = json.dumps({"pip_conf": pip_conf, "ca_bundle": ca_bundle}).encode()
+        self.layer_errors: list[str] = []  # why a layer's stream was cut short (GET /layer-error: the last)
         self.address = ""
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -149,6 +150,8 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 self._send(owner.inputs, "application/json")
             elif path == "/planner.zip":
                 self._send(owner.planner if owner.planner is not None else planner_zip(), "application/zip")
+            elif path == "/layer-error":
+                self._send((owner.layer_errors[-1] if owner.layer_errors else "").encode(), "text/plain")
             elif path == "/install_layer.py":
                 self._send(INSTALL_SCRIPT.read_bytes(), "text/x-python")
             elif path in ("/wheels", "/wheels/"):
@@ -176,15 +179,24 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
                 self._send(f"no layer: {type(error).__name__ if isinstance(error, RecursionError) else error}\n".encode(),
                            "text/plain", HTTPStatus.BAD_REQUEST)
                 return
-            # No length: the stream is unpacked as it is sent, and its end is the connection's.
+            # No length: the stream is unpacked as it is sent. Chunked, so that its end is said: a layer cut short
+            # (a damaged member found mid-stream) lacks the last chunk, which the step's HTTP reader refuses, where
+            # a tar cut at a member's end extracts without a word (GNU tar exits 0).
+            self.protocol_version = "HTTP/1.1"
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+            body = ChunkedBody(self.wfile)
             try:
-                unpack(layer, venv, cast(IO[bytes], self.wfile))
+                unpack(layer, venv, cast(IO[bytes], body))
+                body.end()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the build step went away (cancelled)
+            except (WheelError, OSError) as error:
+                owner.layer_errors.append(str(error))
 
         def _authorized(self) -> bool:
             """Whether the request carries this build's secret; if not, it is answered 401 and nothing else."""
@@ -228,6 +240,24 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
             pass  # the build log shows what pip fetched
 
     return Handler
+
+
+class ChunkedBody:
+    """HTTP/1.1's chunked transfer coding over a handler's stream: each write one chunk, end() the last one."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.out.write(b"%x\r\n" % len(data))
+            self.out.write(data)
+            self.out.write(b"\r\n")
+        return len(data)
+
+    def end(self) -> None:
+        self.out.write(b"0\r\n\r\n")
+        self.out.flush()
 
 
 def layer_request(request: dict, wheels: dict[str, Path]) -> tuple[list[LayerWheel], Venv]:
