@@ -6,7 +6,8 @@ A blob server on 127.0.0.1 (BlobServer) serves the blobs as a registry would: wh
 request), each request answered after a fixed latency (5 ms) and every byte through one shared link of a fixed rate
 (125 MB/s), so the clients wait on the network as a node pulling from a registry would, on any machine.
 - full (full_pull): each layer's blob fetched whole, gunzipped and untarred into a folder as it arrives (whiteouts
-  applied), the layers one after another as an engine applies them;
+  applied), the layers one after another as an engine applies them, the blob's digest and the tar's diff id checked
+  as dockerd checks them (before 2026-11-29, evening, neither was: the full side did less than an engine does);
 - lazy (lazy_pull, then on_demand): each layer's footer and TOC, then its prefetch area [0, landmark) in one range
   request, whose files are materialised from their members as the bytes arrive, every layer side by side (as
   stargz-snapshotter's Mount resolves and prefetches every layer of the manifest at once: containerd/stargz-snapshotter
@@ -37,6 +38,7 @@ import argparse
 import collections
 import functools
 import gzip
+import hashlib
 import http.client
 import json
 import os
@@ -224,7 +226,9 @@ class Pipelined:
 
     AHEAD = 64 << 20
 
-    def __init__(self, response: BinaryIO) -> None:
+    def __init__(self, response: BinaryIO, digest=None) -> None:
+        """digest: a hashlib object the reading thread feeds every byte received (a puller's blob verifier)."""
+        self._digest = digest
         self._queue: queue.Queue[bytes] = queue.Queue(maxsize=max(1, self.AHEAD // PIECE))
         self._piece, self._at, self._done = b"", 0, False
         self._error: Exception | None = None
@@ -234,6 +238,8 @@ class Pipelined:
     def _fill(self, response: BinaryIO) -> None:
         try:
             while piece := response.read(PIECE):
+                if self._digest is not None:
+                    self._digest.update(piece)
                 self._queue.put(piece)
         except (OSError, http.client.HTTPException) as error:  # handed to the reader, which raises it
             self._error = error
@@ -279,13 +285,17 @@ class Writers:
         self.skipped = 0
 
     def write(self, entry: estargz.TocEntry, member: bytes) -> None:
+        whole = not self.made and entry.type == "reg" and entry.chunk_size == entry.size  # a file in one member
         try:
-            if not self.made:
+            if whole:
+                target = _target(self.dest, entry.name)
+            elif not self.made:
                 _made(entry, self.dest)
         except OutsideTree:
             self.skipped += 1
             return
-        self._waiting.append(self._pool.submit(_placed, _write_chunk, entry, member, self.dest))
+        self._waiting.append(self._pool.submit(_placed, _write_file, entry, member, target) if whole else
+                             self._pool.submit(_placed, _write_chunk, entry, member, self.dest))
         while len(self._waiting) > 4 * self.workers:
             self.skipped += self._waiting.popleft().result()
 
@@ -354,16 +364,40 @@ def apply_layer(archive: tarfile.TarFile, dest: Path) -> int:
     return skipped
 
 
-def full_pull(client: BlobClient, layers: Sequence[str], dest: Path) -> tuple[float, int]:
-    """Each layer's blob fetched whole and unpacked into dest as it arrives: (seconds, entries skipped)."""
+class Digesting:
+    """A reader that feeds what it reads to a digest (the diff id of the tar read through it)."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self.source, self.digest = source, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        self.digest.update(data)
+        return data
+
+
+def full_pull(client: BlobClient, layers: Sequence[str], dest: Path,
+              digests: Mapping[str, tuple[str, str]] | None = None) -> tuple[float, int]:
+    """Each layer's blob fetched whole and unpacked into dest as it arrives: (seconds, entries skipped). With digests
+    (each blob's digest and diff id), both are checked as an engine checks them: dockerd verifies a blob's digest as
+    it downloads it (moby distribution/pull_v2.go, `ld.digest.Verifier()`) and computes the diff id of the tar it
+    applies (layer/layer_store.go); a mismatch is an error."""
     started = time.perf_counter()
     skipped = 0
     for name in layers:
-        response = Pipelined(client.open(name))
+        blob_digest = hashlib.sha256() if digests else None
+        response = Pipelined(client.open(name), blob_digest)
         with gzip.GzipFile(fileobj=response, mode="rb") as unzipped:  # type: ignore[arg-type]
-            with tarfile.open(fileobj=unzipped, mode="r|") as archive:
+            tar = Digesting(unzipped)  # type: ignore[arg-type]
+            with tarfile.open(fileobj=tar, mode="r|") as archive:  # type: ignore[call-overload]
                 skipped += apply_layer(archive, dest)
+            while tar.read(PIECE):  # the tar's end blocks and padding: the diff id covers them
+                pass
         response.finish()  # whatever follows the tar's end: the connection is reused
+        if digests and blob_digest is not None:
+            got = ("sha256:" + blob_digest.hexdigest(), "sha256:" + tar.digest.hexdigest())
+            if got != tuple(digests[name]):
+                raise RuntimeError(f"{name}: digest and diff id {got}, not {tuple(digests[name])}")
     return time.perf_counter() - started, skipped
 
 
@@ -401,6 +435,22 @@ def _made(entry: estargz.TocEntry, dest: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         _clear(target)
         target.touch()
+
+
+def _write_file(entry: estargz.TocEntry, member: bytes, target: Path) -> None:
+    """A file whose one member holds it whole, written in one open (most of a prefetch area's files are small): what
+    stood at its name before (a link, a folder) is replaced, never written through."""
+    content = estargz.chunk_content(member, entry)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    try:
+        descriptor = os.open(target, flags, 0o600)
+    except OSError:
+        _clear(target)
+        descriptor = os.open(target, flags, 0o600)
+    with open(descriptor, "wb") as out:
+        out.write(content)
+        os.fchmod(descriptor, entry.mode & 0o777)
 
 
 def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
@@ -683,6 +733,7 @@ class Blobs:
     folder: Path
     plain: list[str]
     lazy: list[tuple[str, int, str]]
+    digests: dict[str, tuple[str, str]] = field(default_factory=dict)  # a plain blob's digest and diff id
 
     def paths(self) -> dict[str, Path]:
         return {name: self.folder / name for name in [*self.plain, *(name for name, _, _ in self.lazy)]}
@@ -692,10 +743,16 @@ def convert_layers(layers: Sequence[Path], prefetch: Sequence[str], folder: Path
     blobs = Blobs(folder, [], [])
     for index, layer in enumerate(layers):
         gzip_blob(layer, folder / f"{index}.tar.gz")
+        blobs.digests[f"{index}.tar.gz"] = (file_digest(folder / f"{index}.tar.gz"), file_digest(layer))
         converted = estargz.convert(layer, folder / f"{index}.esgz", prefetch, chunk_size=chunk_size)
         blobs.plain.append(f"{index}.tar.gz")
         blobs.lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
     return blobs
+
+
+def file_digest(path: Path) -> str:
+    with path.open("rb") as source:
+        return "sha256:" + hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def pull_both(blobs: Blobs, prefetch: Sequence[str], demand: Sequence[str], work: Path, rate: float = RATE,
@@ -704,7 +761,7 @@ def pull_both(blobs: Blobs, prefetch: Sequence[str], demand: Sequence[str], work
     plain, lazy = blobs.plain, blobs.lazy
     with serving(blobs.paths(), rate, latency_s) as server:
         full_client, lazy_client = BlobClient(server.port), BlobClient(server.port)
-        full_s, skipped = full_pull(full_client, plain, work / "full")
+        full_s, skipped = full_pull(full_client, plain, work / "full", blobs.digests)
         full_s += _timed(read_back, work / "full", [*prefetch, *demand], ranges)
         prefetch_s, mounted, lazy_skipped = lazy_pull(lazy_client, lazy, work / "lazy")
         demand_s, demand_skipped = on_demand(lazy_client, mounted, demand, work / "lazy", ranges)
@@ -846,13 +903,14 @@ def kept_blobs(folder: Path, image: Path, prefetch: Sequence[str], chunk_size: i
     record = folder / "blobs.json"
     if record.is_file():
         kept = json.loads(record.read_text())
-        if kept.get("key") == key:
-            return Blobs(folder, kept["plain"], [tuple(layer) for layer in kept["lazy"]]), 0.0
+        if kept.get("key") == key and "digests" in kept:
+            return Blobs(folder, kept["plain"], [tuple(layer) for layer in kept["lazy"]],
+                         {name: tuple(pair) for name, pair in kept["digests"].items()}), 0.0
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     started = time.perf_counter()
     blobs = convert_layers(saved_layers(image, work), prefetch, folder, chunk_size)
-    record.write_text(json.dumps({"key": key, "plain": blobs.plain, "lazy": blobs.lazy}))
+    record.write_text(json.dumps({"key": key, "plain": blobs.plain, "lazy": blobs.lazy, "digests": blobs.digests}))
     return blobs, round(time.perf_counter() - started, 1)
 
 

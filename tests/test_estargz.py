@@ -309,6 +309,23 @@ def test_the_bench_pulls_fully_and_lazily_to_the_same_files(tmp_path):
     assert facts["full_skipped_entries"] == 0
 
 
+def test_the_full_pull_checks_each_blob_s_digest_and_diff_id_as_an_engine_does(tmp_path):
+    """The full side does what dockerd does with a layer it pulls: the blob's digest checked as it arrives, the
+    diff id of the tar it applies; a mismatch stops it."""
+    from bench import lazy_pull_bench as bench
+
+    prefetch, _ = bench.synthetic_layer(tmp_path / "layer.tar", total=1 << 20, seed=3)
+    blobs = bench.convert_layers([tmp_path / "layer.tar"], prefetch, tmp_path, CHUNK)
+    assert blobs.digests["0.tar.gz"][1] == bench.file_digest(tmp_path / "layer.tar")
+    with bench.serving(blobs.paths(), rate=1e9, latency_s=0) as server:
+        client = bench.BlobClient(server.port)
+        bench.full_pull(client, blobs.plain, tmp_path / "full", blobs.digests)
+        wrong = {name: (blob, "sha256:" + "0" * 64) for name, (blob, _) in blobs.digests.items()}
+        with pytest.raises(RuntimeError, match="diff id"):
+            bench.full_pull(client, blobs.plain, tmp_path / "again", wrong)
+        client.close()
+
+
 def test_the_blob_server_honours_ranges(tmp_path):
     from bench import lazy_pull_bench as bench
 
