@@ -354,7 +354,7 @@ def apply_layer(archive: tarfile.TarFile, dest: Path) -> int:
             if _whiteout(dest, member.name):
                 continue
             target = _target(dest, member.name)
-            if not member.isdir() or target.is_symlink() or (target.exists() and not target.is_dir()):
+            if not member.isdir() and (target.is_symlink() or target.exists()):
                 _clear(target)  # a lower layer's entry replaced (a folder by a link too), never written through
             archive.extract(member, dest, filter="tar")
             if member.issym():
