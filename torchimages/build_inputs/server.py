@@ -245,7 +245,7 @@ def _handler(owner: BuildInputsServer) -> type[BaseHTTPRequestHandler]:
 class ChunkedBody:
     """HTTP/1.1's chunked transfer coding over a handler's stream: each write one chunk, end() the last one."""
 
-    def __init__(self, out: IO[bytes]) -> None:
+    def __init__(self, out: io.BufferedIOBase | IO[bytes]) -> None:
         self.out = out
 
     def write(self, data: bytes) -> int:
