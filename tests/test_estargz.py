@@ -4,7 +4,6 @@ the spec's footer, by GNU tar, and by ctr-remote (Debian's stargz-snapshotter) w
 bench's blob server and clients (bench/lazy_pull_bench.py) on a small layer."""
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import io
@@ -247,7 +246,7 @@ def test_a_blob_that_is_no_estargz_is_refused(layer, converted):
     blob = converted[0]
     small = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob)).data("opt/small.txt")[0]
     with pytest.raises(ValueError, match="chunkDigest"):  # a chunk that is not the one the (verified) TOC names
-        estargz.chunk_content(blob[small.offset:], dataclasses.replace(small, chunk_digest="sha256:" + "0" * 64))
+        estargz.chunk_content(blob[small.offset:], small._replace(chunk_digest="sha256:" + "0" * 64))
     lying = estargz.footer(10**9)  # a TOC offset past the blob's end
     with pytest.raises(ValueError, match="outside"):
         estargz.read_toc(lambda start, length: (plain + lying)[start:start + length], len(plain) + len(lying))

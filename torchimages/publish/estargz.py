@@ -48,7 +48,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..files import atomic_output
 
@@ -80,6 +80,8 @@ _TYPES = {tarfile.REGTYPE: "reg", tarfile.AREGTYPE: "reg", tarfile.CONTTYPE: "re
 _REGENERATED_PAX = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "hdrcharset"}
 _XATTR_PREFIX = "SCHILY.xattr."
 _HEX16 = re.compile(rb"[0-9a-fA-F]{16}", re.ASCII)
+_NUMBER_FIELDS = ("size", "offset", "innerOffset", "chunkOffset", "chunkSize", "mode", "uid", "gid")
+_NUMBER_TYPES = frozenset({int, bool})
 
 
 @dataclass(frozen=True)
@@ -382,10 +384,10 @@ def _xattrs(info: tarfile.TarInfo) -> dict[str, str]:
 # --- reading: what a lazy puller fetches first (the footer and the TOC) and then (the members of the files it reads)
 
 
-@dataclass(frozen=True)
-class TocEntry:
+class TocEntry(NamedTuple):
     """One TOC entry, as Go's Reader.initFields completes it: a chunk named after its file, every data entry with its
-    chunk's real size and the offset where its member ends."""
+    chunk's real size and the offset where its member ends. A named tuple: a CUDA layer's TOC makes tens of thousands,
+    three times faster than a frozen dataclass's."""
 
     name: str  # clean (clean_name)
     type: str
@@ -533,7 +535,8 @@ def toc_from_member(member: bytes) -> bytes:
 
 
 def parse_toc(toc_json: bytes, toc_offset: int, blob_size: int) -> Toc:
-    """The TOC JSON's entries completed as Go's Reader.initFields does (see TocEntry)."""
+    """The TOC JSON's entries completed as Go's Reader.initFields does (see TocEntry). One pass, newest entry first:
+    a CUDA layer's TOC holds tens of thousands of entries, and a lazy puller parses every layer's before a start."""
     try:
         document = json.loads(toc_json)
     except (ValueError, RecursionError) as error:
@@ -541,37 +544,45 @@ def parse_toc(toc_json: bytes, toc_offset: int, blob_size: int) -> Toc:
     raw = document.get("entries") if isinstance(document, dict) else None
     if not isinstance(raw, list) or document.get("version") != 1 or not all(isinstance(e, dict) for e in raw):
         raise ValueError("the TOC is no version 1 object with a list of entries")
-    fields: list[dict] = []
+    # Numbers first, in blob order: a chunk takes its file's name and, where its own is 0, the rest of its size.
+    numbers: list[tuple] = []
+    names: list[str] = []
     last_name, last_size = "", 0
     for entry in raw:
-        item = {key: entry.get(key) for key in _FIELDS}
-        for key in ("size", "offset", "innerOffset", "chunkOffset", "chunkSize", "mode", "uid", "gid"):
-            if not isinstance(item[key] or 0, int):
-                raise ValueError(f"TOC entry {entry.get('name')!r}: {key} is not a number")
-            item[key] = item[key] or 0
-        if entry.get("type") == "chunk":
-            item["name"], chunk_size = last_name, item["chunkSize"] or last_size - item["chunkOffset"]
+        get = entry.get
+        values = (get("size") or 0, get("offset") or 0, get("innerOffset") or 0, get("chunkOffset") or 0,
+                  get("chunkSize") or 0, get("mode") or 0, get("uid") or 0, get("gid") or 0)
+        if not set(map(type, values)) <= _NUMBER_TYPES:
+            key = next(key for key, value in zip(_NUMBER_FIELDS, values, strict=True) if not isinstance(value, int))
+            raise ValueError(f"TOC entry {entry.get('name')!r}: {key} is not a number")
+        if get("type") == "chunk":
+            names.append(last_name)
+            if not values[4]:
+                values = (*values[:4], last_size - values[3], *values[5:])
         else:
-            last_name, last_size = clean_name(str(item["name"] or "")), item["size"]
-            item["name"], chunk_size = last_name, item["chunkSize"] or item["size"]
-        item["chunkSize"] = chunk_size
-        fields.append(item)
+            last_name, last_size = clean_name(str(get("name") or "")), values[0]
+            names.append(last_name)
+            if not values[4]:
+                values = (*values[:4], values[0], *values[5:])
+        numbers.append(values)
     # Each data entry's member ends where the next member starts: the next entry with its own member, or the TOC.
-    next_offsets, following = [0] * len(fields), toc_offset
-    for index in range(len(fields) - 1, -1, -1):
-        next_offsets[index] = following if fields[index]["type"] in ("reg", "chunk") else 0
-        if fields[index]["offset"] and not fields[index]["innerOffset"]:
-            following = fields[index]["offset"]
-    entries = tuple(TocEntry(
-        name=item["name"], type=str(item["type"]), size=item["size"], offset=item["offset"],
-        inner_offset=item["innerOffset"], chunk_offset=item["chunkOffset"], chunk_size=item["chunkSize"],
-        next_offset=next_offsets[index], link_name=str(item["linkName"] or ""), mode=item["mode"], uid=item["uid"],
-        gid=item["gid"], modtime=str(item["modtime"] or ""), digest=str(item["digest"] or ""),
-        chunk_digest=str(item["chunkDigest"] or "")) for index, item in enumerate(fields))
-    for entry in entries:
-        if entry.has_data and not 0 < entry.offset < entry.next_offset <= toc_offset:
-            raise ValueError(f"TOC entry {entry.name!r}: offset {entry.offset} outside the blob's data")
-    return Toc(entries=entries, digest="sha256:" + hashlib.sha256(toc_json).hexdigest(), offset=toc_offset,
+    entries: list[TocEntry] = [None] * len(raw)  # type: ignore[list-item]
+    following = toc_offset
+    for index in range(len(raw) - 1, -1, -1):
+        entry, (size, offset, inner, chunk_offset, chunk_size, mode, uid, gid) = raw[index], numbers[index]
+        kind = str(entry.get("type"))
+        data = kind in ("reg", "chunk")
+        made = TocEntry(
+            name=names[index], type=kind, size=size, offset=offset, inner_offset=inner, chunk_offset=chunk_offset,
+            chunk_size=chunk_size, next_offset=following if data else 0, link_name=str(entry.get("linkName") or ""),
+            mode=mode, uid=uid, gid=gid, modtime=str(entry.get("modtime") or ""), digest=str(entry.get("digest") or ""),
+            chunk_digest=str(entry.get("chunkDigest") or ""))
+        if data and offset > 0 and not 0 < offset < following <= toc_offset:
+            raise ValueError(f"TOC entry {made.name!r}: offset {offset} outside the blob's data")
+        if offset and not inner:
+            following = offset
+        entries[index] = made
+    return Toc(entries=tuple(entries), digest="sha256:" + hashlib.sha256(toc_json).hexdigest(), offset=toc_offset,
                blob_size=blob_size)
 
 
