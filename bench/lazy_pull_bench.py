@@ -65,7 +65,7 @@ from typing import BinaryIO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchimages.publish import estargz, lazy  # noqa: E402
+from torchimages.publish import estargz, estargz_reader, lazy  # noqa: E402
 
 RATE = 125_000_000  # bytes a second: a 1 Gbit/s link
 LATENCY_S = 0.005  # before the first byte of every request
@@ -322,7 +322,7 @@ class Writers:
         self._waiting: collections.deque = collections.deque()
         self.skipped = 0
 
-    def write(self, entry: estargz.TocEntry, member: bytes) -> None:
+    def write(self, entry: estargz_reader.TocEntry, member: bytes) -> None:
         whole = not self.made and entry.type == "reg" and entry.chunk_size == entry.size  # a file in one member
         try:
             if whole:
@@ -443,10 +443,10 @@ def full_pull(client: BlobClient, layers: Sequence[str], dest: Path,
 class LazyLayer:
     name: str
     size: int
-    toc: estargz.Toc
+    toc: estargz_reader.Toc
 
 
-def _place(entry: estargz.TocEntry, dest: Path) -> None:
+def _place(entry: estargz_reader.TocEntry, dest: Path) -> None:
     """An entry without content: a directory, a link, an empty file (or whiteout) at its path."""
     target = _target(dest, entry.name)
     if _whiteout(dest, entry.name):
@@ -465,7 +465,7 @@ def _place(entry: estargz.TocEntry, dest: Path) -> None:
         target.touch()
 
 
-def _made(entry: estargz.TocEntry, dest: Path) -> None:
+def _made(entry: estargz_reader.TocEntry, dest: Path) -> None:
     """The file a chunk goes into, made empty at its first chunk (or where a later chunk is the first a start
     reads)."""
     target = _target(dest, entry.name)
@@ -475,10 +475,10 @@ def _made(entry: estargz.TocEntry, dest: Path) -> None:
         target.touch()
 
 
-def _write_file(entry: estargz.TocEntry, member: bytes, target: Path) -> None:
+def _write_file(entry: estargz_reader.TocEntry, member: bytes, target: Path) -> None:
     """A file whose one member holds it whole, written in one open (most of a prefetch area's files are small): what
     stood at its name before (a link, a folder) is replaced, never written through."""
-    content = estargz.chunk_content(member, entry)
+    content = estargz_reader.chunk_content(member, entry)
     target.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     try:
@@ -491,13 +491,13 @@ def _write_file(entry: estargz.TocEntry, member: bytes, target: Path) -> None:
         os.fchmod(descriptor, entry.mode & 0o777)
 
 
-def _write_chunk(entry: estargz.TocEntry, member: bytes, dest: Path) -> None:
+def _write_chunk(entry: estargz_reader.TocEntry, member: bytes, dest: Path) -> None:
     target = _target(dest, entry.name)
     if not target.is_file():
         _made(entry, dest)
     with target.open("r+b") as out:
         out.seek(entry.chunk_offset)
-        out.write(estargz.chunk_content(member, entry))
+        out.write(estargz_reader.chunk_content(member, entry))
     if entry.type == "reg":
         target.chmod(entry.mode & 0o777)
 
@@ -530,11 +530,11 @@ class MergedView:
     its path that is no folder above. Layers materialised side by side into one tree leave out what is hidden, so the
     tree is what the layers applied in order give, whichever layer's thread writes first."""
 
-    def __init__(self, tocs: Sequence[estargz.Toc]) -> None:
+    def __init__(self, tocs: Sequence[estargz_reader.Toc]) -> None:
         self.tocs = list(tocs)
         self._folders: dict[tuple[int, str], bool] = {}
 
-    def hidden(self, index: int, entry: estargz.TocEntry) -> bool:
+    def hidden(self, index: int, entry: estargz_reader.TocEntry) -> bool:
         name = estargz.clean_name(entry.name)
         folder, base = posixpath.split(name)
         for upper in self.tocs[index + 1:]:
@@ -563,13 +563,13 @@ def lazy_pull(client: BlobClient, layers: Sequence[tuple[str, int, str]],
     """Each eStargz layer (name, size, TOC digest: what its descriptor says) by its footer and TOC, checked, then its
     prefetch area in one request, materialised as it arrives, every layer side by side on a connection of its own:
     (seconds, the layers with their TOCs, the entries it could not place). Each chunk is checked against its TOC
-    digest (estargz.chunk_content), as a snapshotter does. Whiteouts are not applied: what they hide is not written."""
+    digest (estargz_reader.chunk_content), as a snapshotter does. Whiteouts are not applied: what they hide is not written."""
     started = time.perf_counter()
     connections = Connections(client)
 
     def resolve(layer: tuple[str, int, str]) -> LazyLayer:
         name, size, toc_digest = layer
-        return LazyLayer(name, size, estargz.read_toc(functools.partial(connections.get().get, name), size, toc_digest))
+        return LazyLayer(name, size, estargz_reader.read_toc(functools.partial(connections.get().get, name), size, toc_digest))
 
     def prefetch(index: int) -> int:
         layer, skipped = mounted[index], 0
@@ -611,7 +611,7 @@ def _placed(function: Callable[..., None], *arguments: object) -> int:
     return 0
 
 
-def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estargz.TocEntry, list] | None:
+def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estargz_reader.TocEntry, list] | None:
     """path in the merged view of the layers (the top-most entry of each name), its symbolic links followed component
     by component across layers: the layer and entry it ends at and the links on the way; None where nothing is."""
     parts = [part for part in estargz.clean_name(path).split("/") if part]
@@ -644,7 +644,7 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
     a byte of them, as a snapshotter fetches a chunk when a read reaches it. The TOCs are already here: their ranges
     are not fetched again. The requests and bytes of every connection are counted on client."""
     started, skipped = time.perf_counter(), 0
-    spans: list[tuple[str, int, int, list[estargz.TocEntry]]] = []
+    spans: list[tuple[str, int, int, list[estargz_reader.TocEntry]]] = []
     for path in files:
         found = _resolve(mounted, path)
         if found is None:
@@ -663,10 +663,10 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
             skipped += 1
             continue
         spans += [(layer.name, start, end, [chunk for chunk in entries if start <= chunk.offset < end])
-                  for start, end in estargz.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries)]
+                  for start, end in estargz_reader.merge_spans((chunk.offset, chunk.next_offset) for chunk in entries)]
     connections = Connections(client)
 
-    def fetch(span: tuple[str, int, int, list[estargz.TocEntry]]) -> int:
+    def fetch(span: tuple[str, int, int, list[estargz_reader.TocEntry]]) -> int:
         name, start, end, chunks = span
         response, position = Pipelined(connections.get().open(name, start, end - start)), start
         writers = Writers(dest, True)
@@ -755,11 +755,11 @@ def gzip_blob(layer: Path, out: Path, level: int = estargz.LEVEL) -> None:
 def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[str], work: Path,
             rate: float = RATE, latency_s: float = LATENCY_S,
             ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
-            chunk_size: int = estargz.CHUNK_SIZE) -> dict:
+            chunk_size: int = estargz.CHUNK_SIZE, cuts: Mapping[str, Sequence[int]] | None = None) -> dict:
     """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts. ranges:
     what the start reads of a demand file (all of it where absent), fetched by chunk and read back alike."""
     started = time.perf_counter()
-    blobs = convert_layers(layers, prefetch, work, chunk_size)
+    blobs = convert_layers(layers, prefetch, work, chunk_size, cuts)
     return pull_both(blobs, prefetch, demand, work, rate, latency_s, ranges) | {
         "convert_s": round(time.perf_counter() - started, 1), "chunk_size": chunk_size}
 
@@ -777,12 +777,13 @@ class Blobs:
         return {name: self.folder / name for name in [*self.plain, *(name for name, _, _ in self.lazy)]}
 
 
-def convert_layers(layers: Sequence[Path], prefetch: Sequence[str], folder: Path, chunk_size: int) -> Blobs:
+def convert_layers(layers: Sequence[Path], prefetch: Sequence[str], folder: Path, chunk_size: int,
+                   cuts: Mapping[str, Sequence[int]] | None = None) -> Blobs:
     blobs = Blobs(folder, [], [])
     for index, layer in enumerate(layers):
         gzip_blob(layer, folder / f"{index}.tar.gz")
         blobs.digests[f"{index}.tar.gz"] = (file_digest(folder / f"{index}.tar.gz"), file_digest(layer))
-        converted = estargz.convert(layer, folder / f"{index}.esgz", prefetch, chunk_size=chunk_size)
+        converted = estargz.convert(layer, folder / f"{index}.esgz", prefetch, chunk_size=chunk_size, cuts=cuts)
         blobs.plain.append(f"{index}.tar.gz")
         blobs.lazy.append((f"{index}.esgz", converted.size, converted.toc_digest))
     return blobs
@@ -930,14 +931,22 @@ def split_record(files: dict[str, dict], chunk_size: int,
     return prefetch, demand, ranges
 
 
+def record_cuts(files: dict[str, dict], chunk_size: int, gap: int = lazy.CUT_GAP) -> dict[str, list[int]]:
+    """The chunk boundaries publish --lazy gives the files of a `torchimages startup-set` record read in part
+    (lazy.read_cuts)."""
+    return {path: lazy.read_cuts(entry["size"], entry["ranges"], gap) for path, entry in sorted(files.items())
+            if not lazy.read_whole(entry["size"], entry["ranges"], chunk_size)}
+
+
 def kept_blobs(folder: Path, image: Path, prefetch: Sequence[str], chunk_size: int,
-               work: Path) -> tuple[Blobs, float]:
+               work: Path, cuts: Mapping[str, Sequence[int]] | None = None) -> tuple[Blobs, float]:
     """The blobs kept in folder when they were made from this image file (its path, size and time), prefetch list
     and chunk size; else made there now (its old blobs removed first). (The blobs, the seconds making them took: 0.0
     when kept.)"""
     stat = image.stat()
     key = {"image": str(image.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-           "prefetch": sorted(prefetch), "chunk_size": chunk_size}
+           "prefetch": sorted(prefetch), "chunk_size": chunk_size,
+           "cuts": hashlib.sha256(json.dumps(cuts or {}, sort_keys=True).encode()).hexdigest()}
     record = folder / "blobs.json"
     if record.is_file():
         kept = json.loads(record.read_text())
@@ -947,7 +956,7 @@ def kept_blobs(folder: Path, image: Path, prefetch: Sequence[str], chunk_size: i
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     started = time.perf_counter()
-    blobs = convert_layers(saved_layers(image, work), prefetch, folder, chunk_size)
+    blobs = convert_layers(saved_layers(image, work), prefetch, folder, chunk_size, cuts)
     record.write_text(json.dumps({"key": key, "plain": blobs.plain, "lazy": blobs.lazy, "digests": blobs.digests}))
     return blobs, round(time.perf_counter() - started, 1)
 
@@ -961,6 +970,10 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=float, default=LATENCY_S * 1000, help="per request (default 5)")
     parser.add_argument("--chunk-kib", type=int, default=lazy.CHUNK_SIZE >> 10,
                         help="the eStargz chunk size in KiB (default 1024, publish --lazy's; the Go writer's: 4096)")
+    parser.add_argument("--cut-gap-kib", type=int, default=lazy.CUT_GAP >> 10,
+                        help="chunk boundaries where each run a start reads of a file begins and ends, runs this close "
+                             "joined (default: publish --lazy's)")
+    parser.add_argument("--no-cuts", action="store_true", help="chunks of the chunk size alone (as before 2026-11-30)")
     parser.add_argument("--whole-files", action="store_true",
                         help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")
@@ -978,19 +991,23 @@ def main() -> int:
             facts = selftest(work)
         else:
             startup = json.loads(options.startup.read_text())
-            ranges = None
+            ranges, cuts = None, None
             if isinstance(startup, dict) and "files" in startup:  # `torchimages startup-set`'s record
                 prefetch, demand, ranges = split_record(startup["files"], chunk_size, options.whole_files)
+                if not (options.no_cuts or options.whole_files):
+                    cuts = record_cuts(startup["files"], chunk_size, options.cut_gap_kib << 10)
             else:
                 prefetch = startup if isinstance(startup, list) else startup.get("prefetch", [])
                 demand = [] if isinstance(startup, list) else startup.get("on_demand", [])
             if options.blobs:
-                blobs, made_s = kept_blobs(options.blobs, options.image, prefetch, chunk_size, work)
+                blobs, made_s = kept_blobs(options.blobs, options.image, prefetch, chunk_size, work, cuts)
                 facts = pull_both(blobs, prefetch, demand, work, options.rate_mbps * 1e6, options.latency_ms / 1000,
                                   ranges) | {"convert_s": made_s, "chunk_size": chunk_size}
             else:
                 facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
-                                options.latency_ms / 1000, ranges, chunk_size)
+                                options.latency_ms / 1000, ranges, chunk_size, cuts)
+            facts["cut_files"] = len(cuts or {})
+            facts["cut_gap"] = None if cuts is None else options.cut_gap_kib << 10
     print(json.dumps(facts, sort_keys=True))
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torchimages.publish import estargz
+from torchimages.publish import estargz, estargz_reader
 
 CHUNK = estargz.CHUNK_SIZE
 BIG = CHUNK * 2 + 12345  # three chunks, the last a short one
@@ -145,15 +145,15 @@ def test_gnu_tar_unpacks_the_blob_as_any_tar_gz(layer, converted, tmp_path):
 def test_b_every_toc_entry_points_at_its_content(layer, converted):
     tar, contents = layer
     blob, facts = converted
-    toc = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob), facts.toc_digest)
+    toc = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob), facts.toc_digest)
     assert (toc.digest, toc.offset) == (facts.toc_digest, facts.toc_offset)
     with pytest.raises(ValueError, match="not the one its descriptor names"):
-        estargz.read_toc(lambda start, length: blob[start:start + length], len(blob), "sha256:" + "0" * 64)
+        estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob), "sha256:" + "0" * 64)
     names = {entry.name for entry in toc.entries}
     assert {estargz.clean_name(info.name) for info in tarfile.open(fileobj=io.BytesIO(tar))} <= names
     for name, content in contents.items():
         chunks = toc.data(name)
-        assert b"".join(estargz.chunk_content(blob[chunk.offset:], chunk) for chunk in chunks) == content, name
+        assert b"".join(estargz_reader.chunk_content(blob[chunk.offset:], chunk) for chunk in chunks) == content, name
         assert toc.lookup(name).digest == "sha256:" + hashlib.sha256(content).hexdigest()  # type: ignore[union-attr]
         for chunk in chunks:  # each payload starts a gzip member of its own, written with nothing of this machine's
             assert blob[chunk.offset:chunk.offset + 10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
@@ -172,7 +172,7 @@ def test_b_every_toc_entry_points_at_its_content(layer, converted):
 
 def test_b_the_ranges_a_lazy_puller_fetches(converted):
     blob, _ = converted
-    toc = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob))
+    toc = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob))
     tail = (toc.offset, len(blob) - toc.offset)
     assert toc.ranges([]) == [tail] and toc.ranges(["/not/here", "opt/empty"]) == [tail]
     big = toc.data("opt/lib/big.so")
@@ -185,7 +185,7 @@ def test_b_the_ranges_a_lazy_puller_fetches(converted):
 
 def test_c_the_prefetch_files_come_first_then_the_landmark(converted):
     blob, facts = converted
-    toc = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob))
+    toc = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob))
     order = [entry.name for entry in toc.entries if entry.type != "chunk"]
     # A file comes after the directories above it, a hard link after its target (build.go's moveRec).
     assert order[:6] == ["opt", "opt/mid.bin", "opt/hard", "opt/lib", "opt/lib/big.so", ".prefetch.landmark"]
@@ -204,7 +204,7 @@ def test_c_the_prefetch_files_come_first_then_the_landmark(converted):
 @pytest.mark.parametrize("prefetch", [[], ["/nothing/of/this/layer"]])
 def test_c_without_a_prefetch_file_the_no_prefetch_landmark_opens_the_blob(layer, prefetch):
     blob, facts = estargz.convert_bytes(layer[0], prefetch)
-    toc = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob))
+    toc = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob))
     assert toc.entries[0].name == ".no.prefetch.landmark" and toc.prefetch_end() == 0
     assert facts.prefetched == () and facts.missed == tuple(prefetch)
 
@@ -240,16 +240,56 @@ def test_e_the_footer_is_the_spec_s_51_bytes_and_names_the_toc(converted):
 def test_a_blob_that_is_no_estargz_is_refused(layer, converted):
     plain = gzip.compress(layer[0])
     with pytest.raises(ValueError, match="footer"):
-        estargz.read_toc(lambda start, length: plain[start:start + length], len(plain))
+        estargz_reader.read_toc(lambda start, length: plain[start:start + length], len(plain))
     with pytest.raises(ValueError, match="51 bytes"):
         estargz.parse_footer(b"short")
     blob = converted[0]
-    small = estargz.read_toc(lambda start, length: blob[start:start + length], len(blob)).data("opt/small.txt")[0]
+    small = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob)).data("opt/small.txt")[0]
     with pytest.raises(ValueError, match="chunkDigest"):  # a chunk that is not the one the (verified) TOC names
-        estargz.chunk_content(blob[small.offset:], small._replace(chunk_digest="sha256:" + "0" * 64))
+        estargz_reader.chunk_content(blob[small.offset:], small._replace(chunk_digest="sha256:" + "0" * 64))
     lying = estargz.footer(10**9)  # a TOC offset past the blob's end
     with pytest.raises(ValueError, match="outside"):
-        estargz.read_toc(lambda start, length: (plain + lying)[start:start + length], len(plain) + len(lying))
+        estargz_reader.read_toc(lambda start, length: (plain + lying)[start:start + length], len(plain) + len(lying))
+
+
+# Cuts (publish --lazy's chunk boundaries where a start's reads begin and end): chunks of any size, same files.
+
+
+def test_chunk_spans_start_a_chunk_at_each_cut_and_a_chunk_size_after_the_last():
+    assert estargz.chunk_spans(10, 4) == [(0, 4), (4, 4), (8, 2)]
+    assert estargz.chunk_spans(10, 4, [3, 5, 5, 0, 10, 99]) == [(0, 3), (3, 2), (5, 4), (9, 1)]  # outside: ignored
+    assert estargz.chunk_spans(0, 4, [1]) == []
+    assert estargz.chunk_spans(8, 4) == [(0, 4), (4, 4)]
+
+
+CUTS = [100, 5000, CHUNK + 7]  # in opt/lib/big.so: chunks of 100, 4,900, CHUNK - 4,993, then as before
+
+
+@pytest.fixture(scope="module")
+def cut(layer) -> tuple[bytes, estargz.Converted]:
+    return estargz.convert_bytes(layer[0], ["/opt/hard"], cuts={"/opt/lib/big.so": CUTS, "/not/here": [5]})
+
+
+def test_a_cut_file_is_chunked_at_its_cuts_and_reads_back_whole(layer, cut):
+    blob, facts = cut
+    assert _members(gzip.decompress(blob)).keys() >= _members(layer[0]).keys()
+    assert {name: fact for name, fact in _members(gzip.decompress(blob)).items() if name in _members(layer[0])} == \
+        _members(layer[0])
+    toc = estargz_reader.read_toc(lambda start, length: blob[start:start + length], len(blob), facts.toc_digest)
+    chunks = toc.data("/opt/lib/big.so")
+    assert [(chunk.chunk_offset, chunk.chunk_size) for chunk in chunks] == [
+        (0, 100), (100, 4900), (5000, CHUNK + 7 - 5000), (CHUNK + 7, CHUNK), (2 * CHUNK + 7, BIG - 2 * CHUNK - 7)]
+    raw = [entry for entry in _raw_toc(blob)["json"]["entries"] if entry["name"] == "opt/lib/big.so" or
+           entry.get("type") == "chunk"]
+    assert [entry.get("chunkSize", 0) for entry in raw] == [100, 4900, CHUNK + 7 - 5000, CHUNK, 0]  # 0: to the end
+    assert b"".join(estargz_reader.chunk_content(blob[chunk.offset:chunk.next_offset], chunk) for chunk in chunks) \
+        == layer[1]["opt/lib/big.so"]
+    # No other file is cut: the other entries are the uncut blob's.
+    plain_blob, plain = estargz.convert_bytes(layer[0], ["/opt/hard"])
+    plain_toc = estargz_reader.read_toc(lambda start, length: plain_blob[start:start + length], len(plain_blob))
+    assert [chunk.chunk_size for chunk in plain_toc.data("/opt/mid.bin")] == \
+        [chunk.chunk_size for chunk in toc.data("/opt/mid.bin")]
+    assert estargz.convert_bytes(layer[0], ["/opt/hard"], cuts={})[1].digest == plain.digest
 
 
 # ctr-remote (Go's estargz package, the reader stargz-snapshotter mounts layers with) reads blobs only out of a
@@ -267,8 +307,9 @@ def containerd():
         yield running
 
 
-def test_ctr_remote_reads_our_toc(containerd, converted):
-    blob, facts = converted
+@pytest.mark.parametrize("kind", ["chunks of the chunk size", "cut"])
+def test_ctr_remote_reads_our_toc(containerd, converted, cut, kind):
+    blob, facts = converted if kind == "chunks of the chunk size" else cut
     assert containerd.toc_digest(blob) == facts.toc_digest
     assert containerd.dump_toc(blob) == _raw_toc(blob)["json"]
 
@@ -459,6 +500,18 @@ def test_the_prefetch_areas_leave_a_partly_read_library_to_be_read_on_demand(tmp
     assert lazy.prefetch_by_layer(tmp_path, "row", record["image_id"]) == {
         "sha256:" + "1" * 64: ["/old", "/usr/lib/os-release"], "sha256:" + "2" * 64: ["/opt/small.py"]}
     assert lazy.prefetch_by_layer(tmp_path, "row", "sha256:" + "b" * 64) == {}  # measured on another image
+    assert lazy.cuts_by_layer(tmp_path, "row", record["image_id"]) == {"sha256:" + "2" * 64: {"/opt/libbig.so": [CHUNK]}}
+    assert lazy.cuts_by_layer(tmp_path, "row", "sha256:" + "b" * 64) == {}
+
+
+def test_the_cuts_are_where_the_runs_a_start_reads_begin_and_end():
+    from torchimages.publish import lazy
+
+    gap = lazy.CUT_GAP
+    assert lazy.read_cuts(10 * gap, [[4096, 8192], [gap, 2 * gap]]) == [4096, 2 * gap]  # 4 KiB apart: one run
+    assert lazy.read_cuts(10 * gap, [[0, 4096], [2 * gap, 3 * gap]]) == [4096, 2 * gap, 3 * gap]
+    assert lazy.read_cuts(3 * gap, [[gap, 3 * gap], [5, 5]]) == [gap]  # the file's ends and empty runs cut nothing
+    assert lazy.read_cuts(10 * gap, [[0, 10], [4 * gap, 4 * gap + 10]], gap=0) == [10, 4 * gap, 4 * gap + 10]
 
 
 def test_the_bench_fetches_only_the_chunks_a_start_reads_of_a_partly_read_file(tmp_path):
@@ -486,3 +539,15 @@ def test_the_bench_fetches_only_the_chunks_a_start_reads_of_a_partly_read_file(t
     assert facts["lazy_bytes"] < 3 * CHUNK
     whole = bench.split_record(record, CHUNK, whole_files=True)
     assert whole == (["/opt/libbig.so", "/opt/mod.py"], [], {})
+
+    # Cut where the reads begin and end (publish --lazy's layout), the lazy side fetches and inflates about what the
+    # start reads: two chunks of 10 and 4,091 bytes, not two of 4 MiB.
+    cuts = bench.record_cuts(record, CHUNK)
+    assert cuts == {"/opt/libbig.so": [10, 20, 3 * CHUNK + 5, 3 * CHUNK + 4096]}
+    (tmp_path / "cut").mkdir()
+    cut = bench.measure([tmp_path / "layer.tar"], prefetch, demand, tmp_path / "cut", rate=1e9, latency_s=0,
+                        ranges=ranges, cuts=cuts)
+    lazy_copy = (tmp_path / "cut/lazy/opt/libbig.so").read_bytes()
+    for start, end in reads:
+        assert lazy_copy[start:end] == library[start:end]
+    assert cut["lazy_requests"] == 2 + 1 + 2 and cut["lazy_bytes"] < 64 << 10 < facts["lazy_bytes"]

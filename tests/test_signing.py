@@ -348,7 +348,7 @@ def test_a_lazy_variant_prefetches_the_start_up_set_is_signed_and_a_plain_engine
     start-up set (REPORTS/<tag>/startup-set.json, here written as `startup-set` writes it) is each layer's prefetch
     area, the real cosign and verify-image accept it with the image's key, and Docker 20.10, which knows nothing of
     eStargz, pulls it as plain gzip and runs it."""
-    from torchimages.publish import estargz
+    from torchimages.publish import estargz, estargz_reader
 
     image_id = workspace.build_verified(docker_client, RUNTIME)
     diff_ids = docker_client.api.inspect_image(image_id)["RootFS"]["Layers"]
@@ -377,7 +377,7 @@ def test_a_lazy_variant_prefetches_the_start_up_set_is_signed_and_a_plain_engine
         url = f"http://{workspace.registry_host}/v2/{workspace.namespace}/pytorch/blobs/{layer['digest']}"
         with urllib.request.urlopen(url, timeout=30) as answer:
             blob.write_bytes(answer.read())
-        toc = estargz.read_toc_file(blob)
+        toc = estargz_reader.read_toc_file(blob)
         before = [entry.name for entry in toc.entries
                   if entry.type == "reg" and entry.size and entry.offset < toc.prefetch_end()]
         assert before == wanted, "the layer's prefetch area is its part of the start-up set"

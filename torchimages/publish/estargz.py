@@ -1,32 +1,30 @@
-"""eStargz: one image layer (an uncompressed tar) rewritten as a lazily pullable gzip blob, and the reader a lazy
-puller needs (the footer, the TOC, the byte ranges of the files it reads).
+"""eStargz: one image layer (an uncompressed tar) rewritten as a lazily pullable gzip blob (publish/estargz_reader.py
+reads it as a lazy puller does: the footer, the TOC, the members of the files it reads).
 
 The format is containerd/stargz-snapshotter's docs/estargz.md at commit 7cf47cba499264f61bc4adac00e05edd599ca48f;
-where the text leaves a choice open, this module lays a blob out as that commit's Go writer does (estargz/estargz.go's
-Writer.appendTar, estargz/build.go's sortEntries and moveRec, estargz/gzip.go's WriteTOCAndFooter): the same members,
-entries and TOC fields as `ctr-remote images convert --estargz`, though not the same bytes (other deflate and tar
-header encoders):
-- every non-empty regular file's payload starts a gzip member, and a file over chunk_size (4 MiB) one per chunk; an
-  entry's tar header ends the member before it (the first opens the blob), a payload's tar padding ends its own;
+where it leaves a choice open, blobs are laid out as that commit's Go writer does (estargz/estargz.go's
+Writer.appendTar, estargz/build.go's sortEntries and moveRec, estargz/gzip.go's WriteTOCAndFooter): the members, entries
+and TOC fields of `ctr-remote images convert --estargz`, not its bytes (other deflate and tar header encoders):
+- every non-empty regular file's payload starts a gzip member, one per chunk of chunk_size (4 MiB) and one at each of
+  its cuts where given (Go's reader takes chunks of any size); an entry's tar header ends the member before it (the
+  first opens the blob), a payload's tar padding ends its own;
 - the prefetch files first, in the order given, each after the directories above it that the layer holds and after a
   hard link's target; then `.prefetch.landmark` (one byte, 0x0f, in a member of its own), or `.no.prefetch.landmark`
   first when no prefetch file is in this layer; then the other entries in the layer's order;
 - `stargz.index.json` (the TOC: tab-indented JSON, as Go's json.MarshalIndent writes it) as the last tar entry, with
-  the tar's end (two zero blocks), in a member of its own; then the 51-byte footer, an empty gzip member whose extra
-  field holds subfield "SG": "%016xSTARGZ" % the TOC's offset.
-The members concatenated are one ordinary gzip stream of one ordinary tar, which a plain engine pulls and unpacks as
-any tar+gzip layer: the layer's entries (names, modes, owners, times, links, xattrs, contents; headers rewritten in
-PAX form) plus the landmark and the TOC. Its sha256 is the diff id.
+  the tar's end, in a member of its own; then the 51-byte footer, an empty gzip member whose extra field holds
+  subfield "SG": "%016xSTARGZ" % the TOC's offset.
+The members make one ordinary gzip stream of one ordinary tar (its sha256 the diff id), which a plain engine unpacks
+as any tar+gzip layer: the layer's entries (headers rewritten in PAX form) plus the landmark and the TOC.
 
-On purpose unlike Go: a prefetch path whose parent directory has no entry in the layer is still moved (Go reports it
-missing), and a layer holding none of the prefetch paths gets the no-prefetch landmark (the spec's MUST; Go writes a
-prefetch landmark with nothing before it). As in Go, a repeated name keeps its last entry, and a landmark or TOC
-already in the input is dropped.
+Unlike Go, on purpose: a prefetch path whose parent directory has no entry in the layer is still moved (Go reports it
+missing), and a layer holding none of the prefetch paths gets the no-prefetch landmark (the spec's MUST). As in Go, a
+repeated name keeps its last entry, and a landmark or TOC already in the input is dropped.
 
 Deterministic: every member's gzip header has mtime 0, no name and OS byte 255 (as Go writes it), at one deflate level
-(6 by default, zlib's and Go's default; ctr-remote's is 9), so the same layer and prefetch list give the same bytes
-with the same zlib. Memory stays bounded by one chunk: the layer is read from a file by offset (a stream is spooled to
-a temporary file first) and the blob written as it is made; only the TOC (a few hundred bytes per entry) is held.
+(6 by default; ctr-remote's is 9): the same layer, prefetch list and cuts give the same bytes with the same zlib.
+Memory stays bounded by one chunk: the layer is read by offset (a stream is spooled to a temporary file first), the
+blob written as it is made; only the TOC (a few hundred bytes per entry) is held.
 """
 from __future__ import annotations
 
@@ -43,12 +41,12 @@ import struct
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from ..files import atomic_output
 
@@ -80,8 +78,6 @@ _TYPES = {tarfile.REGTYPE: "reg", tarfile.AREGTYPE: "reg", tarfile.CONTTYPE: "re
 _REGENERATED_PAX = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "hdrcharset"}
 _XATTR_PREFIX = "SCHILY.xattr."
 _HEX16 = re.compile(rb"[0-9a-fA-F]{16}", re.ASCII)
-_NUMBER_FIELDS = ("size", "offset", "innerOffset", "chunkOffset", "chunkSize", "mode", "uid", "gid")
-_NUMBER_TYPES = frozenset({int, bool})
 
 
 @dataclass(frozen=True)
@@ -112,9 +108,11 @@ def clean_name(name: str) -> str:
 
 
 def convert(layer: Path | BinaryIO, out: Path | BinaryIO, prefetch: Sequence[str] = (), *,
-            chunk_size: int = CHUNK_SIZE, level: int = LEVEL, spool_dir: Path | None = None) -> Converted:
+            chunk_size: int = CHUNK_SIZE, level: int = LEVEL, spool_dir: Path | None = None,
+            cuts: Mapping[str, Iterable[int]] | None = None) -> Converted:
     """Write layer (an uncompressed tar: a path, or a binary stream read once) to out (a path, replaced in one step,
-    or a binary stream) as an eStargz blob whose prefetch area holds the prefetch paths (absolute or relative to /)."""
+    or a binary stream) as an eStargz blob whose prefetch area holds the prefetch paths (absolute or relative to /).
+    cuts: for a path, the offsets in the file where a chunk starts besides every chunk_size (chunk_spans)."""
     if chunk_size <= 0 or not 0 <= level <= 9:
         raise ValueError(f"chunk_size {chunk_size} and level {level}: a chunk of at least one byte, a level 0-9")
     with ExitStack() as stack:
@@ -128,14 +126,15 @@ def convert(layer: Path | BinaryIO, out: Path | BinaryIO, prefetch: Sequence[str
             shutil.copyfileobj(layer, source, _PIECE)
             source.seek(0)
         sink: BinaryIO = stack.enter_context(atomic_output(out)) if isinstance(out, Path) else out
-        return _convert(source, sink, out if isinstance(out, Path) else None, prefetch, chunk_size, level)
+        cut_at = {clean_name(name): sorted(set(offsets)) for name, offsets in (cuts or {}).items()}
+        return _convert(source, sink, out if isinstance(out, Path) else None, prefetch, chunk_size, level, cut_at)
 
 
-def convert_bytes(layer: bytes, prefetch: Sequence[str] = (), *, chunk_size: int = CHUNK_SIZE,
-                  level: int = LEVEL) -> tuple[bytes, Converted]:
+def convert_bytes(layer: bytes, prefetch: Sequence[str] = (), *, chunk_size: int = CHUNK_SIZE, level: int = LEVEL,
+                  cuts: Mapping[str, Iterable[int]] | None = None) -> tuple[bytes, Converted]:
     """convert() for a layer small enough to hold in memory (tests, a config-sized layer): the blob and its facts."""
     out = io.BytesIO()
-    converted = convert(io.BytesIO(layer), out, prefetch, chunk_size=chunk_size, level=level)
+    converted = convert(io.BytesIO(layer), out, prefetch, chunk_size=chunk_size, level=level, cuts=cuts)
     return out.getvalue(), converted
 
 
@@ -302,7 +301,7 @@ class _Names:
 
 
 def _convert(source: BinaryIO, sink: BinaryIO, path: Path | None, prefetch: Sequence[str], chunk_size: int,
-             level: int) -> Converted:
+             level: int, cuts: dict[str, list[int]]) -> Converted:
     layer = _Layer(source)
     first, rest, missed = layer.ordered(prefetch)
     landmark = _landmark(PREFETCH_LANDMARK if first else NO_PREFETCH_LANDMARK)
@@ -327,7 +326,8 @@ def _convert(source: BinaryIO, sink: BinaryIO, path: Path | None, prefetch: Sequ
         fields["size"] = info.size
         payload = io.BytesIO(LANDMARK_CONTENT) if info is landmark else source
         payload.seek(0 if info is landmark else info.offset_data)
-        toc.extend(_chunks(blob, fields, payload.read, info.size, chunk_size))
+        spans = chunk_spans(info.size, chunk_size, cuts.get(clean_name(name), ()))
+        toc.extend(_chunks(blob, fields, payload.read, info.size, spans, chunk_size))
         blob.write(b"\x00" * (-info.size % _BLOCK))
     toc_offset = blob.close_member()
     # ASCII JSON (\u escapes, which Go decodes alike): a name that is not UTF-8 (tarfile reads it surrogate-escaped)
@@ -346,19 +346,29 @@ def _convert(source: BinaryIO, sink: BinaryIO, path: Path | None, prefetch: Sequ
                      prefetched=tuple(prefetched), missed=tuple(missed))
 
 
-def _chunks(blob: _Members, fields: dict, read: Callable[[int], bytes], size: int, chunk_size: int) -> list[dict]:
+def chunk_spans(size: int, chunk_size: int, cuts: Iterable[int] = ()) -> list[tuple[int, int]]:
+    """A file's chunks, (offset, length): one starts at each cut inside the file and chunk_size bytes after the last."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for end in [*sorted({at for at in cuts if 0 < at < size}), size]:
+        while start < end:
+            spans.append((start, min(chunk_size, end - start)))
+            start += spans[-1][1]
+    return spans
+
+
+def _chunks(blob: _Members, fields: dict, read: Callable[[int], bytes], size: int, spans: list[tuple[int, int]],
+            chunk_size: int) -> list[dict]:
     """A regular file's TOC entries: one per chunk, each chunk in a member of its own (none for an empty file)."""
     whole = hashlib.sha256()
     entries: list[dict] = []
-    written = 0
-    while written < size:
-        length = min(chunk_size, size - written)
+    for written, length in spans:
         chunk_hash = hashlib.sha256()
         entry = fields if written == 0 else {"name": fields["name"], "type": "chunk"}
         entry["offset"] = blob.close_member()
         entry["chunkOffset"] = written
         # Go sets chunkSize on every chunk but a short last one: 0 there means "to the end of the file".
-        entry["chunkSize"] = chunk_size if size - written >= chunk_size else 0
+        entry["chunkSize"] = 0 if written + length == size and length < chunk_size else length
         left = length
         while left:
             piece = read(min(_PIECE, left))
@@ -370,7 +380,6 @@ def _chunks(blob: _Members, fields: dict, read: Callable[[int], bytes], size: in
             left -= len(piece)
         entry["chunkDigest"] = "sha256:" + chunk_hash.hexdigest()
         entries.append(entry)
-        written += length
     fields["digest"] = "sha256:" + whole.hexdigest()
     return [_ordered(entry) for entry in entries] if entries else [_ordered(fields)]
 
@@ -379,227 +388,3 @@ def _xattrs(info: tarfile.TarInfo) -> dict[str, str]:
     """PAX xattr records as the TOC holds them: Go's map[string][]byte, each value base64."""
     return {key[len(_XATTR_PREFIX):]: base64.b64encode(value.encode("utf-8", "surrogateescape")).decode()
             for key, value in sorted(info.pax_headers.items()) if key.startswith(_XATTR_PREFIX)}
-
-
-# --- reading: what a lazy puller fetches first (the footer and the TOC) and then (the members of the files it reads)
-
-
-class TocEntry(NamedTuple):
-    """One TOC entry, as Go's Reader.initFields completes it: a chunk named after its file, every data entry with its
-    chunk's real size and the offset where its member ends. A named tuple: a CUDA layer's TOC makes tens of thousands,
-    three times faster than a frozen dataclass's."""
-
-    name: str  # clean (clean_name)
-    type: str
-    size: int
-    offset: int  # the member holding the payload; 0 where there is none
-    inner_offset: int
-    chunk_offset: int
-    chunk_size: int
-    next_offset: int  # a data entry's: where its member ends (the next member with data, or the TOC)
-    link_name: str
-    mode: int
-    uid: int
-    gid: int
-    modtime: str
-    digest: str
-    chunk_digest: str
-
-    @property
-    def has_data(self) -> bool:
-        return self.type in ("reg", "chunk") and self.offset > 0
-
-
-@dataclass(frozen=True)
-class Toc:
-    """A blob's TOC: its entries in blob order, the sha256 of its JSON (the toc.digest annotation), where it starts."""
-
-    entries: tuple[TocEntry, ...]
-    digest: str
-    offset: int
-    blob_size: int
-
-    def __post_init__(self) -> None:
-        by_name: dict[str, TocEntry] = {}
-        chunks: dict[str, list[TocEntry]] = {}
-        for entry in self.entries:
-            if entry.type != "chunk":
-                by_name[entry.name] = entry  # Go's map: a repeated name's last entry
-                if entry.type == "reg":
-                    chunks[entry.name] = []
-            if entry.has_data:
-                chunks.setdefault(entry.name, []).append(entry)
-        object.__setattr__(self, "_by_name", by_name)
-        object.__setattr__(self, "_chunks", chunks)
-
-    def lookup(self, name: str) -> TocEntry | None:
-        return self._by_name.get(clean_name(name))  # type: ignore[attr-defined]
-
-    def resolve(self, path: str, hops: int = 40) -> str | None:
-        """path with the symbolic links this layer holds followed, component by component (as the kernel would on
-        the layer alone); None for a loop. A link into another layer is not followed: the caller asks that layer."""
-        parts = [part for part in clean_name(path).split("/") if part]
-        done = ""
-        while parts:
-            current = f"{done}/{parts[0]}" if done else parts[0]
-            entry = self.lookup(current)
-            if entry is not None and entry.type == "symlink":
-                hops -= 1
-                if hops < 0:
-                    return None
-                base = "/" if entry.link_name.startswith("/") else "/" + done
-                parts = [part for part in clean_name(posixpath.join(base, entry.link_name)).split("/") if part] + \
-                    parts[1:]
-                done = ""
-                continue
-            done, parts = current, parts[1:]
-        return done
-
-    def data(self, path: str) -> list[TocEntry]:
-        """The data entries (the reg entry and its chunks) holding path's content, links followed; [] for a path this
-        layer holds no content for (absent, empty, not a regular file)."""
-        chunks: dict[str, list[TocEntry]] = self._chunks  # type: ignore[attr-defined]
-        name = self.resolve(path)
-        for _ in range(40):
-            entry = self.lookup(name) if name is not None else None
-            if entry is None or entry.type != "hardlink":
-                break
-            name = clean_name(entry.link_name)
-        return list(chunks.get(name, [])) if name is not None else []
-
-    def prefetch_end(self) -> int:
-        """Where the prefetch area ends: the offset of the prefetch landmark's member (stargz-snapshotter prefetches
-        [0, it) in one range request); 0 when the blob has the no-prefetch landmark."""
-        landmark = self.lookup(PREFETCH_LANDMARK)
-        return landmark.offset if landmark is not None else 0
-
-    def ranges(self, paths: Iterable[str]) -> list[tuple[int, int]]:
-        """The (offset, length) byte ranges a lazy puller fetches to read paths: their members, and the TOC with the
-        footer; sorted, touching ranges merged (one range request each). Paths this layer holds no content for add
-        nothing."""
-        spans = {(self.offset, self.blob_size)}
-        for path in paths:
-            spans.update((entry.offset, entry.next_offset) for entry in self.data(path))
-        return [(start, end - start) for start, end in merge_spans(spans)]
-
-
-def merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(start, end) spans sorted, those that touch or overlap joined."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def read_toc(fetch: Callable[[int, int], bytes], blob_size: int, toc_digest: str | None = None) -> Toc:
-    """A blob's TOC, read as a lazy puller reads it: fetch(offset, length) gives bytes of the blob (a range request);
-    the footer first, then the TOC's member. ValueError for a blob that is no eStargz, or whose TOC is not the one
-    toc_digest (the layer descriptor's annotation, from a verified manifest) names."""
-    if blob_size < FOOTER_SIZE:
-        raise ValueError(f"a blob of {blob_size} bytes has no {FOOTER_SIZE}-byte footer")
-    toc_offset = parse_footer(fetch(blob_size - FOOTER_SIZE, FOOTER_SIZE))
-    if not 0 < toc_offset < blob_size - FOOTER_SIZE:
-        raise ValueError(f"the footer puts the TOC at {toc_offset}, outside the blob's {blob_size} bytes")
-    toc_json = toc_from_member(fetch(toc_offset, blob_size - FOOTER_SIZE - toc_offset))
-    if toc_digest is not None and "sha256:" + hashlib.sha256(toc_json).hexdigest() != toc_digest:
-        raise ValueError(f"the blob's TOC is not the one its descriptor names ({toc_digest})")
-    return parse_toc(toc_json, toc_offset, blob_size)
-
-
-def read_toc_file(path: Path) -> Toc:
-    with path.open("rb") as blob:
-        def fetch(offset: int, length: int) -> bytes:
-            blob.seek(offset)
-            return blob.read(length)
-
-        return read_toc(fetch, path.stat().st_size)
-
-
-def toc_from_member(member: bytes) -> bytes:
-    """The TOC JSON in its gzip member: a tar header named stargz.index.json and its payload (gzip.go's
-    decompressTOCEStargz)."""
-    try:
-        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        tar = inflate.decompress(member, MAX_TOC_BYTES + 2 * _BLOCK)
-        info = tarfile.TarInfo.frombuf(tar[:_BLOCK], "utf-8", "surrogateescape")
-    except (zlib.error, tarfile.HeaderError) as error:
-        raise ValueError(f"the TOC's member is no gzip of a tar header: {error}") from None
-    if info.name != TOC_NAME:
-        raise ValueError(f"the TOC's tar entry is named {info.name!r}, not {TOC_NAME}")
-    if info.size > MAX_TOC_BYTES or len(tar) < _BLOCK + info.size:
-        raise ValueError(f"the TOC claims {info.size} bytes; its member holds {max(len(tar) - _BLOCK, 0)}")
-    return tar[_BLOCK:_BLOCK + info.size]
-
-
-def parse_toc(toc_json: bytes, toc_offset: int, blob_size: int) -> Toc:
-    """The TOC JSON's entries completed as Go's Reader.initFields does (see TocEntry). One pass, newest entry first:
-    a CUDA layer's TOC holds tens of thousands of entries, and a lazy puller parses every layer's before a start."""
-    try:
-        document = json.loads(toc_json)
-    except (ValueError, RecursionError) as error:
-        raise ValueError(f"the TOC is not JSON: {error}") from None
-    raw = document.get("entries") if isinstance(document, dict) else None
-    if not isinstance(raw, list) or document.get("version") != 1 or not all(isinstance(e, dict) for e in raw):
-        raise ValueError("the TOC is no version 1 object with a list of entries")
-    # Numbers first, in blob order: a chunk takes its file's name and, where its own is 0, the rest of its size.
-    numbers: list[tuple] = []
-    names: list[str] = []
-    last_name, last_size = "", 0
-    for entry in raw:
-        get = entry.get
-        values = (get("size") or 0, get("offset") or 0, get("innerOffset") or 0, get("chunkOffset") or 0,
-                  get("chunkSize") or 0, get("mode") or 0, get("uid") or 0, get("gid") or 0)
-        if not set(map(type, values)) <= _NUMBER_TYPES:
-            key = next(key for key, value in zip(_NUMBER_FIELDS, values, strict=True) if not isinstance(value, int))
-            raise ValueError(f"TOC entry {entry.get('name')!r}: {key} is not a number")
-        if get("type") == "chunk":
-            names.append(last_name)
-            if not values[4]:
-                values = (*values[:4], last_size - values[3], *values[5:])
-        else:
-            last_name, last_size = clean_name(str(get("name") or "")), values[0]
-            names.append(last_name)
-            if not values[4]:
-                values = (*values[:4], values[0], *values[5:])
-        numbers.append(values)
-    # Each data entry's member ends where the next member starts: the next entry with its own member, or the TOC.
-    entries: list[TocEntry] = [None] * len(raw)  # type: ignore[list-item]
-    following = toc_offset
-    for index in range(len(raw) - 1, -1, -1):
-        entry, (size, offset, inner, chunk_offset, chunk_size, mode, uid, gid) = raw[index], numbers[index]
-        kind = str(entry.get("type"))
-        data = kind in ("reg", "chunk")
-        made = TocEntry(
-            name=names[index], type=kind, size=size, offset=offset, inner_offset=inner, chunk_offset=chunk_offset,
-            chunk_size=chunk_size, next_offset=following if data else 0, link_name=str(entry.get("linkName") or ""),
-            mode=mode, uid=uid, gid=gid, modtime=str(entry.get("modtime") or ""), digest=str(entry.get("digest") or ""),
-            chunk_digest=str(entry.get("chunkDigest") or ""))
-        if data and offset > 0 and not 0 < offset < following <= toc_offset:
-            raise ValueError(f"TOC entry {made.name!r}: offset {offset} outside the blob's data")
-        if offset and not inner:
-            following = offset
-        entries[index] = made
-    return Toc(entries=tuple(entries), digest="sha256:" + hashlib.sha256(toc_json).hexdigest(), offset=toc_offset,
-               blob_size=blob_size)
-
-
-def chunk_content(member: bytes, entry: TocEntry) -> bytes:
-    """A data entry's bytes out of its member (the blob's bytes from entry.offset on), checked against its
-    chunkDigest where the TOC gives one."""
-    wanted = entry.inner_offset + entry.chunk_size
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflate.decompress(member, wanted)
-        while len(out) < wanted and inflate.unconsumed_tail:
-            out += inflate.decompress(inflate.unconsumed_tail, wanted - len(out))
-    except zlib.error as error:
-        raise ValueError(f"{entry.name!r} at {entry.offset}: no gzip member there: {error}") from None
-    content = out[entry.inner_offset:wanted]
-    if len(content) != entry.chunk_size:
-        raise ValueError(f"{entry.name!r} at {entry.offset}: {len(content)} bytes, not {entry.chunk_size}")
-    if entry.chunk_digest and "sha256:" + hashlib.sha256(content).hexdigest() != entry.chunk_digest:
-        raise ValueError(f"{entry.name!r} at {entry.offset}: the content does not match its chunkDigest")
-    return content

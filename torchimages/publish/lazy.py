@@ -40,6 +40,11 @@ STARTUP_RECORD = "startup-set.json"  # cli/startup.py writes it into REPORTS/<ta
 # the CUDA 13.0 runtime row's start-up set, 1 MiB chunks fetch 8% fewer bytes than 4 MiB ones, 256 KiB 2% fewer
 # again at four times the TOC entries (docs/benchmarks-log.md, 2026-11-29).
 CHUNK_SIZE = 1 << 20
+# A file a start reads in part gets a chunk boundary where each run it reads begins and ends (read_cuts), runs closer
+# than this joined: a snapshotter then fetches and inflates about what a start reads, not the 1 MiB around each read.
+# On the CUDA 13.0 runtime row, 426 MiB read in 1,123 runs: 723 MiB inflated in 1 MiB chunks, 479 MiB with the
+# cuts, joined at 256 KiB into 392 runs (docs/benchmarks-log.md, 2026-11-30).
+CUT_GAP = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -76,35 +81,68 @@ def read_whole(size: int, ranges: Iterable[Sequence[int]], chunk_size: int = CHU
     return len(chunks_read(size, ranges, chunk_size)) == max(1, -(-size // chunk_size))
 
 
+def read_cuts(size: int, ranges: Iterable[Sequence[int]], gap: int = CUT_GAP) -> list[int]:
+    """Where a file a start reads in part gets chunk boundaries (estargz.convert's cuts): where each run it reads
+    begins and ends, runs at most gap apart joined."""
+    runs: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if end <= start:
+            continue
+        if runs and start - runs[-1][1] <= gap:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return sorted({at for run in runs for at in run if 0 < at < size})
+
+
 def prefetch_by_layer(reports_dir: Path, tag: str, image_id: str) -> dict[str, list[str]]:
     """The files of the row's start-up set that a start reads in every chunk (read_whole), by the diff id of the layer
     each comes from: {} where none was measured, or it was measured on another image (then every layer gets the
     no-prefetch landmark)."""
-    path = reports_dir / tag / STARTUP_RECORD
-    if not path.exists():
-        return {}
-    record = read_json_document(path, f"delete it, or measure again: `torchimages startup-set {tag}`")
-    if not isinstance(record, dict) or record.get("image_id") != image_id:
-        return {}
-    layers = record.get("layers") or []
     found: dict[str, list[str]] = {}
-    for path_read, entry in sorted((record.get("files") or {}).items()):
-        index = entry.get("layer") if isinstance(entry, dict) else None
-        if isinstance(index, int) and 0 <= index < len(layers) and _read_whole(entry):
-            found.setdefault(layers[index]["diff_id"], []).append(path_read)
+    for diff_id, path_read, size, ranges in _measured(reports_dir, tag, image_id):
+        if size is None or ranges is None or read_whole(size, ranges):
+            found.setdefault(diff_id, []).append(path_read)
     return found
 
 
-def _read_whole(entry: dict) -> bool:
-    size, ranges = entry.get("size"), entry.get("ranges")
-    if not isinstance(size, int) or not isinstance(ranges, list):
-        return True  # a record without ranges: the file is prefetched, as before they were recorded
-    return read_whole(size, [span for span in ranges if isinstance(span, list) and len(span) == 2
-                             and all(isinstance(at, int) for at in span)])
+def cuts_by_layer(reports_dir: Path, tag: str, image_id: str) -> dict[str, dict[str, list[int]]]:
+    """The chunk boundaries (read_cuts) of the start-up set's files a start reads in part, by layer diff id and path:
+    {} where none was measured on this image."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for diff_id, path_read, size, ranges in _measured(reports_dir, tag, image_id):
+        if size is not None and ranges is not None and not read_whole(size, ranges):
+            found.setdefault(diff_id, {})[path_read] = read_cuts(size, ranges)
+    return found
 
 
-def write_variant(api: docker.APIClient, image_id: str, prefetch: dict[str, list[str]], folder: Path) -> Variant:
-    """The variant of image_id in skopeo's `dir:` layout in folder (its blobs, config and manifest)."""
+def _measured(reports_dir: Path, tag: str, image_id: str) -> list[tuple[str, str, int | None, list | None]]:
+    """The row's start-up record on image_id: (layer diff id, path, size, the ranges read) for each file, sorted by
+    path; size and ranges None where the record has none (one from before they were recorded: prefetched whole)."""
+    path = reports_dir / tag / STARTUP_RECORD
+    if not path.exists():
+        return []
+    record = read_json_document(path, f"delete it, or measure again: `torchimages startup-set {tag}`")
+    if not isinstance(record, dict) or record.get("image_id") != image_id:
+        return []
+    layers = record.get("layers") or []
+    found = []
+    for path_read, entry in sorted((record.get("files") or {}).items()):
+        index = entry.get("layer") if isinstance(entry, dict) else None
+        if not (isinstance(index, int) and 0 <= index < len(layers)):
+            continue
+        size, ranges = entry.get("size"), entry.get("ranges")
+        known = isinstance(size, int) and isinstance(ranges, list)
+        found.append((layers[index]["diff_id"], path_read, size if known else None,
+                      [span for span in ranges if isinstance(span, list) and len(span) == 2
+                       and all(isinstance(at, int) for at in span)] if known else None))
+    return found
+
+
+def write_variant(api: docker.APIClient, image_id: str, prefetch: dict[str, list[str]], folder: Path,
+                  cuts: dict[str, dict[str, list[int]]] | None = None) -> Variant:
+    """The variant of image_id in skopeo's `dir:` layout in folder (its blobs, config and manifest); prefetch and
+    cuts by layer diff id."""
     diff_ids = api.inspect_image(image_id)["RootFS"]["Layers"]
     converted: dict[str, estargz.Converted] = {}
     small: dict[str, bytes] = {}
@@ -127,7 +165,8 @@ def write_variant(api: docker.APIClient, image_id: str, prefetch: dict[str, list
             diff_id = f"sha256:{digest.hexdigest()}"
             if diff_id in diff_ids and diff_id not in converted:
                 blob = Path(spool, "blob")
-                done = estargz.convert(layer, blob, prefetch.get(diff_id, ()), chunk_size=CHUNK_SIZE)
+                done = estargz.convert(layer, blob, prefetch.get(diff_id, ()), chunk_size=CHUNK_SIZE,
+                                       cuts=(cuts or {}).get(diff_id))
                 blob.rename(folder / done.digest.removeprefix("sha256:"))
                 converted[diff_id] = done
             elif member.size <= MAX_CONFIG_BYTES:

@@ -445,7 +445,8 @@ class Publisher:
         folder = Path(tempfile.mkdtemp(prefix="torchimages-lazy-"))
         try:
             prefetch = lazy.prefetch_by_layer(self.options.reports_dir, spec.tag, image["Id"])
-            variant = lazy.write_variant(self.client.api, image["Id"], prefetch, folder)
+            cuts = lazy.cuts_by_layer(self.options.reports_dir, spec.tag, image["Id"])
+            variant = lazy.write_variant(self.client.api, image["Id"], prefetch, folder, cuts)
             self.registry.write_artifact(folder, tag)
         finally:
             lazy.remove_work(folder)
