@@ -85,7 +85,7 @@ def read_cuts(size: int, ranges: Iterable[Sequence[int]], gap: int = CUT_GAP) ->
     """Where a file a start reads in part gets chunk boundaries (estargz.convert's cuts): where each run it reads
     begins and ends, runs at most gap apart joined."""
     runs: list[list[int]] = []
-    for start, end in sorted(ranges):
+    for start, end in sorted((span[0], span[1]) for span in ranges):
         if end <= start:
             continue
         if runs and start - runs[-1][1] <= gap:
