@@ -353,9 +353,14 @@ def test_a_lazy_variant_prefetches_the_start_up_set_is_signed_and_a_plain_engine
     image_id = workspace.build_verified(docker_client, RUNTIME)
     diff_ids = docker_client.api.inspect_image(image_id)["RootFS"]["Layers"]
     record = workspace.reports / RUNTIME / "startup-set.json"
+    # libc read in two runs of its first 1 MiB: not prefetched, cut where the runs begin and end (lazy.read_cuts).
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    libc_size = int(docker_client.containers.run(image_id, ["stat", "-c", "%s", libc], remove=True))
+    libc_reads = [[0, 4096], [600_000, 604_096]]
     record.write_text(json.dumps({"image_id": image_id, "layers": [{"diff_id": d} for d in diff_ids],
                                   "files": {"/nonce": {"layer": 1, "ranges": [[0, 33]]},
-                                            "/usr/lib/os-release": {"layer": 0, "ranges": [[0, 267]]}}}))
+                                            "/usr/lib/os-release": {"layer": 0, "ranges": [[0, 267]]},
+                                            libc: {"layer": 0, "size": libc_size, "ranges": libc_reads}}}))
     published = workspace.publish(RUNTIME, extra=["--signing-key", str(FIRST), "--lazy", "estargz"],
                                   env=environment(**SIGNED))
     pinned = workspace.catalog_json()["images"][RUNTIME]["pinned"][0]["tag"]
@@ -381,12 +386,17 @@ def test_a_lazy_variant_prefetches_the_start_up_set_is_signed_and_a_plain_engine
         before = [entry.name for entry in toc.entries
                   if entry.type == "reg" and entry.size and entry.offset < toc.prefetch_end()]
         assert before == wanted, "the layer's prefetch area is its part of the start-up set"
+        if wanted == ["usr/lib/os-release"]:
+            starts = {chunk.chunk_offset for chunk in toc.data(libc)}
+            assert {4096, 600_000, 604_096} <= starts and len(starts) > 3, "libc is cut where its runs begin and end"
 
     try:
         docker_client.images.pull(f"{workspace.repository}@{variant}")
         nonce = docker_client.containers.run(f"{workspace.repository}@{variant}", ["cat", "/nonce"], remove=True)
         original = docker_client.containers.run(image_id, ["cat", "/nonce"], remove=True)
         assert nonce == original
+        assert docker_client.containers.run(f"{workspace.repository}@{variant}", ["sha256sum", libc], remove=True) == \
+            docker_client.containers.run(image_id, ["sha256sum", libc], remove=True)
     finally:
         with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
             docker_client.images.remove(f"{workspace.repository}@{variant}", force=True)

@@ -28,7 +28,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/python.sha256 \
  && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/python.sha256 \
  && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/python.sha256 /var/lib/torchimages/debs/python.sha256 \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates python3.11 \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io ca-certificates python3.11 \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
  && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
@@ -51,7 +51,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/venv.sha256 \
  && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/venv.sha256 \
  && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/venv.sha256 /var/lib/torchimages/debs/venv.sha256 \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11-venv \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io python3.11-venv \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
  && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
@@ -108,7 +108,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/system.sha256 \
  && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/system.sha256 \
  && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/system.sha256 /var/lib/torchimages/debs/system.sha256 \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ python3.11-dev \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io g++ python3.11-dev \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
  && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
@@ -195,7 +195,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/flavor.sha256 \
  && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/flavor.sha256 \
  && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/flavor.sha256 /var/lib/torchimages/debs/flavor.sha256 \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make ninja-build git \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io make ninja-build git \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
  && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
@@ -223,7 +223,7 @@ RUN export SOURCE_DATE_EPOCH=946684800 && touch /tmp/.torchimages-step \
  && find /var/cache/apt/archives -maxdepth 1 -name '*.deb' -exec sha256sum {} + > /var/lib/torchimages/debs/security.sha256 \
  && sed -i 's|  /var/cache/apt/archives/|  |' /var/lib/torchimages/debs/security.sha256 \
  && LC_ALL=C sort -k 2 -o /var/lib/torchimages/debs/security.sha256 /var/lib/torchimages/debs/security.sha256 \
- && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y --no-install-recommends -o Dpkg::Options::=--force-unsafe-io \
  && apt-get clean \
  && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} + \
  && rm -f /tmp/.torchimages-debs.list /tmp/.torchimages-debs.login /tmp/.torchimages-apt.conf \
