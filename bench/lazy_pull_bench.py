@@ -2,8 +2,8 @@
 """Lazy pulling, emulated on loopback (issue 58, item 4): a full pull of an image's layers against fetching each eStargz
 layer's TOC and prefetch area and then, on demand, the files a start reads beyond it; one JSON line at the end.
 
-A blob server on 127.0.0.1 (BlobServer) serves the blobs as a registry would: whole or by HTTP range (one range a
-request), each request answered after a fixed latency (5 ms) and every byte through one shared link of a fixed rate
+A blob server on 127.0.0.1 (BlobServer), in a process of its own, serves the blobs as a registry would: whole or by
+HTTP range (one range a request), each request answered after a fixed latency (5 ms) and every byte through one shared link of a fixed rate
 (125 MB/s), so the clients wait on the network as a node pulling from a registry would, on any machine.
 - full (full_pull): each layer's blob fetched whole, gunzipped and untarred into a folder as it arrives (whiteouts
   applied), the layers one after another as an engine applies them, the blob's digest and the tar's diff id checked
@@ -24,8 +24,9 @@ R_emulated = lazy seconds / full seconds; B = the bytes the lazy client fetched 
 
 STARTUP.json: a list of the paths a start reads (all prefetched), {"prefetch": [...], "on_demand": [...]}, or the
 record `torchimages startup-set TAG` writes (REPORTS/<tag>/startup-set.json), laid out as `publish --lazy` lays it
-out: the files read in every chunk prefetched, the others read by chunk on demand (`--whole-files`: all prefetched
-whole, as before; `--chunk-kib`: the chunk size). The full
+out: the files read in every chunk prefetched, the others read by chunk on demand, cut where the runs a start reads
+begin and end (`--no-cuts`: chunks of the chunk size alone; `--whole-files`: all prefetched whole, as before;
+`--chunk-kib`: the chunk size). The full
 client pulls the layers as plain gzip (what a user pulls today), the lazy one their eStargz form; both are made here
 (torchimages/publish/estargz.py), at gzip level 6. No start proxy runs in a container yet: the emulated start reads
 back the files it needs, in both trees. Both clients unpack in Python (zlib, tarfile), at the same cost per byte and
@@ -153,7 +154,7 @@ def _serve(blobs: dict[str, Path], rate: float, latency_s: float, counters: tupl
 def serving(blobs: dict[str, Path], rate: float = RATE, latency_s: float = LATENCY_S) -> Iterator[Serving]:
     """A blob server in a process of its own, as a registry is another machine: its threads (pacing the link, reading
     the blobs, writing the sockets) share the cores with the clients but not their interpreter's lock, which would
-    otherwise serialise its work with theirs (before 2026-11-30 it ran in the clients' process: the lazy side's
+    otherwise serialise its work with theirs (until 2026-11-29, night, it ran in the clients' process: the lazy side's
     prefetch took 0.5 s longer)."""
     context = multiprocessing.get_context("fork")
     counters = (context.Value("q", 0), context.Value("q", 0))
@@ -973,7 +974,7 @@ def main() -> int:
     parser.add_argument("--cut-gap-kib", type=int, default=lazy.CUT_GAP >> 10,
                         help="chunk boundaries where each run a start reads of a file begins and ends, runs this close "
                              "joined (default: publish --lazy's)")
-    parser.add_argument("--no-cuts", action="store_true", help="chunks of the chunk size alone (as before 2026-11-30)")
+    parser.add_argument("--no-cuts", action="store_true", help="chunks of the chunk size alone (as until 2026-11-29, night)")
     parser.add_argument("--whole-files", action="store_true",
                         help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")

@@ -43,7 +43,7 @@ CHUNK_SIZE = 1 << 20
 # A file a start reads in part gets a chunk boundary where each run it reads begins and ends (read_cuts), runs closer
 # than this joined: a snapshotter then fetches and inflates about what a start reads, not the 1 MiB around each read.
 # On the CUDA 13.0 runtime row, 426 MiB read in 1,123 runs: 723 MiB inflated in 1 MiB chunks, 479 MiB with the
-# cuts, joined at 256 KiB into 392 runs (docs/benchmarks-log.md, 2026-11-30).
+# cuts, joined at 256 KiB into 392 runs (docs/benchmarks-log.md, 2026-11-29, night).
 CUT_GAP = 256 << 10
 
 
