@@ -95,31 +95,21 @@ class _Link:
 
 
 class BlobServer(ThreadingHTTPServer):
-    """GET and HEAD /blobs/NAME on 127.0.0.1 (an ephemeral port), honouring one `Range: bytes=` range a request.
-    Its counters may be shared with another process (serving())."""
+    """GET and HEAD /blobs/NAME on 127.0.0.1 (an ephemeral port), honouring one `Range: bytes=` range a request; what
+    it serves is counted in counters (requests, bytes), shared with the process that started it (serving())."""
 
     daemon_threads = True
 
-    def __init__(self, blobs: dict[str, Path], rate: float = RATE, latency_s: float = LATENCY_S,
-                 counters: Sequence | None = None) -> None:
+    def __init__(self, blobs: dict[str, Path], rate: float, latency_s: float, counters: tuple) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.blobs = blobs
         self.link = _Link(rate)
         self.latency_s = latency_s
-        self._counters = counters if counters is not None else (multiprocessing.Value("q", 0),
-                                                                multiprocessing.Value("q", 0))
+        self._counters = counters
 
     @property
     def port(self) -> int:
         return self.server_address[1]
-
-    @property
-    def requests(self) -> int:
-        return self._counters[0].value
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._counters[1].value
 
     def counted(self, sent: int) -> None:
         requests, sent_bytes = self._counters
