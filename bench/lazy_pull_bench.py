@@ -624,13 +624,18 @@ def _resolve(mounted: Sequence[LazyLayer], path: str) -> tuple[LazyLayer, estarg
     return (*found, links) if found else None
 
 
-FETCHERS = 4  # range requests in flight at once, each on a connection of its own, as a snapshotter keeps several
+# On-demand range requests in flight at once, each on a connection of its own: a client that knows the chunks a start
+# reads (its record) fetches them side by side. A start that faults them in itself has about one or two in flight (a
+# thread's page fault, the kernel's readahead beside it), so R is measured at 1 and 2 too (--fetchers;
+# docs/benchmarks-log.md, 2026-11-29, night: the CUDA row's lazy side 8.1 s at 1, 5.6 s at 2, 4.6 s at 4).
+FETCHERS = 4
 
 
 def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[str], dest: Path,
-              ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> tuple[float, int]:
+              ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
+              fetchers: int = FETCHERS) -> tuple[float, int]:
     """The members of files (each from the top-most layer holding it, the links on the way placed too), one range
-    request per contiguous span, FETCHERS of them in flight (the link stays busy while a span's chunks are inflated):
+    request per contiguous span, fetchers of them in flight (the link stays busy while a span's chunks are inflated):
     (seconds, entries it could not place). A file with ranges (what a start reads of it) gets only the chunks holding
     a byte of them, as a snapshotter fetches a chunk when a read reaches it. The TOCs are already here: their ranges
     are not fetched again. The requests and bytes of every connection are counted on client."""
@@ -669,7 +674,7 @@ def on_demand(client: BlobClient, mounted: Sequence[LazyLayer], files: Sequence[
         return writers.close()
 
     try:
-        with ThreadPoolExecutor(FETCHERS) as pool:
+        with ThreadPoolExecutor(fetchers) as pool:
             skipped += sum(pool.map(fetch, spans))
     finally:
         connections.close()
@@ -746,12 +751,13 @@ def gzip_blob(layer: Path, out: Path, level: int = estargz.LEVEL) -> None:
 def measure(layers: Sequence[Path], prefetch: Sequence[str], demand: Sequence[str], work: Path,
             rate: float = RATE, latency_s: float = LATENCY_S,
             ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
-            chunk_size: int = estargz.CHUNK_SIZE, cuts: Mapping[str, Sequence[int]] | None = None) -> dict:
+            chunk_size: int = estargz.CHUNK_SIZE, cuts: Mapping[str, Sequence[int]] | None = None,
+            fetchers: Sequence[int] = (FETCHERS,)) -> dict:
     """Both pulls of the same layers (uncompressed tars, bottom first) through one blob server; the facts. ranges:
     what the start reads of a demand file (all of it where absent), fetched by chunk and read back alike."""
     started = time.perf_counter()
     blobs = convert_layers(layers, prefetch, work, chunk_size, cuts)
-    return pull_both(blobs, prefetch, demand, work, rate, latency_s, ranges) | {
+    return pull_both(blobs, prefetch, demand, work, rate, latency_s, ranges, fetchers) | {
         "convert_s": round(time.perf_counter() - started, 1), "chunk_size": chunk_size}
 
 
@@ -786,18 +792,28 @@ def file_digest(path: Path) -> str:
 
 
 def pull_both(blobs: Blobs, prefetch: Sequence[str], demand: Sequence[str], work: Path, rate: float = RATE,
-              latency_s: float = LATENCY_S, ranges: Mapping[str, Sequence[Sequence[int]]] | None = None) -> dict:
-    """The full pull and the lazy one of the same blobs, unpacked under work/full and work/lazy; the facts."""
+              latency_s: float = LATENCY_S, ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
+              fetchers: Sequence[int] = (FETCHERS,)) -> dict:
+    """The full pull and the lazy one of the same blobs, unpacked under work/full and work/lazy; the facts. The lazy
+    pull runs once for each count of on-demand fetchers (a fresh tree each time); R_emulated is the first's."""
     plain, lazy = blobs.plain, blobs.lazy
+    by_fetchers: dict[int, float] = {}
     with serving(blobs.paths(), rate, latency_s) as server:
-        full_client, lazy_client = BlobClient(server.port), BlobClient(server.port)
+        full_client = BlobClient(server.port)
         full_s, skipped = full_pull(full_client, plain, work / "full", blobs.digests)
         full_s += _timed(read_back, work / "full", [*prefetch, *demand], ranges)
-        prefetch_s, mounted, lazy_skipped = lazy_pull(lazy_client, lazy, work / "lazy")
-        demand_s, demand_skipped = on_demand(lazy_client, mounted, demand, work / "lazy", ranges)
-        lazy_s = prefetch_s + demand_s + _timed(read_back, work / "lazy", [*prefetch, *demand], ranges)
         full_client.close()
-        lazy_client.close()
+        for count in fetchers:
+            shutil.rmtree(work / "lazy", ignore_errors=True)
+            client = BlobClient(server.port)
+            fetched = lazy_pull(client, lazy, work / "lazy")
+            demand_facts = on_demand(client, fetched[1], demand, work / "lazy", ranges, count)
+            by_fetchers[count] = fetched[0] + demand_facts[0] + _timed(read_back, work / "lazy", [*prefetch, *demand],
+                                                                       ranges)
+            client.close()
+            if len(by_fetchers) == 1:
+                lazy_client, (prefetch_s, _, lazy_skipped), (demand_s, demand_skipped) = client, fetched, demand_facts
+    lazy_s = by_fetchers[fetchers[0]]
     esgz_bytes = sum(size for _, size, _ in lazy)
     gzip_bytes = sum((blobs.folder / name).stat().st_size for name in plain)
     return {"full_s": round(full_s, 3), "lazy_s": round(lazy_s, 3), "R_emulated": round(lazy_s / full_s, 4),
@@ -807,7 +823,8 @@ def pull_both(blobs: Blobs, prefetch: Sequence[str], demand: Sequence[str], work
             "full_skipped_entries": skipped, "lazy_skipped_entries": lazy_skipped + demand_skipped,
             "rate_MBps": rate / 1e6, "latency_ms": latency_s * 1000,
             "prefetch_files": len(prefetch), "on_demand_files": len(demand),
-            "on_demand_by_chunk": len(ranges or {})}
+            "on_demand_by_chunk": len(ranges or {}), "fetchers": fetchers[0],
+            "R_by_fetchers": {count: round(seconds / full_s, 4) for count, seconds in by_fetchers.items()}}
 
 
 def _timed(function: Callable[..., object], *arguments: object) -> float:
@@ -965,6 +982,9 @@ def main() -> int:
                         help="chunk boundaries where each run a start reads of a file begins and ends, runs this close "
                              "joined (default: publish --lazy's)")
     parser.add_argument("--no-cuts", action="store_true", help="chunks of the chunk size alone (as until 2026-11-29, night)")
+    parser.add_argument("--fetchers", default=str(FETCHERS),
+                        help="on-demand range requests in flight, or several counts (4,2,1): the lazy pull is run for "
+                             "each, R_emulated is the first's (default 4)")
     parser.add_argument("--whole-files", action="store_true",
                         help="prefetch every file of a startup-set record whole (what publish did before chunks)")
     parser.add_argument("--work", type=Path, help="a folder for the blobs and unpacked trees (default: temporary)")
@@ -976,6 +996,12 @@ def main() -> int:
     if not options.selftest and not (options.image and options.startup):
         parser.error("IMAGE and STARTUP, or --selftest")
     chunk_size = options.chunk_kib << 10
+    try:
+        fetchers = [int(count) for count in options.fetchers.split(",")]
+    except ValueError:
+        parser.error(f"--fetchers {options.fetchers}: counts such as 4 or 4,2,1")
+    if not fetchers or min(fetchers) < 1:
+        parser.error(f"--fetchers {options.fetchers}: counts of at least 1")
     with tempfile.TemporaryDirectory(prefix="lazy-pull-", dir=options.work) as scratch:
         work = Path(scratch)
         if options.selftest:
@@ -993,10 +1019,10 @@ def main() -> int:
             if options.blobs:
                 blobs, made_s = kept_blobs(options.blobs, options.image, prefetch, chunk_size, work, cuts)
                 facts = pull_both(blobs, prefetch, demand, work, options.rate_mbps * 1e6, options.latency_ms / 1000,
-                                  ranges) | {"convert_s": made_s, "chunk_size": chunk_size}
+                                  ranges, fetchers) | {"convert_s": made_s, "chunk_size": chunk_size}
             else:
                 facts = measure(saved_layers(options.image, work), prefetch, demand, work, options.rate_mbps * 1e6,
-                                options.latency_ms / 1000, ranges, chunk_size, cuts)
+                                options.latency_ms / 1000, ranges, chunk_size, cuts, fetchers)
             facts["cut_files"] = len(cuts or {})
             facts["cut_gap"] = None if cuts is None else options.cut_gap_kib << 10
     print(json.dumps(facts, sort_keys=True))

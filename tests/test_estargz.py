@@ -546,7 +546,8 @@ def test_the_bench_fetches_only_the_chunks_a_start_reads_of_a_partly_read_file(t
     assert cuts == {"/opt/libbig.so": [10, 20, 3 * CHUNK + 5, 3 * CHUNK + 4096]}
     (tmp_path / "cut").mkdir()
     cut = bench.measure([tmp_path / "layer.tar"], prefetch, demand, tmp_path / "cut", rate=1e9, latency_s=0,
-                        ranges=ranges, cuts=cuts)
+                        ranges=ranges, cuts=cuts, fetchers=(4, 1))
+    assert list(cut["R_by_fetchers"]) == [4, 1] and cut["fetchers"] == 4  # the lazy pull again, one request at a time
     lazy_copy = (tmp_path / "cut/lazy/opt/libbig.so").read_bytes()
     for start, end in reads:
         assert lazy_copy[start:end] == library[start:end]
